@@ -1,0 +1,80 @@
+"""resgroups: resource groups for Python query engines.
+
+Named policies (admission limits, CPU weights and limits, fifo or fair
+scheduling, memory budgets) mapped to principals, created with SQL DDL and
+observed through ``resource_groups()``.
+
+>>> import resgroups
+>>> with resgroups.Engine() as engine:
+...     session = engine.connect(user="analyst")
+...     _ = session.execute("CREATE RESOURCE GROUP reporting WITH (cpu_weight = 50)")
+...     [row["name"] for row in engine.resource_groups()]
+['default', 'reporting']
+"""
+
+from __future__ import annotations
+
+from resgroups.engine import Engine
+from resgroups.errors import (
+    AdmissionRejected,
+    AuthenticationFailed,
+    CatalogError,
+    CatalogLagError,
+    CatalogLocked,
+    CoordinationUnavailable,
+    DatatypeMismatch,
+    DivisionByZero,
+    EngineClosed,
+    Error,
+    FeatureNotSupported,
+    GroupingError,
+    InternalError,
+    InvalidParameter,
+    MemoryLimitExceeded,
+    NumericOverflow,
+    PermissionDenied,
+    QueryCancelled,
+    QueryTimeout,
+    QueueTimeout,
+    ReadOnlyReplica,
+    SqlSyntaxError,
+    UndefinedColumn,
+    UndefinedFunction,
+    UndefinedTable,
+)
+from resgroups.result import Result
+from resgroups.session import Session
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdmissionRejected",
+    "AuthenticationFailed",
+    "CatalogError",
+    "CatalogLagError",
+    "CatalogLocked",
+    "CoordinationUnavailable",
+    "DatatypeMismatch",
+    "DivisionByZero",
+    "Engine",
+    "EngineClosed",
+    "Error",
+    "FeatureNotSupported",
+    "GroupingError",
+    "InternalError",
+    "InvalidParameter",
+    "MemoryLimitExceeded",
+    "NumericOverflow",
+    "PermissionDenied",
+    "QueryCancelled",
+    "QueryTimeout",
+    "QueueTimeout",
+    "ReadOnlyReplica",
+    "Result",
+    "Session",
+    "SqlSyntaxError",
+    "UndefinedColumn",
+    "UndefinedFunction",
+    "UndefinedTable",
+    "__version__",
+]

@@ -1,0 +1,147 @@
+"""Who a session is, which group its queries run in, and what it may do (SPEC §5).
+
+Resolution, once at the start of each managed query:
+
+1. the session's chosen group (SET RESOURCE GROUP), checked again for
+   existence and USE every time;
+2. the principal's own mapping;
+3. for users only, the highest-priority mapping among their ACL groups, equal
+   priorities going to the resource group created first;
+4. DEFAULT.
+
+The principal whose mapping counts is the one that logged in: a session that
+assumed a service account keeps its login principal's group. Permissions
+come from the acting principal (the assumed account while one is assumed),
+and, for users, from their ACL groups too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from resgroups.catalog.model import GroupDef, Principal, Snapshot
+from resgroups.errors import AuthenticationFailed, CatalogError, PermissionDenied, did_you_mean
+from resgroups.sql.ast import Ident, PrincipalKind
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A session's principals. ``login_id`` is None for the admin and without access control."""
+
+    login_name: str
+    login_id: int | None = None
+    is_admin: bool = False
+    assumed_id: int | None = None
+
+
+def login_principal(snap: Snapshot, who: Identity) -> Principal | None:
+    """The catalog principal that logged in (None: the admin, or access control off)."""
+    if who.login_id is None:
+        return None
+    principal = snap.principal(who.login_id)
+    if principal is None:
+        raise AuthenticationFailed(f"principal {who.login_name} no longer exists")
+    return principal
+
+
+def acting_principal(snap: Snapshot, who: Identity) -> Principal | None:
+    """The principal whose permissions apply: the assumed account, else the login."""
+    if who.assumed_id is not None:
+        account = snap.principal(who.assumed_id)
+        if account is None:
+            raise AuthenticationFailed("the assumed service account no longer exists")
+        return account
+    return login_principal(snap, who)
+
+
+def holds(snap: Snapshot, principal: Principal, grant: Callable[[Principal], bool]) -> bool:
+    """Does the principal hold a grant itself or, for a user, through an ACL group?"""
+    if grant(principal):
+        return True
+    return principal.kind is PrincipalKind.USER and any(
+        grant(acl) for acl in snap.acl_groups_of(principal.id)
+    )
+
+
+def own_group(snap: Snapshot, principal: Principal | None) -> GroupDef:
+    """What resolution gives without a session choice."""
+    if principal is None:
+        return snap.default_group
+    if principal.group_id is not None:
+        mapped = snap.group(principal.group_id)
+        if mapped is not None:
+            return mapped
+    if principal.kind is PrincipalKind.USER:
+        candidates = [
+            (acl.priority, -acl.group_id, acl.group_id)
+            for acl in snap.acl_groups_of(principal.id)
+            if acl.group_id is not None
+        ]
+        # highest priority; equal priorities: the group created first (smallest id)
+        if candidates:
+            group = snap.group(max(candidates)[2])
+            if group is not None:
+                return group
+    return snap.default_group
+
+
+def may_use(snap: Snapshot, who: Identity, group: GroupDef, *, access_control: bool) -> bool:
+    if not access_control or who.is_admin:
+        return True
+    if group.id == own_group(snap, login_principal(snap, who)).id:
+        return True
+    acting = acting_principal(snap, who)
+    return acting is not None and holds(
+        snap, acting, lambda p: p.use_all or group.id in p.use_groups
+    )
+
+
+def check_use(snap: Snapshot, who: Identity, group: GroupDef, *, access_control: bool) -> None:
+    if not may_use(snap, who, group, access_control=access_control):
+        raise PermissionDenied(
+            f"Access denied for {who.login_name} [USE ON RESOURCE GROUP {group.name}]: "
+            f"grant it with GRANT USE ON RESOURCE GROUP {group.name} TO {who.login_name}"
+        )
+
+
+def find_group(snap: Snapshot, ref: Ident) -> GroupDef:
+    """The group ``ref`` names, or CatalogError 42704 with a suggestion."""
+    group = snap.find_group(ref)
+    if group is None:
+        raise CatalogError(
+            f"resource group {ref.text} does not exist." + did_you_mean(ref.text, snap.group_names()),
+            sqlstate=CatalogError.UNDEFINED,
+        )
+    return group
+
+
+def resolve(
+    snap: Snapshot, who: Identity, chosen: tuple[int, str] | None, *, access_control: bool
+) -> GroupDef:
+    """The group a managed query starting now runs in (SPEC §5)."""
+    if chosen is not None:
+        group_id, name = chosen
+        group = snap.group(group_id)
+        if group is None:
+            raise CatalogError(
+                f"resource group {name} chosen by SET RESOURCE GROUP no longer exists; "
+                "RESET RESOURCE GROUP or choose another",
+                sqlstate=CatalogError.UNDEFINED,
+            )
+        check_use(snap, who, group, access_control=access_control)
+        return group
+    return own_group(snap, login_principal(snap, who))
+
+
+def is_group_admin(snap: Snapshot, who: Identity, *, access_control: bool) -> bool:
+    """RESOURCE GROUP ADMIN: group DDL, mappings, USE grants, reading resource_groups()."""
+    if not access_control or who.is_admin:
+        return True
+    acting = acting_principal(snap, who)
+    return acting is not None and holds(snap, acting, lambda p: p.admin)
+
+
+def check_group_admin(snap: Snapshot, who: Identity, *, access_control: bool) -> None:
+    if not is_group_admin(snap, who, access_control=access_control):
+        raise PermissionDenied(f"Access denied for {who.login_name} [RESOURCE GROUP ADMIN]")

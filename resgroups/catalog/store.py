@@ -1,0 +1,221 @@
+"""Where the catalog log lives: in memory, or a directory on disk.
+
+The directory backend (SPEC §10) holds two files:
+
+``catalog.log``
+    An 8-byte header ``RGCATLG\\x01`` followed by records, each framed as
+    ``length (u32 big-endian) | crc32 of payload (u32) | payload``; the payload
+    is the record's JSON. Each append is one ``write`` followed by ``fsync``,
+    so a record is durable before the statement returns.
+
+``catalog.lock``
+    Held with ``flock(LOCK_EX | LOCK_NB)`` for the writer's lifetime. flock
+    locks belong to an open file description, so a second writer is refused
+    whether it is another process or another engine in this one.
+
+Recovery on open: a record cut short by a crash, or whose checksum or
+version does not follow, is a torn tail when no intact record follows it;
+the file is truncated back to the last whole record. A damaged record with
+an intact record after it is not a crash artefact, and opening fails rather
+than silently dropping the records behind it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import struct
+import threading
+import zlib
+from pathlib import Path
+from typing import Final, Protocol
+
+from resgroups.catalog.records import Record
+from resgroups.errors import CatalogError, CatalogLocked
+
+log = logging.getLogger("resgroups.catalog")
+
+MAGIC: Final = b"RGCATLG\x01"
+FRAME: Final = struct.Struct(">II")
+MAX_RECORD: Final = 64 * 1024 * 1024
+IO_ERROR: Final = "58030"
+
+
+class CatalogLog(Protocol):
+    """An append-only sequence of records."""
+
+    def read_all(self) -> list[Record]: ...
+
+    def append(self, record: Record) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MemoryLog:
+    """The default backend: the log lives and dies with the engine."""
+
+    def __init__(self) -> None:
+        self._records: list[Record] = []
+
+    def read_all(self) -> list[Record]:
+        return list(self._records)
+
+    def append(self, record: Record) -> None:
+        self._records.append(record)
+
+    def close(self) -> None:
+        pass
+
+
+def _frame(record: Record) -> bytes:
+    payload = record.encode()
+    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def _record_at(data: bytes, pos: int, version: int | None) -> tuple[Record, int] | None:
+    """The intact record framed at ``pos`` and the offset after it, or None."""
+    if len(data) - pos < FRAME.size:
+        return None
+    length, crc = FRAME.unpack_from(data, pos)
+    end = pos + FRAME.size + length
+    if length == 0 or length > MAX_RECORD or end > len(data):
+        return None
+    payload = data[pos + FRAME.size : end]
+    if zlib.crc32(payload) != crc:
+        return None
+    try:
+        record = Record.decode(payload)
+    except ValueError:
+        return None
+    if version is not None and record.version != version:
+        return None
+    return record, end
+
+
+def scan(data: bytes) -> tuple[list[Record], int]:
+    """The whole records of a log image and the offset where they end.
+
+    Raises CatalogError when a damaged record has an intact one after it.
+    """
+    if not data.startswith(MAGIC):
+        if MAGIC.startswith(data):  # created, then cut inside the header
+            return [], 0
+        raise CatalogError("not a resgroups catalog log (bad header)", sqlstate="XX001")
+    records: list[Record] = []
+    pos = len(MAGIC)
+    while pos < len(data):
+        found = _record_at(data, pos, len(records) + 1)
+        if found is None:
+            for later in range(pos + 1, len(data) - FRAME.size):
+                if _record_at(data, later, None) is not None:
+                    raise CatalogError(
+                        f"catalog.log is damaged at byte {pos} (record {len(records) + 1}) "
+                        f"but holds intact records after it, at byte {later}; refusing to "
+                        "open it rather than drop them",
+                        sqlstate="XX001",
+                    )
+            break
+        record, pos = found
+        records.append(record)
+    return records, pos
+
+
+class DirectoryLog:
+    """``catalog.log`` and ``catalog.lock`` in a directory (created if missing)."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, lock: bool = True) -> None:
+        self.directory = Path(directory)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CatalogError(
+                f"cannot create catalog directory {self.directory}: {exc}", sqlstate=IO_ERROR
+            ) from exc
+        self.path = self.directory / "catalog.log"
+        self._lock_fd: int | None = None
+        self._mutex = threading.Lock()
+        if lock:
+            self._take_lock()
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            self._release_lock()
+            raise CatalogError(f"cannot open {self.path}: {exc}", sqlstate=IO_ERROR) from exc
+        self._end = 0
+
+    def _take_lock(self) -> None:
+        lock_path = self.directory / "catalog.lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise CatalogLocked(
+                    f"catalog {self.directory} is locked by another writer "
+                    f"(flock on {lock_path}); open it with role='replica' to follow it"
+                ) from None
+            raise
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _read_image(self) -> bytes:
+        with open(self.path, "rb") as f:
+            return f.read()
+
+    def read_all(self) -> list[Record]:
+        """Every whole record; as the writer, also cut a torn tail and fix the header."""
+        with self._mutex:
+            data = self._read_image()
+            records, end = scan(data)
+            if self._lock_fd is not None:
+                if end < len(data):
+                    log.warning(
+                        "catalog %s: cut a torn tail of %d bytes after record %d",
+                        self.path,
+                        len(data) - end,
+                        len(records),
+                    )
+                if end == 0:
+                    os.ftruncate(self._fd, 0)
+                    os.pwrite(self._fd, MAGIC, 0)
+                    end = len(MAGIC)
+                elif end < len(data):
+                    os.ftruncate(self._fd, end)
+                os.fsync(self._fd)
+            self._end = end
+            return records
+
+    def append(self, record: Record) -> None:
+        frame = _frame(record)
+        with self._mutex:
+            try:
+                written = os.pwrite(self._fd, frame, self._end)
+                if written != len(frame):
+                    raise OSError(errno.EIO, f"short write ({written} of {len(frame)} bytes)")
+                os.fsync(self._fd)
+            except OSError as exc:
+                # leave the file as it was: the statement fails, nothing half-applies
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self._end)
+                raise CatalogError(
+                    f"cannot write catalog record {record.version} to {self.path}: {exc}",
+                    sqlstate=IO_ERROR,
+                ) from exc
+            self._end += len(frame)
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            self._release_lock()

@@ -1,0 +1,216 @@
+"""The engine: a catalog, its sessions and (as they arrive) the schedulers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+from resgroups.access import Identity
+from resgroups.auth import verify_password
+from resgroups.catalog import Catalog, Snapshot, open_log
+from resgroups.catalog.store import CatalogLog
+from resgroups.cpus import available_cpus
+from resgroups.errors import (
+    AuthenticationFailed,
+    EngineClosed,
+    FeatureNotSupported,
+    InvalidParameter,
+)
+from resgroups.sched.stats import CounterReading, GroupStatistics, group_statistics
+from resgroups.session import Session
+from resgroups.sql.ast import Ident, PrincipalKind
+
+log = logging.getLogger("resgroups")
+
+Change = tuple[str, Mapping[str, Any]]
+
+
+def _positive(name: str, value: float | None, *, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or isinstance(value, bool) or not value > 0:
+        raise InvalidParameter(f"Engine({name}={value!r}): expected a positive number")
+
+
+class Engine:
+    """Resource groups for one process (SPEC §2).
+
+    >>> with resgroups.Engine() as engine:
+    ...     session = engine.connect(user="analyst")
+    ...     session.execute("CREATE RESOURCE GROUP reporting WITH (cpu_weight = 50)")
+    """
+
+    def __init__(
+        self,
+        catalog: str | os.PathLike[str] | None = None,
+        role: str = "primary",
+        coordination: str | None = None,
+        instance_id: str | None = None,
+        workers: int | None = None,
+        pools: Mapping[str, int] | None = None,
+        slice_ms: float = 10,
+        access_control: bool = False,
+        admin_user: str = "admin",
+        admin_password: str | None = None,
+        enabled: bool = True,
+        query_timeout: float | None = 60.0,
+        query_memory_limit: int | None = None,
+        process_memory_limit: int = 0,
+    ) -> None:
+        if role not in ("primary", "replica"):
+            raise InvalidParameter(f"Engine(role={role!r}): expected 'primary' or 'replica'")
+        if role == "replica":
+            raise FeatureNotSupported(
+                "role='replica' (following a catalog, SPEC §10) is not available yet"
+            )
+        if coordination is not None:
+            raise FeatureNotSupported(
+                "fleet coordination through PostgreSQL (SPEC §11) is not available yet"
+            )
+        if isinstance(catalog, str) and catalog.startswith(("postgresql://", "postgres://")):
+            raise FeatureNotSupported(
+                "a catalog in PostgreSQL (SPEC §10) is not available yet; "
+                "use a directory path or None"
+            )
+        _positive("workers", workers)
+        _positive("slice_ms", slice_ms, allow_none=False)
+        _positive("query_timeout", query_timeout)
+        _positive("query_memory_limit", query_memory_limit)
+        if process_memory_limit is None or process_memory_limit < 0:
+            raise InvalidParameter(
+                f"Engine(process_memory_limit={process_memory_limit!r}): expected bytes >= 0"
+            )
+        for pool, size in (pools or {}).items():
+            _positive(f"pools[{pool!r}]", size, allow_none=False)
+        if not admin_user:
+            raise InvalidParameter("Engine(admin_user=''): the admin needs a name")
+
+        self.role = role
+        self.instance_id = instance_id or f"{os.uname().nodename}-{os.getpid()}-{id(self):x}"
+        self.cpus = available_cpus()
+        self.workers = int(workers) if workers else max(1, round(self.cpus))
+        self.pools = {"default": self.workers, **dict(pools or {})}
+        self.slice_ms = slice_ms
+        self.access_control = access_control
+        self.admin_user = admin_user
+        self._admin_password = admin_password
+        self.enabled = enabled
+        self.query_timeout = query_timeout
+        self.query_memory_limit = query_memory_limit
+        self.process_memory_limit = process_memory_limit
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._log: CatalogLog = open_log(catalog)
+        try:
+            self._catalog = Catalog(self._log)
+        except BaseException:
+            self._log.close()
+            raise
+
+    # ---- catalog -----------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The current catalog snapshot (immutable)."""
+        return self._catalog.snapshot
+
+    @property
+    def catalog_version(self) -> int:
+        """The version of the last applied catalog record."""
+        return self._catalog.version
+
+    def write_catalog(self, build: Callable[[Snapshot], Change | None]) -> Snapshot:
+        """Append the one record a DDL statement makes (see :meth:`Catalog.write`)."""
+        self._check_open()
+        return self._catalog.write(build)
+
+    # ---- sessions ------------------------------------------------------------------
+
+    def connect(self, user: str | None = None, password: str | None = None) -> Session:
+        """A session for ``user`` (default: the admin name).
+
+        With access control on, ``user`` names a user, a service account or the
+        admin; unknown names raise AuthenticationFailed (28000) and a wrong or
+        missing password 28P01 when the principal has one.
+        """
+        self._check_open()
+        name = user if user is not None else self.admin_user
+        if not self.access_control:
+            return Session(self, Identity(name))
+        if name == self.admin_user:
+            self._check_password(name, password, self._admin_password)
+            return Session(self, Identity(name, is_admin=True))
+        principal = self.snapshot.find_principal(Ident(name))
+        if principal is None or principal.kind is PrincipalKind.GROUP:
+            what = "is a group and cannot log in" if principal else "does not exist"
+            raise AuthenticationFailed(f"authentication failed: principal {name} {what}")
+        if principal.password_hash is not None:
+            if password is None or not verify_password(password, principal.password_hash):
+                raise AuthenticationFailed(
+                    f"password authentication failed for {name}", sqlstate="28P01"
+                )
+        return Session(self, Identity(principal.name, login_id=principal.id))
+
+    def _check_password(self, name: str, given: str | None, expected: str | None) -> None:
+        if expected is None:
+            return
+        import hmac
+
+        if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
+            raise AuthenticationFailed(
+                f"password authentication failed for {name}", sqlstate="28P01"
+            )
+
+    # ---- observation ----------------------------------------------------------------
+
+    def statistics(self) -> list[GroupStatistics]:
+        """One frozen statistics record per group, DEFAULT first, creation order."""
+        snap = self.snapshot
+        total_weight = sum(g.cpu_weight for g in snap.groups)
+        return [
+            group_statistics(
+                g,
+                CounterReading(),
+                total_weight=total_weight,
+                cpus=self.cpus,
+                process_memory_limit=self.process_memory_limit,
+            )
+            for g in snap.groups
+        ]
+
+    def resource_groups(self) -> list[dict[str, Any]]:
+        """The rows of ``SELECT * FROM resource_groups()``, as dicts."""
+        return [vars(s).copy() for s in self.statistics()]
+
+    # ---- lifetime -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosed("the engine is closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Release the catalog (and its lock). Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._catalog.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""Scheduling: per-group statistics now; admission, CPU and memory arrive here."""

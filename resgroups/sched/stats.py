@@ -1,0 +1,103 @@
+"""One frozen statistics record per group: the single source of every counter.
+
+``resource_groups()``, ``Engine.resource_groups()`` and failure dumps all
+render :class:`GroupStatistics`; nothing keeps a second copy of a counter.
+The fields are the columns of SPEC §9, in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Final, NamedTuple
+
+from resgroups.catalog.model import GroupDef
+
+
+class CounterReading(NamedTuple):
+    """Live counters of one group at one instant (all 0 until work has run)."""
+
+    active_queries: int = 0
+    queued_queries: int = 0
+    oldest_queue_wait_millis: int = 0
+    memory_used_bytes: int = 0
+    cpu_nanos_total: int = 0
+    cpu_wait_nanos_total: int = 0
+    admission_rejections: int = 0
+    admission_timeouts: int = 0
+    admitted_total: int = 0
+
+
+@dataclass(frozen=True)
+class GroupStatistics:
+    name: str
+    memory_limit_bytes: int
+    max_active_queries: int | None
+    max_queued_queries: int | None
+    queue_timeout_millis: int
+    cpu_weight: int
+    active_queries: int
+    queued_queries: int
+    oldest_queue_wait_millis: int
+    memory_used_bytes: int
+    cpu_nanos_total: int
+    cpu_wait_nanos_total: int
+    admission_rejections: int
+    admission_timeouts: int
+    cpu_min_share_pct: float
+    cpu_limit_pct: float | None
+    cpu_limit_cores: float | None
+    scheduling_policy: str
+    admitted_total: int
+
+    def row(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in COLUMN_NAMES)
+
+
+COLUMNS: Final[tuple[tuple[str, str], ...]] = tuple(
+    (f.name, {"str": "text", "float": "float"}.get(str(f.type).split(" ")[0], "int"))
+    for f in fields(GroupStatistics)
+)
+COLUMN_NAMES: Final = tuple(name for name, _ in COLUMNS)
+
+
+def effective_memory_limit(group_limit: int, process_limit: int) -> int:
+    """The group's ceiling after the process cap; 0 means none."""
+    limits = [limit for limit in (group_limit, process_limit) if limit > 0]
+    return min(limits) if limits else 0
+
+
+def group_statistics(
+    group: GroupDef,
+    counters: CounterReading,
+    *,
+    total_weight: int,
+    cpus: float,
+    process_memory_limit: int,
+) -> GroupStatistics:
+    """Combine a group's definition with its counters into the row of §9."""
+    limit_centi = group.cpu_limit_centi_pct
+    limit_pct = None if limit_centi is None else limit_centi / 100
+    share = group.cpu_weight / total_weight * 100
+    if limit_pct is not None:
+        share = min(share, limit_pct)
+    return GroupStatistics(
+        name=group.name,
+        memory_limit_bytes=effective_memory_limit(group.memory_limit, process_memory_limit),
+        max_active_queries=group.max_active_queries,
+        max_queued_queries=group.max_queued_queries,
+        queue_timeout_millis=group.queue_timeout_ms,
+        cpu_weight=group.cpu_weight,
+        active_queries=counters.active_queries,
+        queued_queries=counters.queued_queries,
+        oldest_queue_wait_millis=counters.oldest_queue_wait_millis,
+        memory_used_bytes=counters.memory_used_bytes,
+        cpu_nanos_total=counters.cpu_nanos_total,
+        cpu_wait_nanos_total=counters.cpu_wait_nanos_total,
+        admission_rejections=counters.admission_rejections,
+        admission_timeouts=counters.admission_timeouts,
+        cpu_min_share_pct=share,
+        cpu_limit_pct=limit_pct,
+        cpu_limit_cores=None if limit_pct is None else limit_pct / 100 * cpus,
+        scheduling_policy=group.scheduling_policy,
+        admitted_total=counters.admitted_total,
+    )

@@ -1,0 +1,79 @@
+"""A session: one principal's connection to an engine."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from resgroups.access import Identity, login_principal, resolve
+from resgroups.result import Result
+from resgroups.sql.execute import execute_statement
+from resgroups.sql.parser import parse_script
+
+if TYPE_CHECKING:
+    from resgroups.engine import Engine
+
+
+class Session:
+    """One principal's session. Use it from one thread at a time.
+
+    >>> session = engine.connect(user="analyst")
+    >>> session.execute("SELECT current_resource_group()").rows
+    [('default',)]
+    """
+
+    def __init__(self, engine: Engine, identity: Identity) -> None:
+        self.engine = engine
+        self._identity = identity
+        self._chosen: tuple[int, str] | None = None  # (group id, name when chosen)
+
+    @property
+    def identity(self) -> Identity:
+        return self._identity
+
+    @property
+    def user(self) -> str:
+        """The login name: the fair policy's "user"."""
+        return self._identity.login_name
+
+    @property
+    def chosen_group_id(self) -> int | None:
+        return None if self._chosen is None else self._chosen[0]
+
+    def choose(self, group_id: int | None, name: str = "") -> None:
+        """SET RESOURCE GROUP (by identity, so a rename keeps the choice) or RESET."""
+        self._chosen = None if group_id is None else (group_id, name)
+
+    def assume(self, account_id: int | None) -> None:
+        self._identity = replace(self._identity, assumed_id=account_id)
+
+    def managed_group(self) -> str | None:
+        """Resolve the group a managed query starting now runs in (SPEC §5).
+
+        None when the query runs unmanaged (the feature is disabled).
+        """
+        engine = self.engine
+        if not engine.enabled:
+            return None
+        group = resolve(
+            engine.snapshot, self._identity, self._chosen, access_control=engine.access_control
+        )
+        return group.name
+
+    def execute(self, sql: str) -> Result:
+        """Run every statement of ``sql``; the last one's result."""
+        results = self.execute_script(sql)
+        return results[-1] if results else Result.command("")
+
+    def execute_script(self, sql: str) -> list[Result]:
+        """Run every statement of ``sql`` in order; each one's result.
+
+        The script is parsed whole first, so a syntax error runs nothing.
+        A statement that fails stops the script; those before it stay done.
+        """
+        statements = parse_script(sql)
+        results = []
+        for stmt in statements:
+            login_principal(self.engine.snapshot, self._identity)  # dropped since login?
+            results.append(execute_statement(self, stmt))
+        return results

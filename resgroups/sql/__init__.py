@@ -1,0 +1,1 @@
+"""The SQL front end: grammar, parser, formatter, expressions and execution."""

@@ -1,0 +1,308 @@
+"""Statement and expression nodes: frozen dataclasses built during the parse.
+
+Every node is a value: two parses of the same text compare equal, and
+``format_sql`` (in :mod:`resgroups.sql.format`) turns any node back into text
+that parses to an equal node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+# --------------------------------------------------------------------------
+# names
+
+
+@dataclass(frozen=True)
+class Ident:
+    """An identifier as written: unquoted names compare case-insensitively."""
+
+    text: str
+    quoted: bool = False
+
+    def __str__(self) -> str:
+        return self.text
+
+
+DEFAULT_GROUP = Ident("DEFAULT")
+"""What the keyword DEFAULT stands for where a group name is expected."""
+
+
+class PrincipalKind(Enum):
+    USER = "user"
+    GROUP = "group"
+    SERVICE_ACCOUNT = "service account"
+
+    @property
+    def sql(self) -> str:
+        return self.value.upper()
+
+
+# --------------------------------------------------------------------------
+# expressions
+
+
+@dataclass(frozen=True)
+class Literal:
+    value: int | float | str | bool | None
+
+
+@dataclass(frozen=True)
+class Column:
+    name: Ident
+
+
+@dataclass(frozen=True)
+class Unary:
+    op: str  # "-" or "not"
+    operand: Expr
+
+
+@dataclass(frozen=True)
+class Binary:
+    op: str  # + - * / % = <> < <= > >= and or like
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True)
+class IsNull:
+    operand: Expr
+    negated: bool = False
+
+
+@dataclass(frozen=True)
+class InList:
+    operand: Expr
+    items: tuple[Expr, ...]
+    negated: bool = False
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str  # lower-cased function name
+    args: tuple[Expr, ...] = ()
+    star: bool = False  # count(*)
+
+
+Expr = Literal | Column | Unary | Binary | IsNull | InList | Call
+
+
+# --------------------------------------------------------------------------
+# resource group DDL
+
+
+ParamValue = int | str | None
+"""A typed parameter value (see :mod:`resgroups.sql.params`)."""
+
+
+@dataclass(frozen=True)
+class CreateResourceGroup:
+    name: Ident
+    params: tuple[tuple[str, ParamValue], ...] = ()
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class AlterResourceGroupSet:
+    name: Ident
+    params: tuple[tuple[str, ParamValue], ...]
+
+
+@dataclass(frozen=True)
+class AlterResourceGroupReset:
+    name: Ident
+    params: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RenameResourceGroup:
+    name: Ident
+    new_name: Ident
+
+
+@dataclass(frozen=True)
+class DropResourceGroup:
+    name: Ident
+    if_exists: bool = False
+
+
+# --------------------------------------------------------------------------
+# principals, mappings, permissions
+
+
+@dataclass(frozen=True)
+class CreatePrincipal:
+    kind: PrincipalKind
+    name: Ident
+    password: str | None = None
+
+
+@dataclass(frozen=True)
+class DropPrincipal:
+    kind: PrincipalKind
+    name: Ident
+
+
+@dataclass(frozen=True)
+class AddUser:
+    user: Ident
+    groups: tuple[Ident, ...]
+
+
+@dataclass(frozen=True)
+class RemoveUser:
+    user: Ident
+    groups: tuple[Ident, ...]
+
+
+@dataclass(frozen=True)
+class GrantAssume:
+    account: Ident
+    user: Ident
+
+
+@dataclass(frozen=True)
+class RevokeAssume:
+    account: Ident
+    user: Ident
+
+
+@dataclass(frozen=True)
+class AssumeServiceAccount:
+    account: Ident
+
+
+@dataclass(frozen=True)
+class ExitServiceAccount:
+    pass
+
+
+@dataclass(frozen=True)
+class SetMapping:
+    """ALTER USER|GROUP|SERVICE ACCOUNT name SET/UNSET RESOURCE GROUP."""
+
+    kind: PrincipalKind
+    name: Ident
+    group: Ident | None  # None: UNSET
+    priority: int | None = None  # MAPPING PRIORITY, ALTER GROUP only
+
+
+@dataclass(frozen=True)
+class SetMemoryLimit:
+    kind: PrincipalKind
+    name: Ident
+    limit: int | None  # None: UNLIMITED (the principal has no limit of its own)
+
+
+@dataclass(frozen=True)
+class GrantAdmin:
+    principal: Ident
+
+
+@dataclass(frozen=True)
+class RevokeAdmin:
+    principal: Ident
+
+
+@dataclass(frozen=True)
+class GrantUse:
+    group: Ident | None  # None: USE RESOURCE GROUP (every group)
+    principal: Ident
+
+
+@dataclass(frozen=True)
+class RevokeUse:
+    group: Ident | None
+    principal: Ident
+
+
+# --------------------------------------------------------------------------
+# session control and queries
+
+
+@dataclass(frozen=True)
+class SetResourceGroup:
+    group: Ident
+
+
+@dataclass(frozen=True)
+class ResetResourceGroup:
+    pass
+
+
+@dataclass(frozen=True)
+class ResetAll:
+    pass
+
+
+@dataclass(frozen=True)
+class DiscardAll:
+    pass
+
+
+@dataclass(frozen=True)
+class Show:
+    what: PrincipalKind
+
+
+@dataclass(frozen=True)
+class SelectItem:
+    expr: Expr
+    alias: Ident | None = None
+
+
+@dataclass(frozen=True)
+class OrderItem:
+    expr: Expr
+    descending: bool = False
+
+
+@dataclass(frozen=True)
+class TableFunction:
+    name: str  # lower-cased
+    args: tuple[Expr, ...] = ()
+
+
+@dataclass(frozen=True)
+class TableName:
+    name: Ident
+
+
+@dataclass(frozen=True)
+class Select:
+    items: tuple[SelectItem, ...] | None  # None: SELECT *
+    source: TableFunction | TableName | None = None
+    where: Expr | None = None
+    order_by: tuple[OrderItem, ...] = ()
+    limit: int | None = None
+
+
+Statement = (
+    CreateResourceGroup
+    | AlterResourceGroupSet
+    | AlterResourceGroupReset
+    | RenameResourceGroup
+    | DropResourceGroup
+    | CreatePrincipal
+    | DropPrincipal
+    | AddUser
+    | RemoveUser
+    | GrantAssume
+    | RevokeAssume
+    | AssumeServiceAccount
+    | ExitServiceAccount
+    | SetMapping
+    | SetMemoryLimit
+    | GrantAdmin
+    | RevokeAdmin
+    | GrantUse
+    | RevokeUse
+    | SetResourceGroup
+    | ResetResourceGroup
+    | ResetAll
+    | DiscardAll
+    | Show
+    | Select
+)

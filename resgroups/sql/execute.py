@@ -1,0 +1,150 @@
+"""Running statements: one handler per statement kind, and who may run it.
+
+``RULES`` maps each statement class to its handler, whether it needs access
+control (SPEC §5: principal, mapping, memory-limit and grant statements
+raise FeatureNotSupported without it) and the permission it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Final
+
+from resgroups.access import check_group_admin, check_use, find_group
+from resgroups.errors import FeatureNotSupported, PermissionDenied, UndefinedTable
+from resgroups.result import Result
+from resgroups.sql import ast, ddl, principals
+from resgroups.sql.expr import EvalContext, Scope, compile_expr
+from resgroups.sql.select import Relation, run_select
+from resgroups.sql.tables import relation, table_function
+
+if TYPE_CHECKING:
+    from resgroups.session import Session
+
+
+class Needs(Enum):
+    NOTHING = "nothing"
+    GROUP_ADMIN = "RESOURCE GROUP ADMIN"
+    ADMIN = "the admin"
+
+
+@dataclass(frozen=True)
+class Rule:
+    handler: Callable[[Session, Any], Result]
+    needs: Needs = Needs.NOTHING
+    access_control: bool = False  # True: FeatureNotSupported when it is off
+
+
+# ---- session control -----------------------------------------------------------
+
+
+def set_resource_group(session: Session, stmt: ast.SetResourceGroup) -> Result:
+    engine = session.engine
+    snap = engine.snapshot
+    group = find_group(snap, stmt.group)
+    check_use(snap, session.identity, group, access_control=engine.access_control)
+    session.choose(group.id, group.name)
+    return Result.command("SET")
+
+
+def reset_resource_group(session: Session, stmt: ast.Statement) -> Result:
+    session.choose(None)
+    return Result.command("RESET")
+
+
+def discard_all(session: Session, stmt: ast.DiscardAll) -> Result:
+    session.choose(None)
+    session.assume(None)
+    return Result.command("DISCARD ALL")
+
+
+# ---- queries -------------------------------------------------------------------
+
+
+def select(session: Session, stmt: ast.Select) -> Result:
+    """SELECT over a table function, or without FROM (one empty row)."""
+    match stmt.source:
+        case None:
+            source = Relation((), [()])
+            managed = True
+        case ast.TableFunction(name=name, args=args):
+            fn = table_function(name)
+            values = tuple(compile_expr(a, _NO_COLUMNS, EvalContext())(()) for a in args)
+            source = relation(session, fn, values)
+            managed = not fn.engine_state
+        case ast.TableName(name=name):
+            raise UndefinedTable(f"table {name.text} does not exist")
+    group = session.managed_group() if managed else None
+    out = run_select(stmt, source, EvalContext(current_group=group))
+    return Result.table(list(out.columns), out.rows)
+
+
+_NO_COLUMNS: Final = Scope(())
+
+_DDL = Needs.GROUP_ADMIN
+RULES: Final[dict[type, Rule]] = {
+    ast.CreateResourceGroup: Rule(ddl.create_resource_group, _DDL),
+    ast.AlterResourceGroupSet: Rule(ddl.alter_resource_group_set, _DDL),
+    ast.AlterResourceGroupReset: Rule(ddl.alter_resource_group_reset, _DDL),
+    ast.RenameResourceGroup: Rule(ddl.rename_resource_group, _DDL),
+    ast.DropResourceGroup: Rule(ddl.drop_resource_group, _DDL),
+    ast.CreatePrincipal: Rule(principals.create_principal, Needs.ADMIN, True),
+    ast.DropPrincipal: Rule(principals.drop_principal, Needs.ADMIN, True),
+    ast.AddUser: Rule(principals.add_user, Needs.ADMIN, True),
+    ast.RemoveUser: Rule(principals.remove_user, Needs.ADMIN, True),
+    ast.GrantAssume: Rule(principals.grant_assume, Needs.ADMIN, True),
+    ast.RevokeAssume: Rule(principals.revoke_assume, Needs.ADMIN, True),
+    ast.AssumeServiceAccount: Rule(principals.assume_service_account, Needs.NOTHING, True),
+    ast.ExitServiceAccount: Rule(principals.exit_service_account, Needs.NOTHING, True),
+    ast.SetMapping: Rule(principals.set_mapping, _DDL, True),
+    ast.SetMemoryLimit: Rule(principals.set_memory_limit, Needs.ADMIN, True),
+    ast.GrantAdmin: Rule(principals.grant_admin, Needs.ADMIN, True),
+    ast.RevokeAdmin: Rule(principals.revoke_admin, Needs.ADMIN, True),
+    ast.GrantUse: Rule(principals.grant_use, _DDL, True),
+    ast.RevokeUse: Rule(principals.revoke_use, _DDL, True),
+    ast.Show: Rule(principals.show, _DDL, True),
+    ast.SetResourceGroup: Rule(set_resource_group),
+    ast.ResetResourceGroup: Rule(reset_resource_group),
+    ast.ResetAll: Rule(reset_resource_group),
+    ast.DiscardAll: Rule(discard_all),
+    ast.Select: Rule(select),
+}
+
+_STATEMENT_NAMES: Final = {
+    ast.CreatePrincipal: "CREATE USER|GROUP|SERVICE ACCOUNT",
+    ast.DropPrincipal: "DROP USER|GROUP|SERVICE ACCOUNT",
+    ast.AddUser: "ADD USER",
+    ast.RemoveUser: "REMOVE USER",
+    ast.GrantAssume: "GRANT ASSUME SERVICE ACCOUNT",
+    ast.RevokeAssume: "REVOKE ASSUME SERVICE ACCOUNT",
+    ast.AssumeServiceAccount: "ASSUME SERVICE ACCOUNT",
+    ast.ExitServiceAccount: "EXIT SERVICE ACCOUNT",
+    ast.SetMapping: "SET/UNSET RESOURCE GROUP on a principal",
+    ast.SetMemoryLimit: "SET MEMORY LIMIT",
+    ast.GrantAdmin: "GRANT RESOURCE GROUP ADMIN",
+    ast.RevokeAdmin: "REVOKE RESOURCE GROUP ADMIN",
+    ast.GrantUse: "GRANT USE",
+    ast.RevokeUse: "REVOKE USE",
+    ast.Show: "SHOW USERS|GROUPS|SERVICE ACCOUNTS",
+}
+
+
+def execute_statement(session: Session, stmt: ast.Statement) -> Result:
+    rule = RULES[type(stmt)]
+    engine = session.engine
+    if rule.access_control and not engine.access_control:
+        raise FeatureNotSupported(
+            f"{_STATEMENT_NAMES.get(type(stmt), type(stmt).__name__)} requires access control "
+            "(start the engine with access_control=True, or the shell with --access-control)"
+        )
+    who = session.identity
+    if rule.needs is Needs.GROUP_ADMIN:
+        check_group_admin(engine.snapshot, who, access_control=engine.access_control)
+    elif rule.needs is Needs.ADMIN and not who.is_admin:
+        raise PermissionDenied(
+            f"Access denied for {who.login_name}: "
+            f"{_STATEMENT_NAMES.get(type(stmt), 'this statement')} is the admin's"
+        )
+    return rule.handler(session, stmt)

@@ -1,0 +1,173 @@
+"""Statements back to SQL text: ``parse_one(format_sql(s)) == s`` for every statement.
+
+Expressions are written fully parenthesised, so the text parses back to the
+same tree whatever the precedence rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from resgroups.sql import ast
+from resgroups.sql.params import PARAMETERS
+
+
+def quote_ident(ident: ast.Ident) -> str:
+    if ident == ast.DEFAULT_GROUP:
+        return "DEFAULT"
+    if ident.quoted:
+        return '"' + ident.text.replace('"', '""') + '"'
+    return ident.text
+
+
+def quote_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _params(params: tuple[tuple[str, ast.ParamValue], ...]) -> str:
+    return ", ".join(f"{name} = {PARAMETERS[name].format(value)}" for name, value in params)
+
+
+def format_expr(expr: ast.Expr) -> str:
+    match expr:
+        case ast.Literal(value=None):
+            return "NULL"
+        case ast.Literal(value=bool() as flag):
+            return "TRUE" if flag else "FALSE"
+        case ast.Literal(value=str() as text):
+            return quote_string(text)
+        case ast.Literal(value=value):
+            return repr(value)
+        case ast.Column(name=name):
+            return quote_ident(name)
+        case ast.Unary(op="-", operand=operand):
+            return f"(-{format_expr(operand)})"
+        case ast.Unary(op=op, operand=operand):
+            return f"({op.upper()} {format_expr(operand)})"
+        case ast.Binary(op=op, left=left, right=right):
+            return f"({format_expr(left)} {op.upper()} {format_expr(right)})"
+        case ast.IsNull(operand=operand, negated=negated):
+            return f"({format_expr(operand)} IS {'NOT ' if negated else ''}NULL)"
+        case ast.InList(operand=operand, items=items, negated=negated):
+            inner = ", ".join(format_expr(i) for i in items)
+            return f"({format_expr(operand)} {'NOT ' if negated else ''}IN ({inner}))"
+        case ast.Call(name=name, star=True):
+            return f"{name}(*)"
+        case ast.Call(name=name, args=args):
+            return f"{name}({', '.join(format_expr(a) for a in args)})"
+    raise TypeError(f"not an expression: {expr!r}")
+
+
+def _select(s: ast.Select) -> str:
+    parts = ["SELECT"]
+    if s.items is None:
+        parts.append("*")
+    else:
+        parts.append(
+            ", ".join(
+                format_expr(i.expr) + (f" AS {quote_ident(i.alias)}" if i.alias else "")
+                for i in s.items
+            )
+        )
+    match s.source:
+        case ast.TableFunction(name=name, args=args):
+            parts.append(f"FROM {name}({', '.join(format_expr(a) for a in args)})")
+        case ast.TableName(name=name):
+            parts.append(f"FROM {quote_ident(name)}")
+    if s.where is not None:
+        parts.append(f"WHERE {format_expr(s.where)}")
+    if s.order_by:
+        parts.append(
+            "ORDER BY "
+            + ", ".join(
+                format_expr(o.expr) + (" DESC" if o.descending else "") for o in s.order_by
+            )
+        )
+    if s.limit is not None:
+        parts.append(f"LIMIT {s.limit}")
+    return " ".join(parts)
+
+
+def _create_group(s: ast.CreateResourceGroup) -> str:
+    text = "CREATE RESOURCE GROUP " + ("IF NOT EXISTS " if s.if_not_exists else "")
+    text += quote_ident(s.name)
+    return text + (f" WITH ({_params(s.params)})" if s.params else "")
+
+
+def _mapping(s: ast.SetMapping) -> str:
+    head = f"ALTER {s.kind.sql} {quote_ident(s.name)}"
+    if s.group is None:
+        return head + " UNSET RESOURCE GROUP"
+    text = f"{head} SET RESOURCE GROUP {quote_ident(s.group)}"
+    return text + (f" MAPPING PRIORITY {s.priority}" if s.priority is not None else "")
+
+
+def _password(password: str | None) -> str:
+    return "" if password is None else f" WITH PASSWORD {quote_string(password)}"
+
+
+def _use(verb: str, prep: str, group: ast.Ident | None, principal: ast.Ident) -> str:
+    target = "USE RESOURCE GROUP" if group is None else f"USE ON RESOURCE GROUP {quote_ident(group)}"
+    return f"{verb} {target} {prep} {quote_ident(principal)}"
+
+
+def _names(idents: tuple[ast.Ident, ...]) -> str:
+    return ", ".join(quote_ident(i) for i in idents)
+
+
+_FORMATTERS: Final[dict[type, Callable[[Any], str]]] = {
+    ast.CreateResourceGroup: _create_group,
+    ast.AlterResourceGroupSet: lambda s: (
+        f"ALTER RESOURCE GROUP {quote_ident(s.name)} SET ({_params(s.params)})"
+    ),
+    ast.AlterResourceGroupReset: lambda s: (
+        f"ALTER RESOURCE GROUP {quote_ident(s.name)} RESET ({', '.join(s.params)})"
+    ),
+    ast.RenameResourceGroup: lambda s: (
+        f"ALTER RESOURCE GROUP {quote_ident(s.name)} RENAME TO {quote_ident(s.new_name)}"
+    ),
+    ast.DropResourceGroup: lambda s: (
+        "DROP RESOURCE GROUP " + ("IF EXISTS " if s.if_exists else "") + quote_ident(s.name)
+    ),
+    ast.CreatePrincipal: lambda s: (
+        f"CREATE {s.kind.sql} {quote_ident(s.name)}{_password(s.password)}"
+    ),
+    ast.DropPrincipal: lambda s: f"DROP {s.kind.sql} {quote_ident(s.name)}",
+    ast.AddUser: lambda s: f"ADD USER {quote_ident(s.user)} TO {_names(s.groups)}",
+    ast.RemoveUser: lambda s: f"REMOVE USER {quote_ident(s.user)} FROM {_names(s.groups)}",
+    ast.GrantAssume: lambda s: (
+        f"GRANT ASSUME SERVICE ACCOUNT {quote_ident(s.account)} TO {quote_ident(s.user)}"
+    ),
+    ast.RevokeAssume: lambda s: (
+        f"REVOKE ASSUME SERVICE ACCOUNT {quote_ident(s.account)} FROM {quote_ident(s.user)}"
+    ),
+    ast.AssumeServiceAccount: lambda s: f"ASSUME SERVICE ACCOUNT {quote_ident(s.account)}",
+    ast.ExitServiceAccount: lambda s: "EXIT SERVICE ACCOUNT",
+    ast.SetMapping: _mapping,
+    ast.SetMemoryLimit: lambda s: (
+        f"ALTER {s.kind.sql} {quote_ident(s.name)} SET MEMORY LIMIT "
+        + ("UNLIMITED" if s.limit is None else str(s.limit))
+    ),
+    ast.GrantAdmin: lambda s: f"GRANT RESOURCE GROUP ADMIN TO {quote_ident(s.principal)}",
+    ast.RevokeAdmin: lambda s: f"REVOKE RESOURCE GROUP ADMIN FROM {quote_ident(s.principal)}",
+    ast.GrantUse: lambda s: _use("GRANT", "TO", s.group, s.principal),
+    ast.RevokeUse: lambda s: _use("REVOKE", "FROM", s.group, s.principal),
+    ast.SetResourceGroup: lambda s: f"SET RESOURCE GROUP {quote_ident(s.group)}",
+    ast.ResetResourceGroup: lambda s: "RESET RESOURCE GROUP",
+    ast.ResetAll: lambda s: "RESET ALL",
+    ast.DiscardAll: lambda s: "DISCARD ALL",
+    ast.Show: lambda s: (
+        "SHOW USERS"
+        if s.what is ast.PrincipalKind.USER
+        else "SHOW GROUPS"
+        if s.what is ast.PrincipalKind.GROUP
+        else "SHOW SERVICE ACCOUNTS"
+    ),
+    ast.Select: _select,
+}
+
+
+def format_sql(statement: ast.Statement) -> str:
+    """One statement as SQL text (without the trailing ``;``)."""
+    return _FORMATTERS[type(statement)](statement)

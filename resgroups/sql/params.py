@@ -1,0 +1,227 @@
+"""Resource group parameters: the table of names, accepted values and defaults.
+
+A value arrives from the grammar as a :class:`RawValue` (an integer, a
+decimal, a quoted string or a bare word such as UNLIMITED) and leaves as the
+typed value stored in the catalog:
+
+============================  =======================================  ==========
+parameter                     typed value                              unset
+============================  =======================================  ==========
+cpu_weight                    int 1..10000                             100
+cpu_limit                     int hundredths of a percent 1..10000     None
+max_active_queries            int >= 1                                 None
+max_queued_queries            int >= 0                                 None
+queue_timeout                 int milliseconds >= 1                    30000
+memory_limit                  int bytes >= 0 (0: no ceiling)           0
+scheduling_policy             'fifo' | 'fair'                          'fifo'
+============================  =======================================  ==========
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Final
+
+from resgroups.errors import InvalidParameter, did_you_mean
+
+INT64_MAX: Final = 2**63 - 1
+INT32_MAX: Final = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class RawValue:
+    """A parameter value as written: kind is 'number', 'string' or 'word'."""
+
+    kind: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"'{self.text}'" if self.kind == "string" else self.text
+
+
+ParamValue = int | str | None
+
+
+def _integer(raw: RawValue, param: str, allowed: str) -> int:
+    if raw.kind == "number":
+        try:
+            value = Decimal(raw.text)
+        except InvalidOperation:
+            value = Decimal("NaN")
+        if value.is_finite() and value == value.to_integral_value():
+            return int(value)
+    raise InvalidParameter(f"invalid value {raw} for {param}: expected {allowed}")
+
+
+def _bounded(param: str, low: int, high: int, allowed: str) -> Callable[[RawValue], int]:
+    def parse(raw: RawValue) -> int:
+        value = _integer(raw, param, allowed)
+        if not low <= value <= high:
+            raise InvalidParameter(f"invalid value {raw} for {param}: expected {allowed}")
+        return value
+
+    return parse
+
+
+def _is_unlimited(raw: RawValue) -> bool:
+    return raw.kind in ("word", "string") and raw.text.lower() == "unlimited"
+
+
+def _or_unlimited(inner: Callable[[RawValue], int]) -> Callable[[RawValue], int | None]:
+    def parse(raw: RawValue) -> int | None:
+        return None if _is_unlimited(raw) else inner(raw)
+
+    return parse
+
+
+_CPU_LIMIT_RE: Final = re.compile(r"^\s*(\d+(?:\.\d{1,2})?|\.\d{1,2})\s*%\s*$")
+_CPU_LIMIT_ALLOWED: Final = "'N%' with 0 < N <= 100 and at most 2 decimals, or UNLIMITED"
+
+
+def parse_cpu_limit(raw: RawValue) -> int | None:
+    """'12.5%' -> 1250 (hundredths of a percent); UNLIMITED -> None."""
+    if _is_unlimited(raw):
+        return None
+    match = _CPU_LIMIT_RE.match(raw.text) if raw.kind == "string" else None
+    if match is not None:
+        centi = int(Decimal(match.group(1)) * 100)
+        if 0 < centi <= 10000:
+            return centi
+    raise InvalidParameter(f"invalid value {raw} for cpu_limit: expected {_CPU_LIMIT_ALLOWED}")
+
+
+_DURATION_UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+_DURATION_RE: Final = re.compile(r"^\s*(\d+)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
+_TIMEOUT_ALLOWED: Final = (
+    f"integer milliseconds 1..{INT32_MAX}, or a duration such as '250ms', '15s', '2m', '1h'"
+)
+
+
+def parse_duration_ms(raw: RawValue, param: str = "queue_timeout") -> int:
+    """500 -> 500; '15s' -> 15000; '2m' -> 120000."""
+    if raw.kind == "number":
+        millis = _integer(raw, param, _TIMEOUT_ALLOWED)
+    else:
+        match = _DURATION_RE.match(raw.text) if raw.kind == "string" else None
+        if match is None:
+            raise InvalidParameter(f"invalid value {raw} for {param}: expected {_TIMEOUT_ALLOWED}")
+        millis = int(match.group(1)) * _DURATION_UNITS[(match.group(2) or "ms").lower()]
+    if not 1 <= millis <= INT32_MAX:
+        raise InvalidParameter(f"invalid value {raw} for {param}: expected {_TIMEOUT_ALLOWED}")
+    return millis
+
+
+_SIZE_UNITS: Final = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+_SIZE_RE: Final = re.compile(r"^\s*(\d+)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
+_SIZE_ALLOWED: Final = (
+    "integer bytes 0..2^63-1, or a size such as '512K', '64M', '2G', '1T' "
+    "(powers of 1024, optional B), or UNLIMITED"
+)
+
+
+def parse_size(raw: RawValue, param: str = "memory_limit") -> int:
+    """'2G' -> 2147483648; 0 and UNLIMITED -> 0 (no ceiling)."""
+    if _is_unlimited(raw):
+        return 0
+    if raw.kind == "number":
+        size = _integer(raw, param, _SIZE_ALLOWED)
+    else:
+        match = _SIZE_RE.match(raw.text) if raw.kind == "string" else None
+        if match is None:
+            raise InvalidParameter(f"invalid value {raw} for {param}: expected {_SIZE_ALLOWED}")
+        size = int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if not 0 <= size <= INT64_MAX:
+        raise InvalidParameter(f"invalid value {raw} for {param}: expected {_SIZE_ALLOWED}")
+    return size
+
+
+POLICIES: Final = ("fifo", "fair")
+
+
+def parse_policy(raw: RawValue) -> str:
+    if raw.kind in ("string", "word") and raw.text.lower() in POLICIES:
+        return raw.text.lower()
+    hint = did_you_mean(raw.text, POLICIES) if raw.kind != "number" else ""
+    raise InvalidParameter(
+        f"invalid value {raw} for scheduling_policy: expected 'fifo' or 'fair'.{hint}"
+    )
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    parse: Callable[[RawValue], ParamValue]
+    default: ParamValue
+    format: Callable[[ParamValue], str]
+
+
+def _format_int_or_unlimited(value: ParamValue) -> str:
+    return "UNLIMITED" if value is None else str(value)
+
+
+def _format_cpu_limit(value: ParamValue) -> str:
+    if value is None:
+        return "UNLIMITED"
+    assert isinstance(value, int)
+    return f"'{Decimal(value) / 100}%'"
+
+
+PARAMETERS: Final[Mapping[str, Parameter]] = {
+    p.name: p
+    for p in (
+        Parameter(
+            "cpu_weight", _bounded("cpu_weight", 1, 10000, "an integer 1..10000"), 100, str
+        ),
+        Parameter("cpu_limit", parse_cpu_limit, None, _format_cpu_limit),
+        Parameter(
+            "max_active_queries",
+            _or_unlimited(
+                _bounded(
+                    "max_active_queries", 1, INT32_MAX, "an integer >= 1, or UNLIMITED"
+                )
+            ),
+            None,
+            _format_int_or_unlimited,
+        ),
+        Parameter(
+            "max_queued_queries",
+            _or_unlimited(
+                _bounded(
+                    "max_queued_queries",
+                    0,
+                    INT32_MAX,
+                    "an integer >= 0 (0: no queueing), or UNLIMITED",
+                )
+            ),
+            None,
+            _format_int_or_unlimited,
+        ),
+        Parameter("queue_timeout", parse_duration_ms, 30_000, str),
+        Parameter("memory_limit", parse_size, 0, str),
+        Parameter("scheduling_policy", parse_policy, "fifo", lambda v: f"'{v}'"),
+    )
+}
+
+
+def lookup(name: str) -> Parameter:
+    """The parameter called ``name`` (case-insensitive), or InvalidParameter."""
+    try:
+        return PARAMETERS[name.lower()]
+    except KeyError:
+        allowed = ", ".join(PARAMETERS)
+        raise InvalidParameter(
+            f"unknown resource group parameter {name!r}; allowed: {allowed}."
+            + did_you_mean(name, PARAMETERS)
+        ) from None
+
+
+def parse_param(name: str, raw: RawValue) -> tuple[str, ParamValue]:
+    param = lookup(name)
+    return param.name, param.parse(raw)
+
+
+def defaults() -> dict[str, ParamValue]:
+    return {name: p.default for name, p in PARAMETERS.items()}

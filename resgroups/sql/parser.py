@@ -1,0 +1,515 @@
+"""Text to statements: Lark's LALR parser with an embedded Transformer.
+
+The grammar lives in ``grammar.lark`` beside this file. The transformer runs
+during the parse (no tree is built) and returns the frozen dataclasses of
+:mod:`resgroups.sql.ast`; parameter values are checked and typed as they are
+reduced, so a bad value fails the parse with :class:`InvalidParameter`.
+
+``parse_script`` costs about 50-100 µs for a typical DDL statement
+(``perf/bench_parse.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from functools import cache
+from importlib import resources
+from typing import Any, Final
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+from lark.lexer import PatternStr
+
+from resgroups.errors import InvalidParameter, NumericOverflow, SqlSyntaxError
+from resgroups.sql import ast
+from resgroups.sql.params import INT32_MAX, RawValue, parse_param, parse_size
+
+__all__ = ["parse", "parse_one", "parse_script", "split_statements"]
+
+
+class _PositionedError(Exception):
+    """Raised inside the transformer; ``parse_script`` adds line, column and caret."""
+
+    def __init__(self, message: str, token: Token) -> None:
+        super().__init__(message)
+        self.message = message
+        self.token = token
+
+
+def _unquote(text: str, quote: str) -> str:
+    return text[1:-1].replace(quote * 2, quote)
+
+
+def _binary(op: str) -> Any:
+    return lambda self, left, right: ast.Binary(op, left, right)
+
+
+@v_args(inline=True)
+class _ToAst(Transformer[Token, Any]):
+    # ---- names
+    def ident(self, tok: Token) -> ast.Ident:
+        return ast.Ident(str(tok))
+
+    def quoted_ident(self, tok: Token) -> ast.Ident:
+        text = _unquote(tok, '"')
+        if not text:
+            raise _PositionedError("empty quoted identifier", tok)
+        return ast.Ident(text, quoted=True)
+
+    def default_group(self) -> ast.Ident:
+        return ast.DEFAULT_GROUP
+
+    def group_name(self, name: ast.Ident) -> ast.Ident:
+        return name
+
+    # ---- parameter values
+    def number_value(self, tok: Token) -> RawValue:
+        return RawValue("number", str(tok))
+
+    def negative_value(self, tok: Token) -> RawValue:
+        return RawValue("number", "-" + tok)
+
+    def string_value(self, tok: Token) -> RawValue:
+        return RawValue("string", _unquote(tok, "'"))
+
+    def unlimited_value(self) -> RawValue:
+        return RawValue("word", "UNLIMITED")
+
+    def word_value(self, tok: Token) -> RawValue:
+        return RawValue("word", str(tok))
+
+    def param(self, name: Token, raw: RawValue) -> tuple[str, ast.ParamValue]:
+        return parse_param(str(name), raw)
+
+    def with_params(self, *params: tuple[str, ast.ParamValue]) -> tuple[Any, ...]:
+        return _no_repeats(params)
+
+    # ---- resource groups
+    def if_not_exists(self) -> bool:
+        return True
+
+    def if_exists(self) -> bool:
+        return True
+
+    def create_resource_group(
+        self, if_not_exists: bool | None, name: ast.Ident, params: tuple[Any, ...] | None
+    ) -> ast.CreateResourceGroup:
+        return ast.CreateResourceGroup(name, params or (), bool(if_not_exists))
+
+    def alter_resource_group_set(
+        self, name: ast.Ident, *params: tuple[str, ast.ParamValue]
+    ) -> ast.AlterResourceGroupSet:
+        return ast.AlterResourceGroupSet(name, _no_repeats(params))
+
+    def alter_resource_group_reset(
+        self, name: ast.Ident, *names: Token
+    ) -> ast.AlterResourceGroupReset:
+        from resgroups.sql.params import lookup
+
+        seen = tuple(dict.fromkeys(lookup(str(n)).name for n in names))
+        return ast.AlterResourceGroupReset(name, seen)
+
+    def rename_resource_group(
+        self, name: ast.Ident, new_name: ast.Ident
+    ) -> ast.RenameResourceGroup:
+        return ast.RenameResourceGroup(name, new_name)
+
+    def drop_resource_group(
+        self, if_exists: bool | None, name: ast.Ident
+    ) -> ast.DropResourceGroup:
+        return ast.DropResourceGroup(name, bool(if_exists))
+
+    # ---- principals
+    def kind_user(self) -> ast.PrincipalKind:
+        return ast.PrincipalKind.USER
+
+    def kind_group(self) -> ast.PrincipalKind:
+        return ast.PrincipalKind.GROUP
+
+    def kind_service_account(self) -> ast.PrincipalKind:
+        return ast.PrincipalKind.SERVICE_ACCOUNT
+
+    def password(self, tok: Token) -> Token:
+        return tok
+
+    def create_principal(
+        self, kind: ast.PrincipalKind, name: ast.Ident, password: Token | None
+    ) -> ast.CreatePrincipal:
+        if password is not None and kind is ast.PrincipalKind.GROUP:
+            raise _PositionedError("CREATE GROUP takes no password (a group cannot log in)", password)
+        return ast.CreatePrincipal(
+            kind, name, None if password is None else _unquote(password, "'")
+        )
+
+    def drop_principal(self, kind: ast.PrincipalKind, name: ast.Ident) -> ast.DropPrincipal:
+        return ast.DropPrincipal(kind, name)
+
+    def add_user(self, user: ast.Ident, *groups: ast.Ident) -> ast.AddUser:
+        return ast.AddUser(user, groups)
+
+    def remove_user(self, user: ast.Ident, *groups: ast.Ident) -> ast.RemoveUser:
+        return ast.RemoveUser(user, groups)
+
+    def grant_assume(self, account: ast.Ident, user: ast.Ident) -> ast.GrantAssume:
+        return ast.GrantAssume(account, user)
+
+    def revoke_assume(self, account: ast.Ident, user: ast.Ident) -> ast.RevokeAssume:
+        return ast.RevokeAssume(account, user)
+
+    def assume_service_account(self, account: ast.Ident) -> ast.AssumeServiceAccount:
+        return ast.AssumeServiceAccount(account)
+
+    def exit_service_account(self) -> ast.ExitServiceAccount:
+        return ast.ExitServiceAccount()
+
+    def mapping_priority(self, keyword: Token, raw: RawValue) -> tuple[Token, int]:
+        allowed = f"MAPPING PRIORITY must be an integer 0..{INT32_MAX}"
+        if raw.kind != "number" or not raw.text.lstrip("-").isdigit():
+            raise InvalidParameter(f"invalid value {raw}: {allowed}")
+        value = int(raw.text)
+        if not 0 <= value <= INT32_MAX:
+            raise InvalidParameter(f"invalid value {raw}: {allowed}")
+        return keyword, value
+
+    def set_mapping(
+        self,
+        kind: ast.PrincipalKind,
+        name: ast.Ident,
+        group: ast.Ident,
+        priority: tuple[Token, int] | None,
+    ) -> ast.SetMapping:
+        if priority is None:
+            return ast.SetMapping(kind, name, group)
+        if kind is not ast.PrincipalKind.GROUP:
+            raise _PositionedError(
+                f"MAPPING PRIORITY is accepted only on ALTER GROUP, not ALTER {kind.sql}",
+                priority[0],
+            )
+        return ast.SetMapping(kind, name, group, priority[1])
+
+    def unset_mapping(self, kind: ast.PrincipalKind, name: ast.Ident) -> ast.SetMapping:
+        return ast.SetMapping(kind, name, None)
+
+    def set_memory_limit(
+        self, kind: ast.PrincipalKind, name: ast.Ident, raw: RawValue
+    ) -> ast.SetMemoryLimit:
+        return ast.SetMemoryLimit(kind, name, parse_size(raw, "MEMORY LIMIT") or None)
+
+    def grant_admin(self, principal: ast.Ident) -> ast.GrantAdmin:
+        return ast.GrantAdmin(principal)
+
+    def revoke_admin(self, principal: ast.Ident) -> ast.RevokeAdmin:
+        return ast.RevokeAdmin(principal)
+
+    def grant_use(self, group: ast.Ident, principal: ast.Ident) -> ast.GrantUse:
+        return ast.GrantUse(group, principal)
+
+    def grant_use_all(self, principal: ast.Ident) -> ast.GrantUse:
+        return ast.GrantUse(None, principal)
+
+    def revoke_use(self, group: ast.Ident, principal: ast.Ident) -> ast.RevokeUse:
+        return ast.RevokeUse(group, principal)
+
+    def revoke_use_all(self, principal: ast.Ident) -> ast.RevokeUse:
+        return ast.RevokeUse(None, principal)
+
+    # ---- session control
+    def set_resource_group(self, group: ast.Ident) -> ast.SetResourceGroup:
+        return ast.SetResourceGroup(group)
+
+    def reset_resource_group(self) -> ast.ResetResourceGroup:
+        return ast.ResetResourceGroup()
+
+    def reset_all(self) -> ast.ResetAll:
+        return ast.ResetAll()
+
+    def discard_all(self) -> ast.DiscardAll:
+        return ast.DiscardAll()
+
+    def show_users(self) -> ast.Show:
+        return ast.Show(ast.PrincipalKind.USER)
+
+    def show_groups(self) -> ast.Show:
+        return ast.Show(ast.PrincipalKind.GROUP)
+
+    def show_service_accounts(self) -> ast.Show:
+        return ast.Show(ast.PrincipalKind.SERVICE_ACCOUNT)
+
+    # ---- queries
+    def select(
+        self,
+        items: tuple[ast.SelectItem, ...] | None,
+        source: ast.TableFunction | ast.TableName | None,
+        where: ast.Expr | None,
+        order_by: tuple[ast.OrderItem, ...] | None,
+        limit: int | None,
+    ) -> ast.Select:
+        return ast.Select(items, source, where, order_by or (), limit)
+
+    def select_star(self) -> None:
+        return None
+
+    def select_list(self, *items: ast.SelectItem) -> tuple[ast.SelectItem, ...]:
+        return items
+
+    def select_item_plain(self, expr: ast.Expr) -> ast.SelectItem:
+        return ast.SelectItem(expr)
+
+    def select_item_alias(self, expr: ast.Expr, *rest: ast.Ident | None) -> ast.SelectItem:
+        return ast.SelectItem(expr, rest[-1])
+
+    def from_clause(self, source: ast.TableFunction | ast.TableName) -> Any:
+        return source
+
+    def table_function(self, name: Token, *args: ast.Expr | None) -> ast.TableFunction:
+        return ast.TableFunction(name.lower(), tuple(a for a in args if a is not None))
+
+    def table_name(self, name: ast.Ident) -> ast.TableName:
+        return ast.TableName(name)
+
+    def where_clause(self, expr: ast.Expr) -> ast.Expr:
+        return expr
+
+    def order_clause(self, *items: ast.OrderItem) -> tuple[ast.OrderItem, ...]:
+        return items
+
+    def order_item(self, expr: ast.Expr, descending: bool | None) -> ast.OrderItem:
+        return ast.OrderItem(expr, bool(descending))
+
+    def asc(self) -> bool:
+        return False
+
+    def desc(self) -> bool:
+        return True
+
+    def limit_clause(self, tok: Token) -> int:
+        if not tok.isdigit():
+            raise _PositionedError(f"LIMIT takes a non-negative integer, not {tok}", tok)
+        return int(tok)
+
+    # ---- expressions
+    def number(self, tok: Token) -> ast.Literal:
+        if tok.isdigit():
+            return ast.Literal(int(tok))
+        value = float(tok)
+        if not math.isfinite(value):
+            raise NumericOverflow(f"numeric literal {tok} is out of range for a double")
+        return ast.Literal(value)
+
+    def string(self, tok: Token) -> ast.Literal:
+        return ast.Literal(_unquote(tok, "'"))
+
+    def null(self) -> ast.Literal:
+        return ast.Literal(None)
+
+    def true(self) -> ast.Literal:
+        return ast.Literal(True)
+
+    def false(self) -> ast.Literal:
+        return ast.Literal(False)
+
+    def column(self, name: ast.Ident) -> ast.Column:
+        return ast.Column(name)
+
+    def call_star(self, name: Token) -> ast.Call:
+        return ast.Call(name.lower(), (), star=True)
+
+    def call(self, name: Token, *args: ast.Expr | None) -> ast.Call:
+        return ast.Call(name.lower(), tuple(a for a in args if a is not None))
+
+    def neg(self, operand: ast.Expr) -> ast.Unary:
+        return ast.Unary("-", operand)
+
+    def not_(self, operand: ast.Expr) -> ast.Unary:
+        return ast.Unary("not", operand)
+
+    def is_null(self, operand: ast.Expr) -> ast.IsNull:
+        return ast.IsNull(operand)
+
+    def is_not_null(self, operand: ast.Expr) -> ast.IsNull:
+        return ast.IsNull(operand, negated=True)
+
+    def in_list(self, operand: ast.Expr, *items: ast.Expr) -> ast.InList:
+        return ast.InList(operand, items)
+
+    def not_in_list(self, operand: ast.Expr, *items: ast.Expr) -> ast.InList:
+        return ast.InList(operand, items, negated=True)
+
+    def not_like(self, left: ast.Expr, right: ast.Expr) -> ast.Unary:
+        return ast.Unary("not", ast.Binary("like", left, right))
+
+    or_ = _binary("or")
+    and_ = _binary("and")
+    eq = _binary("=")
+    ne = _binary("<>")
+    lt = _binary("<")
+    le = _binary("<=")
+    gt = _binary(">")
+    ge = _binary(">=")
+    like = _binary("like")
+    add = _binary("+")
+    sub = _binary("-")
+    mul = _binary("*")
+    div = _binary("/")
+    mod = _binary("%")
+
+    # ---- the script
+    def script(self, *statements: ast.Statement | None) -> list[ast.Statement]:
+        return [s for s in statements if s is not None]
+
+
+def _no_repeats(params: tuple[tuple[str, ast.ParamValue], ...]) -> tuple[Any, ...]:
+    names = [name for name, _ in params]
+    for name in names:
+        if names.count(name) > 1:
+            raise InvalidParameter(f"parameter {name} is given more than once")
+    return params
+
+
+@cache
+def _parser() -> Lark:
+    grammar = resources.files("resgroups.sql").joinpath("grammar.lark").read_text("utf-8")
+    return Lark(
+        grammar,
+        parser="lalr",
+        lexer="basic",
+        transformer=_ToAst(),
+        start="script",
+        maybe_placeholders=True,
+        cache=False,
+    )
+
+
+_TOKEN_NAMES: Final = {
+    "NAME": "identifier",
+    "QUOTED_NAME": "quoted identifier",
+    "STRING": "string",
+    "NUMBER": "number",
+    "$END": "end of input",
+}
+
+
+@cache
+def _display_names() -> dict[str, str]:
+    names = dict(_TOKEN_NAMES)
+    for term in _parser().terminals:
+        if term.name in names:
+            continue
+        if isinstance(term.pattern, PatternStr):
+            value = term.pattern.value
+            names[term.name] = value.upper() if value.isalpha() else f"'{value}'"
+        else:
+            names[term.name] = term.name.lower()
+    return names
+
+
+def _expected(names: set[str] | frozenset[str]) -> list[str]:
+    display = _display_names()
+    return sorted({display.get(n, n) for n in names})
+
+
+def _caret(text: str, pos: int) -> tuple[int, int, str]:
+    """1-based line and column of ``pos``, and that line with a caret under it."""
+    pos = max(0, min(pos, len(text)))
+    line = text.count("\n", 0, pos) + 1
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    source_line = text[start : end if end >= 0 else len(text)]
+    column = pos - start + 1
+    return line, column, f"{source_line}\n{' ' * (column - 1)}^"
+
+
+def _syntax_error(text: str, message: str, pos: int, expected: list[str]) -> SqlSyntaxError:
+    line, column, context = _caret(text, pos)
+    return SqlSyntaxError(
+        message, line=line, column=column, expected=expected, context=context, position=pos
+    )
+
+
+def _describe(token: Token) -> str:
+    name = _display_names().get(token.type, token.type)
+    if token.type == "$END":
+        return "end of input"
+    if token.type in ("NAME", "QUOTED_NAME", "STRING", "NUMBER"):
+        return f"{name} {token!s}"
+    return f"keyword {name}" if name.isalpha() else f"{name}"
+
+
+def _translate(text: str, exc: UnexpectedInput) -> SqlSyntaxError:
+    if isinstance(exc, UnexpectedToken):
+        token = exc.token
+        if token.type == "$END":
+            return _syntax_error(
+                text, "unexpected end of input", len(text.rstrip()), _expected(exc.expected)
+            )
+        message = f"unexpected {_describe(token)}"
+        if "NAME" in exc.expected and str(token).isidentifier():
+            message += f' (keywords are reserved: write "{token}" to use it as a name)'
+        pos = token.start_pos if token.start_pos is not None else len(text)
+        return _syntax_error(text, message, pos, _expected(exc.expected))
+    if isinstance(exc, UnexpectedCharacters):
+        char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
+        message = {
+            "'": "unterminated string literal",
+            '"': "unterminated quoted identifier",
+        }.get(char, f"unexpected character {char!r}")
+        return _syntax_error(text, message, exc.pos_in_stream, _expected(exc.allowed or set()))
+    pos = getattr(exc, "pos_in_stream", None) or len(text)
+    return _syntax_error(text, "syntax error", pos, [])
+
+
+def parse_script(text: str) -> list[ast.Statement]:
+    """Every statement of ``text`` (separated by ``;``), in order.
+
+    Raises :class:`SqlSyntaxError` (with line, column, expected tokens and a
+    caret) or :class:`InvalidParameter` for a bad parameter value.
+    """
+    try:
+        result: list[ast.Statement] = _parser().parse(text)
+    except UnexpectedInput as exc:
+        raise _translate(text, exc) from None
+    except _PositionedError as exc:
+        pos = exc.token.start_pos if exc.token.start_pos is not None else 0
+        raise _syntax_error(text, exc.message, pos, []) from None
+    return result
+
+
+parse = parse_script
+
+
+def parse_one(text: str) -> ast.Statement:
+    """Exactly one statement, or SqlSyntaxError."""
+    statements = parse_script(text)
+    if len(statements) != 1:
+        raise _syntax_error(
+            text, f"expected exactly one statement, found {len(statements)}", 0, []
+        )
+    return statements[0]
+
+
+def split_statements(text: str) -> Iterator[tuple[int, str]]:
+    """Split a script at top-level ``;`` into (offset, statement text) pairs.
+
+    Quotes and comments are respected; blank pieces are skipped. A piece that
+    does not lex (an unterminated string) runs to the end of the text, where
+    parsing it reports the error.
+    """
+    start = 0
+    try:
+        for tok in _parser().lex(text):
+            if tok.type == "SEMICOLON" and tok.start_pos is not None:
+                if _has_code(text[start : tok.start_pos]):
+                    yield start, text[start : tok.start_pos + 1]
+                start = tok.start_pos + 1
+    except UnexpectedInput:
+        pass
+    if _has_code(text[start:]):
+        yield start, text[start:]
+
+
+def _has_code(piece: str) -> bool:
+    try:
+        return any(True for _ in _parser().lex(piece))
+    except UnexpectedInput:
+        return bool(piece.strip())

@@ -1,0 +1,130 @@
+"""SELECT over rows: projection, WHERE, aggregates, ORDER BY and LIMIT.
+
+The source is a relation in memory (column names plus rows of plain Python
+values), such as a table function over engine state. ORDER BY accepts an
+output column's position (``ORDER BY 2``), an output name or alias, or any
+expression over the source columns; NULLs sort last ascending and first
+descending, as in PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from resgroups.errors import GroupingError, InvalidParameter, UndefinedColumn
+from resgroups.sql import ast
+from resgroups.sql.expr import (
+    EvalContext,
+    Row,
+    Scope,
+    compile_aggregate,
+    compile_expr,
+    find_aggregates,
+)
+
+
+@dataclass(frozen=True)
+class Relation:
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+
+
+def output_name(item: ast.SelectItem) -> str:
+    if item.alias is not None:
+        return item.alias.text
+    match item.expr:
+        case ast.Column(name=name):
+            return name.text
+        case ast.Call(name=name):
+            return name
+    return "?column?"
+
+
+def _items(select: ast.Select, scope: Scope) -> tuple[ast.SelectItem, ...]:
+    if select.items is not None:
+        return select.items
+    return tuple(ast.SelectItem(ast.Column(ast.Ident(n, quoted=True))) for n in scope.names)
+
+
+def _compare_keys(descending: Sequence[bool], a: Sequence[Any], b: Sequence[Any]) -> int:
+    for desc, x, y in zip(descending, a, b, strict=True):
+        if x == y:
+            continue
+        if x is None or y is None:  # NULLs last ascending, first descending
+            result = 1 if x is None else -1
+            return -result if desc else result
+        result = -1 if x < y else 1
+        return -result if desc else result
+    return 0
+
+
+def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relation:
+    """Evaluate ``select`` over ``source``; raises the expression layer's errors."""
+    scope = Scope(source.columns)
+    items = _items(select, scope)
+    names = tuple(output_name(i) for i in items)
+
+    rows = source.rows
+    if select.where is not None:
+        if find_aggregates(select.where):
+            raise GroupingError("aggregate functions are not allowed in WHERE")
+        predicate = compile_expr(select.where, scope, ctx)
+        rows = [r for r in rows if predicate(r) is True]
+
+    aggregates = [call for item in items for call in find_aggregates(item.expr)]
+    if aggregates:
+        # no GROUP BY: one output row, which ORDER BY only has to make sense for
+        slots = {call: i for i, call in enumerate(dict.fromkeys(aggregates))}
+        values = tuple(compile_aggregate(call, scope, ctx)(rows) for call in slots)
+        outputs = [
+            tuple(compile_expr(i.expr, scope, ctx, aggregate_slots=slots)(values) for i in items)
+        ]
+        for o in select.order_by:
+            _order_key(o, names, scope, ctx, aggregate_slots=slots)
+    else:
+        projections = [compile_expr(i.expr, scope, ctx) for i in items]
+        outputs = [tuple(p(r) for p in projections) for r in rows]
+        if select.order_by:
+            keys = [_order_key(o, names, scope, ctx) for o in select.order_by]
+            keyed = [
+                (tuple(k(out, src) for k in keys), out)
+                for out, src in zip(outputs, rows, strict=True)
+            ]
+            descending = [o.descending for o in select.order_by]
+            keyed.sort(
+                key=functools.cmp_to_key(lambda a, b: _compare_keys(descending, a[0], b[0]))
+            )
+            outputs = [out for _, out in keyed]
+
+    if select.limit is not None:
+        outputs = outputs[: select.limit]
+    return Relation(names, outputs)
+
+
+def _order_key(
+    item: ast.OrderItem,
+    names: tuple[str, ...],
+    scope: Scope,
+    ctx: EvalContext,
+    *,
+    aggregate_slots: dict[ast.Call, int] | None = None,
+) -> Callable[[Row, Row], Any]:
+    """A function (output row, source row) -> sort key value."""
+    expr = item.expr
+    if isinstance(expr, ast.Literal) and type(expr.value) is int:
+        position = expr.value
+        if not 1 <= position <= len(names):
+            raise InvalidParameter(
+                f"ORDER BY position {position} is not in the select list (1..{len(names)})"
+            )
+        return lambda out, src: out[position - 1]
+    if isinstance(expr, ast.Column):
+        with contextlib.suppress(UndefinedColumn):
+            i = Scope(names).index(expr.name)
+            return lambda out, src: out[i]
+    evaluator = compile_expr(expr, scope, ctx, aggregate_slots=aggregate_slots)
+    return lambda out, src: evaluator(src)

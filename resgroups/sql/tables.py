@@ -1,0 +1,54 @@
+"""Table functions: relations computed on demand, usable in FROM.
+
+``resource_groups()`` reads engine state, so it runs unmanaged (SPEC §3):
+monitoring never queues behind the workload it watches. With access control
+on it needs RESOURCE GROUP ADMIN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from resgroups.access import check_group_admin
+from resgroups.errors import DatatypeMismatch, UndefinedFunction, did_you_mean
+from resgroups.sched.stats import COLUMNS
+from resgroups.sql.select import Relation
+
+if TYPE_CHECKING:
+    from resgroups.session import Session
+
+
+@dataclass(frozen=True)
+class TableFunction:
+    name: str
+    columns: tuple[tuple[str, str], ...]  # (name, type)
+    produce: Callable[[Session, tuple[Any, ...]], list[tuple[Any, ...]]]
+    engine_state: bool  # True: unmanaged, like every function over engine state
+
+
+def _resource_groups(session: Session, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    if args:
+        raise DatatypeMismatch(f"resource_groups() takes no arguments, got {len(args)}")
+    engine = session.engine
+    check_group_admin(engine.snapshot, session.identity, access_control=engine.access_control)
+    return [stats.row() for stats in engine.statistics()]
+
+
+TABLE_FUNCTIONS: Final[dict[str, TableFunction]] = {
+    "resource_groups": TableFunction("resource_groups", COLUMNS, _resource_groups, True),
+}
+
+
+def table_function(name: str) -> TableFunction:
+    try:
+        return TABLE_FUNCTIONS[name]
+    except KeyError:
+        raise UndefinedFunction(
+            f"table function {name}() does not exist." + did_you_mean(name, TABLE_FUNCTIONS)
+        ) from None
+
+
+def relation(session: Session, fn: TableFunction, args: tuple[Any, ...]) -> Relation:
+    return Relation(tuple(name for name, _ in fn.columns), fn.produce(session, args))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -25,16 +26,25 @@ class Result:
 
     @classmethod
     def table(
-        cls, columns: list[str], rows: list[tuple[Any, ...]], types: list[str] | None = None
+        cls,
+        columns: Sequence[str],
+        rows: list[tuple[Any, ...]],
+        types: Sequence[str | None] = (),
     ) -> Result:
-        return cls(list(columns), rows, f"SELECT {len(rows)}", types or infer_types(rows, len(columns)))
+        """A SELECT result; a type not given is inferred from the column's values."""
+        declared = list(types) or [None] * len(columns)
+        return cls(
+            list(columns),
+            rows,
+            f"SELECT {len(rows)}",
+            [t or _infer(rows, i) for i, t in enumerate(declared)],
+        )
 
 
-def infer_types(rows: list[tuple[Any, ...]], width: int) -> list[str]:
-    """Each column's type from its first non-NULL value ("text" when all are NULL)."""
-    names = {bool: "bool", int: "int", float: "float", str: "text"}
-    types = []
-    for i in range(width):
-        value = next((r[i] for r in rows if r[i] is not None), None)
-        types.append(names.get(type(value), "text"))
-    return types
+_TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "text"}
+
+
+def _infer(rows: list[tuple[Any, ...]], column: int) -> str:
+    """A column's type from its first non-NULL value ("text" when all are NULL)."""
+    value = next((r[column] for r in rows if r[column] is not None), None)
+    return _TYPE_NAMES.get(type(value), "text")

@@ -78,7 +78,7 @@ def select(session: Session, stmt: ast.Select) -> Result:
             raise UndefinedTable(f"table {name.text} does not exist")
     group = session.managed_group() if managed else None
     out = run_select(stmt, source, EvalContext(current_group=group))
-    return Result.table(list(out.columns), out.rows)
+    return Result.table(out.columns, out.rows, out.types)
 
 
 _NO_COLUMNS: Final = Scope(())

@@ -25,7 +25,7 @@ from resgroups.errors import InvalidParameter, NumericOverflow, SqlSyntaxError
 from resgroups.sql import ast
 from resgroups.sql.params import INT32_MAX, RawValue, parse_param, parse_size
 
-__all__ = ["parse", "parse_one", "parse_script", "split_statements"]
+__all__ = ["keywords", "parse", "parse_one", "parse_script", "split_statements"]
 
 
 class _PositionedError(Exception):
@@ -513,3 +513,8 @@ def _has_code(piece: str) -> bool:
         return any(True for _ in _parser().lex(piece))
     except UnexpectedInput:
         return bool(piece.strip())
+
+
+def keywords() -> list[str]:
+    """Every reserved keyword, upper-case (for completion and documentation)."""
+    return sorted(name for name in set(_display_names().values()) if name.isalpha() and name.isupper())

@@ -31,6 +31,7 @@ from resgroups.sql.expr import (
 class Relation:
     columns: tuple[str, ...]
     rows: list[tuple[Any, ...]]
+    types: tuple[str | None, ...] = ()  # declared types where known ("int", "text", ...)
 
 
 def output_name(item: ast.SelectItem) -> str:
@@ -102,7 +103,13 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
 
     if select.limit is not None:
         outputs = outputs[: select.limit]
-    return Relation(names, outputs)
+    return Relation(names, outputs, tuple(_declared_type(i.expr, scope, source) for i in items))
+
+
+def _declared_type(expr: ast.Expr, scope: Scope, source: Relation) -> str | None:
+    if isinstance(expr, ast.Column) and source.types:
+        return source.types[scope.index(expr.name)]
+    return None
 
 
 def _order_key(

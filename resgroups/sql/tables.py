@@ -51,4 +51,8 @@ def table_function(name: str) -> TableFunction:
 
 
 def relation(session: Session, fn: TableFunction, args: tuple[Any, ...]) -> Relation:
-    return Relation(tuple(name for name, _ in fn.columns), fn.produce(session, args))
+    return Relation(
+        tuple(name for name, _ in fn.columns),
+        fn.produce(session, args),
+        tuple(kind for _, kind in fn.columns),
+    )

@@ -1,0 +1,60 @@
+"""The ``resgroups`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from resgroups.errors import Error
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="resgroups", description="Resource groups for Python query engines."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    shell = commands.add_parser("shell", help="an interactive SQL shell (or -c / piped SQL)")
+    shell.add_argument("-c", "--command", metavar="SQL", help="run SQL and exit")
+    shell.add_argument(
+        "--catalog",
+        metavar="DIR",
+        help="durable catalog directory (created if missing; default: in memory)",
+    )
+    shell.add_argument(
+        "--access-control", action="store_true", help="principals, passwords and permissions"
+    )
+    shell.add_argument("--user", help="log in as this principal (default: the admin)")
+    shell.add_argument("--password", help="the principal's password")
+    shell.add_argument("--admin-user", default="admin", help="the admin's name (default admin)")
+    shell.add_argument("--admin-password", help="the admin's password (default: none)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from resgroups.engine import Engine
+
+    try:
+        engine = Engine(
+            catalog=args.catalog,
+            access_control=args.access_control,
+            admin_user=args.admin_user,
+            admin_password=args.admin_password,
+        )
+    except Error as exc:
+        print(f"resgroups: {exc}", file=sys.stderr)
+        return 2
+    with engine:
+        try:
+            session = engine.connect(user=args.user, password=args.password)
+        except Error as exc:
+            print(f"resgroups: {exc}", file=sys.stderr)
+            return 2
+        from resgroups import shell
+
+        return shell.main(session, command=args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""``resgroups shell``: an interactive SQL shell, ``-c`` and piped scripts.
+
+Statements end with ``;``; a line starting with a backslash is a shell
+command (``\\timing``, ``\\q``, ``\\?``). On a terminal prompt_toolkit gives
+history, multi-line editing (Enter runs the text once it ends with ``;``) and
+keyword completion; without one, statements are read from stdin as a script,
+and an error does not stop the script (the exit status is 1 if any failed).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from resgroups.errors import Error, SqlSyntaxError
+from resgroups.result import Result
+from resgroups.sql.parser import keywords, split_statements
+
+if TYPE_CHECKING:
+    from resgroups.session import Session
+
+HELP = """\
+Statements end with ';'. Shell commands:
+  \\timing   toggle printing each statement's run time
+  \\q        quit (Ctrl-D too)
+  \\?        this help
+Try: SELECT * FROM resource_groups();"""
+
+
+def format_result(result: Result) -> str:
+    """A table for rows (tabulate, psql style), the command tag otherwise."""
+    if not result.columns:
+        return result.status
+    from tabulate import tabulate  # imported lazily: the shell's start-up matters
+
+    rows = [tuple("NULL" if v is None else v for v in row) for row in result.rows]
+    align = ["right" if t in ("int", "float") else "left" for t in result.types]
+    table = tabulate(
+        rows,
+        headers=result.columns,
+        tablefmt="psql",
+        disable_numparse=True,
+        colalign=align or None,
+    )
+    count = len(result.rows)
+    return f"{table}\n({count} row{'s' if count != 1 else ''})"
+
+
+def format_error(error: Error, line_offset: int = 0) -> str:
+    """``ERROR [sqlstate]: message``, with the caret of a syntax error."""
+    if isinstance(error, SqlSyntaxError):
+        head = f"ERROR [{error.sqlstate}]: syntax error at line {error.line + line_offset}"
+        head += f", column {error.column}: {error.message.split(' at line ')[0]}"
+        if error.expected:
+            head += f"\n  expected one of: {', '.join(error.expected)}"
+        return f"{head}\n{error.context}" if error.context else head
+    return f"ERROR [{error.sqlstate}]: {error.message}"
+
+
+@dataclass
+class ShellRunner:
+    """Feeds text to a session statement by statement and prints what comes back."""
+
+    session: Session
+    write: Callable[[str], Any]
+    timing: bool = False
+    failures: int = 0
+    quit: bool = False
+    _buffer: str = ""
+    _buffer_line: int = 1
+    _line: int = field(default=0)
+
+    def feed_line(self, line: str) -> None:
+        """One line of input: a shell command, or part of one or more statements."""
+        self._line += 1
+        if not self._buffer.strip() and line.lstrip().startswith("\\"):
+            self._buffer = ""
+            self.command(line.strip())
+            return
+        if not self._buffer.strip():
+            self._buffer, self._buffer_line = "", self._line
+        self._buffer += line if line.endswith("\n") else line + "\n"
+        self._run_complete()
+
+    def _run_complete(self) -> None:
+        pieces = list(split_statements(self._buffer))
+        done = [(offset, text) for offset, text in pieces if text.rstrip().endswith(";")]
+        consumed = 0
+        for offset, text in done:
+            line = self._buffer_line + self._buffer.count("\n", 0, offset)
+            self.run(text, line)
+            consumed = offset + len(text)
+        if done:
+            rest = self._buffer[consumed:]
+            self._buffer_line += self._buffer.count("\n", 0, consumed)
+            self._buffer = rest if rest.strip() else ""
+
+    def finish(self) -> None:
+        """End of input: run what is left even without a closing ``;``."""
+        if self._buffer.strip():
+            text, self._buffer = self._buffer, ""
+            for offset, piece in split_statements(text):
+                line = self._buffer_line + text.count("\n", 0, offset)
+                self.run(piece, line)
+
+    def run(self, sql: str, first_line: int = 1) -> None:
+        started = time.perf_counter()
+        try:
+            results = self.session.execute_script(sql)
+        except Error as exc:
+            self.failures += 1
+            self.write(format_error(exc, line_offset=first_line - 1) + "\n")
+            return
+        for result in results:
+            self.write(format_result(result) + "\n")
+        if self.timing:
+            self.write(f"Time: {(time.perf_counter() - started) * 1000:.3f} ms\n")
+
+    def command(self, text: str) -> None:
+        name = text.split()[0]
+        if name in ("\\q", "\\quit"):
+            self.quit = True
+        elif name == "\\timing":
+            self.timing = not self.timing
+            self.write(f"Timing is {'on' if self.timing else 'off'}.\n")
+        elif name in ("\\?", "\\help", "\\h"):
+            self.write(HELP + "\n")
+        else:
+            self.failures += 1
+            self.write(f"ERROR: unknown shell command {name}; \\? lists them\n")
+
+
+def run_text(runner: ShellRunner, text: str) -> None:
+    for line in text.splitlines():
+        if runner.quit:
+            return
+        runner.feed_line(line)
+    runner.finish()
+
+
+def statement_complete(text: str) -> bool:
+    stripped = text.strip()
+    if not stripped or stripped.startswith("\\"):
+        return True
+    pieces = list(split_statements(text))
+    return bool(pieces) and pieces[-1][1].rstrip().endswith(";")
+
+
+def interactive(runner: ShellRunner, *, input: Any = None, output: Any = None) -> None:
+    """The prompt_toolkit loop (``input``/``output`` let tests drive it)."""
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.completion import WordCompleter
+    from prompt_toolkit.history import FileHistory, InMemoryHistory, History
+    from prompt_toolkit.key_binding import KeyBindings
+
+    from resgroups.sched.stats import COLUMN_NAMES
+
+    bindings = KeyBindings()
+
+    @bindings.add("enter")
+    def _enter(event: Any) -> None:
+        buffer = event.current_buffer
+        if statement_complete(buffer.text):
+            buffer.validate_and_handle()
+        else:
+            buffer.insert_text("\n")
+
+    history: History
+    try:
+        path = Path.home() / ".resgroups_history"
+        path.touch(exist_ok=True)
+        history = FileHistory(str(path))
+    except OSError:
+        history = InMemoryHistory()
+    words = [*keywords(), *COLUMN_NAMES, "resource_groups()", "current_resource_group()"]
+    prompt: PromptSession[str] = PromptSession(
+        multiline=True,
+        key_bindings=bindings,
+        history=history,
+        completer=WordCompleter(words, ignore_case=True, sentence=False),
+        input=input,
+        output=output,
+    )
+    runner.write("resgroups shell: statements end with ';', \\? for help, \\q to quit\n")
+    while not runner.quit:
+        try:
+            text = prompt.prompt(
+                "resgroups=> ", prompt_continuation=lambda width, line, soft: "resgroups-> "
+            )
+        except KeyboardInterrupt:
+            continue
+        except EOFError:
+            break
+        run_text(runner, text)
+
+
+def main(session: Session, *, command: str | None = None) -> int:
+    """Run ``-c`` text, a piped script or the interactive shell; the exit status."""
+    runner = ShellRunner(session, sys.stdout.write)
+    if command is not None:
+        run_text(runner, command)
+    elif not sys.stdin.isatty():
+        run_text(runner, sys.stdin.read())
+    else:
+        interactive(runner)
+    return 1 if runner.failures else 0

@@ -110,7 +110,8 @@ def find_group(snap: Snapshot, ref: Ident) -> GroupDef:
     group = snap.find_group(ref)
     if group is None:
         raise CatalogError(
-            f"resource group {ref.text} does not exist." + did_you_mean(ref.text, snap.group_names()),
+            f"resource group {ref.text} does not exist."
+            + did_you_mean(ref.text, snap.group_names()),
             sqlstate=CatalogError.UNDEFINED,
         )
     return group

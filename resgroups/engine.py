@@ -148,11 +148,12 @@ class Engine:
         if principal is None or principal.kind is PrincipalKind.GROUP:
             what = "is a group and cannot log in" if principal else "does not exist"
             raise AuthenticationFailed(f"authentication failed: principal {name} {what}")
-        if principal.password_hash is not None:
-            if password is None or not verify_password(password, principal.password_hash):
-                raise AuthenticationFailed(
-                    f"password authentication failed for {name}", sqlstate="28P01"
-                )
+        if principal.password_hash is not None and (
+            password is None or not verify_password(password, principal.password_hash)
+        ):
+            raise AuthenticationFailed(
+                f"password authentication failed for {name}", sqlstate="28P01"
+            )
         return Session(self, Identity(principal.name, login_id=principal.id))
 
     def _check_password(self, name: str, given: str | None, expected: str | None) -> None:

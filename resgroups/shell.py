@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from resgroups.errors import Error, SqlSyntaxError
 from resgroups.result import Result
-from resgroups.sql.parser import keywords, split_statements
+from resgroups.sql.parser import is_complete, keywords, split_statements
 
 if TYPE_CHECKING:
     from resgroups.session import Session
@@ -88,7 +88,7 @@ class ShellRunner:
 
     def _run_complete(self) -> None:
         pieces = list(split_statements(self._buffer))
-        done = [(offset, text) for offset, text in pieces if text.rstrip().endswith(";")]
+        done = [(offset, text) for offset, text in pieces if is_complete(text)]
         consumed = 0
         for offset, text in done:
             line = self._buffer_line + self._buffer.count("\n", 0, offset)
@@ -147,14 +147,14 @@ def statement_complete(text: str) -> bool:
     if not stripped or stripped.startswith("\\"):
         return True
     pieces = list(split_statements(text))
-    return bool(pieces) and pieces[-1][1].rstrip().endswith(";")
+    return bool(pieces) and is_complete(pieces[-1][1])
 
 
 def interactive(runner: ShellRunner, *, input: Any = None, output: Any = None) -> None:
     """The prompt_toolkit loop (``input``/``output`` let tests drive it)."""
     from prompt_toolkit import PromptSession
     from prompt_toolkit.completion import WordCompleter
-    from prompt_toolkit.history import FileHistory, InMemoryHistory, History
+    from prompt_toolkit.history import FileHistory, History, InMemoryHistory
     from prompt_toolkit.key_binding import KeyBindings
 
     from resgroups.sched.stats import COLUMN_NAMES

@@ -214,7 +214,8 @@ def test_select_shapes() -> None:
         "ORDER BY 2 DESC, name ASC LIMIT 5"
     )
     assert isinstance(stmt, ast.Select)
-    assert stmt.items is not None and len(stmt.items) == 3
+    assert stmt.items is not None
+    assert len(stmt.items) == 3
     assert stmt.items[1].alias == ast.Ident("w")
     assert stmt.source == ast.TableFunction("resource_groups")
     assert stmt.order_by == (
@@ -223,9 +224,11 @@ def test_select_shapes() -> None:
     )
     assert stmt.limit == 5
     # NOT binds looser than comparison, AND tighter than OR
-    assert isinstance(stmt.where, ast.Binary) and stmt.where.op == "or"
+    assert isinstance(stmt.where, ast.Binary)
+    assert stmt.where.op == "or"
     left = stmt.where.left
-    assert isinstance(left, ast.Binary) and left.op == "and"
+    assert isinstance(left, ast.Binary)
+    assert left.op == "and"
     assert left.left == ast.Unary(
         "not",
         ast.Binary(">=", ast.Column(ast.Ident("cpu_weight")), ast.Literal(10)),
@@ -244,7 +247,7 @@ def test_select_shapes() -> None:
 
 def test_format_round_trips_every_statement_kind() -> None:
     script = (
-        "CREATE RESOURCE GROUP IF NOT EXISTS \"we\"\"ird\" WITH (cpu_weight = 50, "
+        'CREATE RESOURCE GROUP IF NOT EXISTS "we""ird" WITH (cpu_weight = 50, '
         "cpu_limit = '12.5%', queue_timeout = '15s', memory_limit = '2G', "
         "scheduling_policy = 'fair', max_active_queries = UNLIMITED, max_queued_queries = 3);"
         "ALTER RESOURCE GROUP a SET (cpu_weight = 5); ALTER RESOURCE GROUP a RESET (cpu_limit, "

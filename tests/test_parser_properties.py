@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -42,23 +43,45 @@ CORPUS = [
     "SHOW GROUPS",
 ]
 KEYWORDS = keywords()
-TOKENS = [*KEYWORDS, "(", ")", ",", ";", "=", "'25%'", "'15s'", "-1", "0", "1.5", '"q"', "*", "--", "/*"]
+TOKENS = [
+    *KEYWORDS,
+    "(",
+    ")",
+    ",",
+    ";",
+    "=",
+    "'25%'",
+    "'15s'",
+    "-1",
+    "0",
+    "1.5",
+    '"q"',
+    "*",
+    "--",
+    "/*",
+]
+
+
+def _outcome(run: Callable[[], object]) -> Error | None:
+    """The resgroups.Error ``run`` raised, or None; anything else propagates."""
+    try:
+        run()
+    except Error as exc:
+        return exc
+    return None
 
 
 def _check_only_errors(text: str) -> None:
-    try:
-        statements = parse_script(text)
-    except Error as exc:
-        assert not isinstance(exc, InternalError), exc
+    error = _outcome(lambda: parse_script(text))
+    assert not isinstance(error, InternalError), error
+    if error is not None:
         return
-    for stmt in statements:
+    for stmt in parse_script(text):
         assert parse_one(format_sql(stmt)) == stmt
     with resgroups.Engine(access_control=True) as engine:
         session = engine.connect()
-        try:
-            session.execute_script(text)
-        except Error as exc:
-            assert not isinstance(exc, InternalError), exc
+        error = _outcome(lambda: session.execute_script(text))
+        assert not isinstance(error, InternalError), error
         engine.snapshot._check_invariants()
 
 
@@ -69,7 +92,7 @@ def test_arbitrary_text_raises_only_resgroups_errors(text: str) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(TOKENS + ["name", "resource_groups()", "x"]), max_size=12))
+@given(st.lists(st.sampled_from([*TOKENS, "name", "resource_groups()", "x"]), max_size=12))
 def test_token_soup_raises_only_resgroups_errors(tokens: list[str]) -> None:
     _check_only_errors(" ".join(tokens))
 
@@ -133,13 +156,21 @@ expressions = st.recursive(
         st.builds(ast.Unary, st.sampled_from(["-", "not"]), inner),
         st.builds(
             ast.Binary,
-            st.sampled_from(["+", "-", "*", "/", "%", "=", "<>", "<", "<=", ">", ">=", "and", "or", "like"]),
+            st.sampled_from(
+                ["+", "-", "*", "/", "%", "=", "<>", "<", "<=", ">", ">=", "and", "or", "like"]
+            ),
             inner,
             inner,
         ),
         st.builds(ast.IsNull, inner, st.booleans()),
-        st.builds(ast.InList, inner, st.lists(inner, min_size=1, max_size=3).map(tuple), st.booleans()),
-        st.builds(ast.Call, st.sampled_from(["lower", "abs", "coalesce", "sum"]), st.lists(inner, max_size=2).map(tuple)),
+        st.builds(
+            ast.InList, inner, st.lists(inner, min_size=1, max_size=3).map(tuple), st.booleans()
+        ),
+        st.builds(
+            ast.Call,
+            st.sampled_from(["lower", "abs", "coalesce", "sum"]),
+            st.lists(inner, max_size=2).map(tuple),
+        ),
         st.just(ast.Call("count", (), star=True)),
     ),
     max_leaves=8,
@@ -148,7 +179,11 @@ selects = st.builds(
     ast.Select,
     st.one_of(
         st.none(),
-        st.lists(st.builds(ast.SelectItem, expressions, st.one_of(st.none(), names)), min_size=1, max_size=3).map(tuple),
+        st.lists(
+            st.builds(ast.SelectItem, expressions, st.one_of(st.none(), names)),
+            min_size=1,
+            max_size=3,
+        ).map(tuple),
     ),
     st.one_of(
         st.none(),

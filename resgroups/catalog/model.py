@@ -53,8 +53,7 @@ def _name_clashes(names: Iterable[tuple[str, bool]]) -> list[str]:
     return [
         f"names {[n for n, _ in same]} clash"
         for same in buckets.values()
-        if len(same) > 1
-        and (not all(q for _, q in same) or len({n for n, _ in same}) < len(same))
+        if len(same) > 1 and (not all(q for _, q in same) or len({n for n, _ in same}) < len(same))
     ]
 
 
@@ -256,6 +255,4 @@ class Snapshot:
             if user is None or user.kind is PrincipalKind.SERVICE_ACCOUNT:
                 problems.append(f"ASSUME grant to missing user or group {user_id}")
         if problems:
-            raise InternalError(
-                f"catalog snapshot v{self.version} broken: " + "; ".join(problems)
-            )
+            raise InternalError(f"catalog snapshot v{self.version} broken: " + "; ".join(problems))

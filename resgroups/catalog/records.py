@@ -110,8 +110,7 @@ def _drop_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     if group.is_default or snap.mapped_to(group.id):
         raise InternalError(f"catalog record drops {group.name}, which must stay")
     principals = {
-        pid: replace(p, use_groups=p.use_groups - {group.id})
-        for pid, p in snap.principals.items()
+        pid: replace(p, use_groups=p.use_groups - {group.id}) for pid, p in snap.principals.items()
     }
     return replace(
         snap, groups=tuple(g for g in snap.groups if g.id != group.id), principals=principals
@@ -170,9 +169,9 @@ def _use(grant: bool) -> Callable[[Snapshot, Mapping[str, Any]], Snapshot]:
             changed = replace(principal, use_all=grant)
         else:
             group_id = _group(snap, a["group"]).id
-            groups = principal.use_groups | {group_id} if grant else principal.use_groups - {
-                group_id
-            }
+            groups = (
+                principal.use_groups | {group_id} if grant else principal.use_groups - {group_id}
+            )
             changed = replace(principal, use_groups=frozenset(groups))
         return replace(snap, principals=_with_principal(snap, changed))
 
@@ -232,4 +231,3 @@ def replay(records: list[Record], start: Snapshot | None = None) -> Snapshot:
     for record in records:
         snap = apply(snap, record)
     return snap
-

@@ -105,4 +105,3 @@ def drop_resource_group(session: Session, stmt: ast.DropResourceGroup) -> Result
 
     session.engine.write_catalog(build)
     return Result.command("DROP RESOURCE GROUP")
-

@@ -151,7 +151,7 @@ BINARY: Final[dict[str, Callable[[Any, Any], Any]]] = {
 }
 
 
-def _truth(op: str, value: Any) -> bool | None:
+def truth(op: str, value: Any) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
     raise DatatypeMismatch(f"argument of {op.upper()} must be boolean, not {_type_name(value)}")
@@ -281,7 +281,7 @@ def compile_expr(
             inner = sub(operand)
 
             def negation(row: Row) -> Any:
-                v = _truth("not", inner(row))
+                v = truth("not", inner(row))
                 return None if v is None else not v
 
             return negation
@@ -309,10 +309,10 @@ def _logic(op: str, lhs: Evaluator, rhs: Evaluator) -> Evaluator:
     stop = op == "or"  # OR stops at TRUE, AND at FALSE
 
     def logic(row: Row) -> Any:
-        a = _truth(op, lhs(row))
+        a = truth(op, lhs(row))
         if a is stop:
             return stop
-        b = _truth(op, rhs(row))
+        b = truth(op, rhs(row))
         if b is stop:
             return stop
         return None if a is None or b is None else not stop
@@ -360,14 +360,13 @@ def _compile_call(
     fn = SCALAR_FUNCTIONS.get(call.name)
     if fn is None:
         raise UndefinedFunction(
-            f"function {call.name}() does not exist." + did_you_mean(call.name, _all_function_names())
+            f"function {call.name}() does not exist."
+            + did_you_mean(call.name, _all_function_names())
         )
     low, high = fn.arity
     if not low <= len(call.args) <= high:
         expected = str(low) if low == high else f"{low} to {high}"
-        raise DatatypeMismatch(
-            f"{call.name}() takes {expected} arguments, got {len(call.args)}"
-        )
+        raise DatatypeMismatch(f"{call.name}() takes {expected} arguments, got {len(call.args)}")
     args = [sub(a) for a in call.args]
 
     def apply(row: Row) -> Any:

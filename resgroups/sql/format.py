@@ -80,9 +80,7 @@ def _select(s: ast.Select) -> str:
     if s.order_by:
         parts.append(
             "ORDER BY "
-            + ", ".join(
-                format_expr(o.expr) + (" DESC" if o.descending else "") for o in s.order_by
-            )
+            + ", ".join(format_expr(o.expr) + (" DESC" if o.descending else "") for o in s.order_by)
         )
     if s.limit is not None:
         parts.append(f"LIMIT {s.limit}")
@@ -108,7 +106,9 @@ def _password(password: str | None) -> str:
 
 
 def _use(verb: str, prep: str, group: ast.Ident | None, principal: ast.Ident) -> str:
-    target = "USE RESOURCE GROUP" if group is None else f"USE ON RESOURCE GROUP {quote_ident(group)}"
+    target = (
+        "USE RESOURCE GROUP" if group is None else f"USE ON RESOURCE GROUP {quote_ident(group)}"
+    )
     return f"{verb} {target} {prep} {quote_ident(principal)}"
 
 

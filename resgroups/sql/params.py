@@ -172,16 +172,12 @@ def _format_cpu_limit(value: ParamValue) -> str:
 PARAMETERS: Final[Mapping[str, Parameter]] = {
     p.name: p
     for p in (
-        Parameter(
-            "cpu_weight", _bounded("cpu_weight", 1, 10000, "an integer 1..10000"), 100, str
-        ),
+        Parameter("cpu_weight", _bounded("cpu_weight", 1, 10000, "an integer 1..10000"), 100, str),
         Parameter("cpu_limit", parse_cpu_limit, None, _format_cpu_limit),
         Parameter(
             "max_active_queries",
             _or_unlimited(
-                _bounded(
-                    "max_active_queries", 1, INT32_MAX, "an integer >= 1, or UNLIMITED"
-                )
+                _bounded("max_active_queries", 1, INT32_MAX, "an integer >= 1, or UNLIMITED")
             ),
             None,
             _format_int_or_unlimited,

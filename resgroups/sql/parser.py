@@ -25,7 +25,7 @@ from resgroups.errors import InvalidParameter, NumericOverflow, SqlSyntaxError
 from resgroups.sql import ast
 from resgroups.sql.params import INT32_MAX, RawValue, parse_param, parse_size
 
-__all__ = ["keywords", "parse", "parse_one", "parse_script", "split_statements"]
+__all__ = ["is_complete", "keywords", "parse", "parse_one", "parse_script", "split_statements"]
 
 
 class _PositionedError(Exception):
@@ -115,9 +115,7 @@ class _ToAst(Transformer[Token, Any]):
     ) -> ast.RenameResourceGroup:
         return ast.RenameResourceGroup(name, new_name)
 
-    def drop_resource_group(
-        self, if_exists: bool | None, name: ast.Ident
-    ) -> ast.DropResourceGroup:
+    def drop_resource_group(self, if_exists: bool | None, name: ast.Ident) -> ast.DropResourceGroup:
         return ast.DropResourceGroup(name, bool(if_exists))
 
     # ---- principals
@@ -137,7 +135,9 @@ class _ToAst(Transformer[Token, Any]):
         self, kind: ast.PrincipalKind, name: ast.Ident, password: Token | None
     ) -> ast.CreatePrincipal:
         if password is not None and kind is ast.PrincipalKind.GROUP:
-            raise _PositionedError("CREATE GROUP takes no password (a group cannot log in)", password)
+            raise _PositionedError(
+                "CREATE GROUP takes no password (a group cannot log in)", password
+            )
         return ast.CreatePrincipal(
             kind, name, None if password is None else _unquote(password, "'")
         )
@@ -370,15 +370,18 @@ def _no_repeats(params: tuple[tuple[str, ast.ParamValue], ...]) -> tuple[Any, ..
 @cache
 def _parser() -> Lark:
     grammar = resources.files("resgroups.sql").joinpath("grammar.lark").read_text("utf-8")
-    return Lark(
+    lark = Lark(
         grammar,
         parser="lalr",
         lexer="basic",
         transformer=_ToAst(),
         start="script",
         maybe_placeholders=True,
-        cache=False,
     )
+    # Lark.lex() builds a new lexer on every call (~8 ms) unless one is kept here;
+    # the shell lexes every line it reads to find where statements end.
+    lark.lexer = lark._build_lexer()
+    return lark
 
 
 _TOKEN_NAMES: Final = {
@@ -449,12 +452,13 @@ def _translate(text: str, exc: UnexpectedInput) -> SqlSyntaxError:
         pos = token.start_pos if token.start_pos is not None else len(text)
         return _syntax_error(text, message, pos, _expected(exc.expected))
     if isinstance(exc, UnexpectedCharacters):
-        char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
+        at = exc.pos_in_stream or 0
+        char = text[at] if at < len(text) else ""
         message = {
             "'": "unterminated string literal",
             '"': "unterminated quoted identifier",
         }.get(char, f"unexpected character {char!r}")
-        return _syntax_error(text, message, exc.pos_in_stream, _expected(exc.allowed or set()))
+        return _syntax_error(text, message, at, _expected(exc.allowed or set()))
     pos = getattr(exc, "pos_in_stream", None) or len(text)
     return _syntax_error(text, "syntax error", pos, [])
 
@@ -466,7 +470,7 @@ def parse_script(text: str) -> list[ast.Statement]:
     caret) or :class:`InvalidParameter` for a bad parameter value.
     """
     try:
-        result: list[ast.Statement] = _parser().parse(text)
+        result: list[ast.Statement] = _parser().parse(text)  # type: ignore[assignment]
     except UnexpectedInput as exc:
         raise _translate(text, exc) from None
     except _PositionedError as exc:
@@ -482,9 +486,7 @@ def parse_one(text: str) -> ast.Statement:
     """Exactly one statement, or SqlSyntaxError."""
     statements = parse_script(text)
     if len(statements) != 1:
-        raise _syntax_error(
-            text, f"expected exactly one statement, found {len(statements)}", 0, []
-        )
+        raise _syntax_error(text, f"expected exactly one statement, found {len(statements)}", 0, [])
     return statements[0]
 
 
@@ -508,6 +510,15 @@ def split_statements(text: str) -> Iterator[tuple[int, str]]:
         yield start, text[start:]
 
 
+def is_complete(piece: str) -> bool:
+    """Does ``piece`` end with a ``;`` outside any string, identifier or comment?"""
+    try:
+        tokens = list(_parser().lex(piece))
+    except UnexpectedInput:
+        return False
+    return bool(tokens) and tokens[-1].type == "SEMICOLON"
+
+
 def _has_code(piece: str) -> bool:
     try:
         return any(True for _ in _parser().lex(piece))
@@ -517,4 +528,6 @@ def _has_code(piece: str) -> bool:
 
 def keywords() -> list[str]:
     """Every reserved keyword, upper-case (for completion and documentation)."""
-    return sorted(name for name in set(_display_names().values()) if name.isalpha() and name.isupper())
+    return sorted(
+        name for name in set(_display_names().values()) if name.isalpha() and name.isupper()
+    )

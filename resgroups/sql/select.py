@@ -24,6 +24,7 @@ from resgroups.sql.expr import (
     compile_aggregate,
     compile_expr,
     find_aggregates,
+    truth,
 )
 
 
@@ -51,8 +52,13 @@ def _items(select: ast.Select, scope: Scope) -> tuple[ast.SelectItem, ...]:
     return tuple(ast.SelectItem(ast.Column(ast.Ident(n, quoted=True))) for n in scope.names)
 
 
-def _compare_keys(descending: Sequence[bool], a: Sequence[Any], b: Sequence[Any]) -> int:
-    for desc, x, y in zip(descending, a, b, strict=True):
+def _compare_keys(
+    descending: Sequence[bool],
+    a: tuple[tuple[Any, ...], tuple[Any, ...]],
+    b: tuple[tuple[Any, ...], tuple[Any, ...]],
+) -> int:
+    """Compare two (sort key, row) pairs key by key."""
+    for desc, x, y in zip(descending, a[0], b[0], strict=True):
         if x == y:
             continue
         if x is None or y is None:  # NULLs last ascending, first descending
@@ -74,7 +80,7 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
         if find_aggregates(select.where):
             raise GroupingError("aggregate functions are not allowed in WHERE")
         predicate = compile_expr(select.where, scope, ctx)
-        rows = [r for r in rows if predicate(r) is True]
+        rows = [r for r in rows if truth("where", predicate(r)) is True]
 
     aggregates = [call for item in items for call in find_aggregates(item.expr)]
     if aggregates:
@@ -91,14 +97,12 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
         outputs = [tuple(p(r) for p in projections) for r in rows]
         if select.order_by:
             keys = [_order_key(o, names, scope, ctx) for o in select.order_by]
-            keyed = [
+            keyed: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = [
                 (tuple(k(out, src) for k in keys), out)
                 for out, src in zip(outputs, rows, strict=True)
             ]
             descending = [o.descending for o in select.order_by]
-            keyed.sort(
-                key=functools.cmp_to_key(lambda a, b: _compare_keys(descending, a[0], b[0]))
-            )
+            keyed.sort(key=functools.cmp_to_key(functools.partial(_compare_keys, descending)))
             outputs = [out for _, out in keyed]
 
     if select.limit is not None:

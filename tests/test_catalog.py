@@ -1,0 +1,293 @@
+"""The catalog: one record per DDL, replay, the directory log's crash safety and lock."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import resgroups
+from resgroups.catalog import Catalog, DirectoryLog, Record, Snapshot
+from resgroups.catalog.records import replay
+from resgroups.catalog.store import FRAME, MAGIC, scan
+
+SCRIPT = [
+    "CREATE RESOURCE GROUP reporting WITH (cpu_weight = 50, max_active_queries = 4)",
+    "CREATE RESOURCE GROUP dashboards WITH (cpu_limit = '25%', scheduling_policy = 'fair')",
+    "CREATE USER analyst WITH PASSWORD 'secret'",
+    "CREATE GROUP analysts",
+    "ADD USER analyst TO analysts",
+    "ALTER GROUP analysts SET RESOURCE GROUP reporting MAPPING PRIORITY 10",
+    "CREATE SERVICE ACCOUNT bot",
+    "ALTER SERVICE ACCOUNT bot SET RESOURCE GROUP dashboards",
+    "GRANT USE ON RESOURCE GROUP dashboards TO analyst",
+    "ALTER USER analyst SET MEMORY LIMIT '1G'",
+    "ALTER RESOURCE GROUP reporting SET (memory_limit = '8G')",
+    "ALTER RESOURCE GROUP dashboards RENAME TO dash",
+    "ALTER RESOURCE GROUP reporting RESET (cpu_weight)",
+]
+
+
+def _run(directory: Path, statements: list[str]) -> Snapshot:
+    with resgroups.Engine(catalog=str(directory), access_control=True) as engine:
+        session = engine.connect()
+        for sql in statements:
+            session.execute(sql)
+        return engine.snapshot
+
+
+def _reopen(directory: Path) -> Snapshot:
+    with resgroups.Engine(catalog=str(directory), access_control=True) as engine:
+        return engine.snapshot
+
+
+def test_every_ddl_statement_appends_exactly_one_record(tmp_path: Path) -> None:
+    with resgroups.Engine(catalog=str(tmp_path), access_control=True) as engine:
+        assert engine.catalog_version == 1  # the genesis record
+        session = engine.connect()
+        for i, sql in enumerate(SCRIPT, start=2):
+            session.execute(sql)
+            assert engine.catalog_version == i, sql
+        # statements that change nothing append nothing
+        session.execute("CREATE RESOURCE GROUP IF NOT EXISTS reporting")
+        session.execute("DROP RESOURCE GROUP IF EXISTS nothing")
+        session.execute("SELECT * FROM resource_groups()")
+        assert engine.catalog_version == len(SCRIPT) + 1
+    records, _ = scan((tmp_path / "catalog.log").read_bytes())
+    assert [r.version for r in records] == list(range(1, len(SCRIPT) + 2))
+    assert records[0].op == "genesis"
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, len(SCRIPT)])
+def test_restart_after_n_statements_gives_the_same_snapshot(tmp_path: Path, n: int) -> None:
+    before = _run(tmp_path, SCRIPT[:n])
+    after = _reopen(tmp_path)
+    assert after == before
+    assert after.version == n + 1
+
+
+def test_replay_of_the_log_rebuilds_the_snapshot(tmp_path: Path) -> None:
+    before = _run(tmp_path, SCRIPT)
+    records, _ = scan((tmp_path / "catalog.log").read_bytes())
+    assert replay(records) == before
+    # and a restarted engine answers from it: mappings, grants, passwords
+    with resgroups.Engine(catalog=str(tmp_path), access_control=True) as engine:
+        analyst = engine.connect("analyst", "secret")
+        assert analyst.execute("SELECT current_resource_group()").rows == [("reporting",)]
+        analyst.execute("SET RESOURCE GROUP dash")
+        assert analyst.execute("SELECT current_resource_group()").rows == [("dash",)]
+        bot = engine.connect("bot")
+        assert bot.execute("SELECT current_resource_group()").rows == [("dash",)]
+
+
+def _last_record_span(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    records, end = scan(data)
+    assert end == len(data)
+    start = len(MAGIC)
+    for _ in records[:-1]:
+        (length, _crc) = FRAME.unpack_from(data, start)
+        start += FRAME.size + length
+    return start, end
+
+
+def _recovers(directory: Path, expected: Snapshot, expected_records: int) -> None:
+    with resgroups.Engine(catalog=str(directory), access_control=True) as engine:
+        assert engine.snapshot == expected
+        assert engine.catalog_version == expected_records
+        engine.connect().execute("CREATE RESOURCE GROUP after_crash")
+        assert engine.catalog_version == expected_records + 1
+    with resgroups.Engine(catalog=str(directory), access_control=True) as engine:
+        assert engine.snapshot.find_group(resgroups.sql.ast.Ident("after_crash")) is not None
+        assert engine.catalog_version == expected_records + 1
+
+
+def test_truncating_the_last_record_at_every_offset_recovers(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    expected = _run(base, SCRIPT[:-1])
+    _run(base, SCRIPT[-1:])
+    log = base / "catalog.log"
+    start, end = _last_record_span(log)
+    image = log.read_bytes()
+    for cut in range(start, end):
+        directory = tmp_path / f"cut{cut}"
+        directory.mkdir()
+        (directory / "catalog.log").write_bytes(image[:cut])
+        _recovers(directory, expected, len(SCRIPT))
+
+
+def test_corrupting_any_byte_of_the_last_record_recovers(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    expected = _run(base, SCRIPT[:-1])
+    _run(base, SCRIPT[-1:])
+    log = base / "catalog.log"
+    start, end = _last_record_span(log)
+    image = log.read_bytes()
+    for offset in range(start, end):
+        damaged = bytearray(image)
+        damaged[offset] ^= 0xFF
+        directory = tmp_path / f"bad{offset}"
+        directory.mkdir()
+        (directory / "catalog.log").write_bytes(bytes(damaged))
+        _recovers(directory, expected, len(SCRIPT))
+
+
+def test_damage_in_the_middle_is_refused_not_dropped(tmp_path: Path) -> None:
+    _run(tmp_path, SCRIPT)
+    log = tmp_path / "catalog.log"
+    image = bytearray(log.read_bytes())
+    image[len(MAGIC) + FRAME.size + 2] ^= 0xFF  # inside the genesis record
+    log.write_bytes(bytes(image))
+    with pytest.raises(resgroups.CatalogError, match="intact records after it"):
+        resgroups.Engine(catalog=str(tmp_path))
+    assert log.read_bytes() == bytes(image)  # nothing was cut
+
+
+def test_a_foreign_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "catalog.log").write_bytes(b"hello, world\n")
+    with pytest.raises(resgroups.CatalogError, match="not a resgroups catalog log"):
+        resgroups.Engine(catalog=str(tmp_path))
+
+
+def test_a_log_cut_inside_its_header_starts_fresh(tmp_path: Path) -> None:
+    (tmp_path / "catalog.log").write_bytes(MAGIC[:3])
+    with resgroups.Engine(catalog=str(tmp_path)) as engine:
+        assert engine.catalog_version == 1
+    assert (tmp_path / "catalog.log").read_bytes().startswith(MAGIC)
+
+
+def test_second_writer_in_this_process_is_refused(tmp_path: Path) -> None:
+    with resgroups.Engine(catalog=str(tmp_path)):
+        with pytest.raises(resgroups.CatalogLocked) as info:
+            resgroups.Engine(catalog=str(tmp_path))
+        assert info.value.sqlstate == "55006"
+    with resgroups.Engine(catalog=str(tmp_path)) as again:  # released on close
+        assert again.catalog_version == 1
+
+
+def test_second_writer_in_another_process_is_refused(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        f"""
+        import resgroups
+        try:
+            resgroups.Engine(catalog={str(tmp_path)!r})
+        except resgroups.CatalogLocked as exc:
+            print("locked", exc.sqlstate)
+        else:
+            print("opened")
+        """
+    )
+    with resgroups.Engine(catalog=str(tmp_path)):
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout
+    assert out.split() == ["locked", "55006"]
+
+
+def test_a_failed_write_changes_nothing(tmp_path: Path) -> None:
+    log = DirectoryLog(tmp_path)
+    catalog = Catalog(log)
+    before = catalog.snapshot
+    os.close(log._fd)
+    log._fd = os.open(tmp_path / "catalog.log", os.O_RDONLY)  # writes now fail
+    with pytest.raises(resgroups.CatalogError, match="cannot write catalog record 2"):
+        catalog.write(
+            lambda snap: (
+                "create_group",
+                {"id": snap.next_id, "name": "g", "quoted": False, "params": {}},
+            )
+        )
+    assert catalog.snapshot == before
+    catalog.close()
+
+
+def test_rename_keeps_mappings_grants_and_creation_order(admin: resgroups.Session) -> None:
+    engine = admin.engine
+    admin.execute_script(
+        "CREATE RESOURCE GROUP a; CREATE RESOURCE GROUP b; CREATE RESOURCE GROUP c;"
+        "CREATE USER u; ALTER USER u SET RESOURCE GROUP b; GRANT USE ON RESOURCE GROUP c TO u"
+    )
+    user = engine.connect("u")
+    user.execute("SET RESOURCE GROUP c")
+    admin.execute_script(
+        "ALTER RESOURCE GROUP b RENAME TO bee; ALTER RESOURCE GROUP c RENAME TO sea"
+    )
+    assert [r["name"] for r in engine.resource_groups()] == ["default", "a", "bee", "sea"]
+    assert user.execute("SELECT current_resource_group()").rows == [("sea",)]
+    user.execute("RESET RESOURCE GROUP")
+    assert user.execute("SELECT current_resource_group()").rows == [("bee",)]
+    user.execute("SET RESOURCE GROUP sea")  # the USE grant followed the rename
+    assert admin.execute("SHOW USERS").rows == [("u", None, "bee")]
+
+
+def test_drop_of_a_mapped_group_is_refused(admin: resgroups.Session) -> None:
+    admin.execute_script(
+        "CREATE RESOURCE GROUP reporting; CREATE USER analyst; CREATE GROUP team;"
+        "ALTER USER analyst SET RESOURCE GROUP reporting;"
+        "ALTER GROUP team SET RESOURCE GROUP reporting"
+    )
+    with pytest.raises(resgroups.CatalogError) as info:
+        admin.execute("DROP RESOURCE GROUP reporting")
+    assert info.value.sqlstate == "42809"
+    assert "Resource Group is assigned to an ACL entity [entity=analyst,team]" in str(info.value)
+    admin.execute_script(
+        "ALTER USER analyst UNSET RESOURCE GROUP; ALTER GROUP team UNSET RESOURCE GROUP"
+    )
+    admin.execute("DROP RESOURCE GROUP reporting")
+    assert [r["name"] for r in admin.engine.resource_groups()] == ["default"]
+
+
+def test_default_cannot_be_dropped_or_renamed_but_can_be_altered(engine: resgroups.Engine) -> None:
+    session = engine.connect()
+    with pytest.raises(
+        resgroups.CatalogError, match="built-in Resource Group cannot be dropped"
+    ) as info:
+        session.execute("DROP RESOURCE GROUP default")
+    assert info.value.sqlstate == "42809"
+    with pytest.raises(resgroups.CatalogError, match="built-in Resource Group cannot be renamed"):
+        session.execute("ALTER RESOURCE GROUP DEFAULT RENAME TO other")
+    with pytest.raises(resgroups.CatalogError, match="already exists") as dup:
+        session.execute("CREATE RESOURCE GROUP Default")
+    assert dup.value.sqlstate == "42710"
+    session.execute("ALTER RESOURCE GROUP DEFAULT SET (cpu_weight = 300)")
+    assert engine.resource_groups()[0]["cpu_weight"] == 300
+    session.execute("ALTER RESOURCE GROUP default RESET (cpu_weight)")
+    assert engine.resource_groups()[0]["cpu_weight"] == 100
+
+
+def test_names_unquoted_case_insensitive_quoted_exact(engine: resgroups.Engine) -> None:
+    session = engine.connect()
+    session.execute("CREATE RESOURCE GROUP Reporting")
+    with pytest.raises(resgroups.CatalogError) as info:
+        session.execute("CREATE RESOURCE GROUP REPORTING")
+    assert info.value.sqlstate == "42710"
+    with pytest.raises(resgroups.CatalogError):
+        session.execute('CREATE RESOURCE GROUP "reporting"')  # would shadow the unquoted name
+    session.execute("ALTER RESOURCE GROUP reporting SET (cpu_weight = 5)")
+    assert engine.resource_groups()[1]["name"] == "Reporting"  # shown as created
+    session.execute_script('CREATE RESOURCE GROUP "Mixed"; CREATE RESOURCE GROUP "MIXED"')
+    with pytest.raises(resgroups.CatalogError, match=r'Did you mean "(Mixed|MIXED)"'):
+        session.execute('ALTER RESOURCE GROUP "mixed" SET (cpu_weight = 5)')
+    session.execute('DROP RESOURCE GROUP "MIXED"')
+    assert [r["name"] for r in engine.resource_groups()] == ["default", "Reporting", "Mixed"]
+
+
+def test_a_group_created_again_is_a_new_group(engine: resgroups.Engine) -> None:
+    session = engine.connect()
+    session.execute("CREATE RESOURCE GROUP g WITH (cpu_weight = 5)")
+    first = engine.snapshot.groups[-1]
+    session.execute_script("DROP RESOURCE GROUP g; CREATE RESOURCE GROUP g")
+    second = engine.snapshot.groups[-1]
+    assert second.id != first.id
+    assert second.cpu_weight == 100
+
+
+def test_record_encoding_round_trips() -> None:
+    record = Record(7, "alter_group", {"id": 3, "set": {"cpu_weight": 5}, "reset": ["cpu_limit"]})
+    assert Record.decode(record.encode()) == record
+    with pytest.raises(ValueError, match="unknown catalog record op"):
+        Record.decode(b'{"v": 1, "op": "explode"}')

@@ -1,0 +1,161 @@
+"""resgroups shell: -c, piped scripts, the prompt_toolkit loop, --catalog and --access-control."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prompt_toolkit.input import create_pipe_input
+from prompt_toolkit.output import DummyOutput
+
+import resgroups
+from resgroups import cli, shell
+
+
+def run_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "resgroups.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_dash_c_prints_aligned_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    status = cli.main(
+        [
+            "shell",
+            "-c",
+            "CREATE RESOURCE GROUP reporting WITH (cpu_weight = 50);"
+            "SELECT name, cpu_weight, max_active_queries FROM resource_groups()",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert status == 0
+    assert out.splitlines() == [
+        "CREATE RESOURCE GROUP",
+        "+-----------+--------------+----------------------+",
+        "| name      |   cpu_weight |   max_active_queries |",
+        "|-----------+--------------+----------------------|",
+        "| default   |          100 |                 NULL |",
+        "| reporting |           50 |                 NULL |",
+        "+-----------+--------------+----------------------+",
+        "(2 rows)",
+    ]
+
+
+def test_piped_script_reports_errors_with_a_caret_and_goes_on() -> None:
+    script = (
+        "CREATE RESOURCE GROUP a;\n"
+        "\\timing\n"
+        "SELECT name\n"
+        "  FROM resource_groups()\n"
+        " WHERE name = 'a';\n"
+        "ALTER RESOURCE GROUP a\n"
+        "  SET cpu_weight = 5;\n"
+        "CREATE RESOURCE GROUP b WITH (cpu_weight = 0);\n"
+        "SELECT count(*) FROM resource_groups()\n"
+    )
+    result = run_cli("shell", stdin=script)
+    assert result.returncode == 1
+    out = result.stdout
+    assert "Timing is on." in out
+    assert "| a      |" in out
+    assert (
+        "ERROR [42601]: syntax error at line 7, column 7: unexpected identifier cpu_weight" in out
+    )
+    assert "  SET cpu_weight = 5;\n      ^" in out
+    assert "ERROR [22023]: invalid value 0 for cpu_weight: expected an integer 1..10000" in out
+    assert "|       2 |" in out  # the script went on after the errors
+    assert "Time: " in out
+
+
+def test_catalog_directory_survives_a_restart(tmp_path: Path) -> None:
+    first = run_cli("shell", "--catalog", str(tmp_path), "-c", "CREATE RESOURCE GROUP kept")
+    assert first.returncode == 0, first.stderr
+    second = run_cli(
+        "shell", "--catalog", str(tmp_path), "-c", "SELECT name FROM resource_groups()"
+    )
+    assert "| kept    |" in second.stdout
+
+
+def test_access_control_and_login(tmp_path: Path) -> None:
+    setup = run_cli(
+        "shell",
+        "--catalog",
+        str(tmp_path),
+        "--access-control",
+        "-c",
+        "CREATE USER analyst WITH PASSWORD 'pw'",
+    )
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    denied = run_cli(
+        "shell",
+        "--catalog",
+        str(tmp_path),
+        "--access-control",
+        "--user",
+        "analyst",
+        "--password",
+        "pw",
+        "-c",
+        "SELECT * FROM resource_groups()",
+    )
+    assert "Access denied for analyst [RESOURCE GROUP ADMIN]" in denied.stdout
+    wrong = run_cli(
+        "shell",
+        "--catalog",
+        str(tmp_path),
+        "--access-control",
+        "--user",
+        "analyst",
+        "--password",
+        "nope",
+        "-c",
+        "SELECT 1",
+    )
+    assert wrong.returncode == 2
+    assert "password authentication failed" in wrong.stderr
+    off = run_cli("shell", "-c", "CREATE USER x")
+    assert "ERROR [0A000]" in off.stdout
+
+
+def test_a_locked_catalog_is_reported(tmp_path: Path) -> None:
+    with resgroups.Engine(catalog=str(tmp_path)):
+        result = run_cli("shell", "--catalog", str(tmp_path), "-c", "SELECT 1")
+    assert result.returncode == 2
+    assert "locked by another writer" in result.stderr
+
+
+def test_interactive_multi_line_history_and_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(Path, "home", lambda: tmp_path)
+    written: list[str] = []
+    with resgroups.Engine() as engine:
+        runner = shell.ShellRunner(engine.connect(), written.append)
+        with create_pipe_input() as pipe:
+            pipe.send_text("CREATE RESOURCE GROUP g\r")  # not ended: Enter adds a line
+            pipe.send_text("WITH (cpu_weight = 7);\r")
+            pipe.send_text("\\timing\r")
+            pipe.send_text("SELECT cpu_weight FROM resource_groups() WHERE name = 'g';\r")
+            pipe.send_text("\\q\r")
+            shell.interactive(runner, input=pipe, output=DummyOutput())
+    out = "".join(written)
+    assert "CREATE RESOURCE GROUP" in out
+    assert "|            7 |" in out
+    assert "Timing is on." in out
+    history = (tmp_path / ".resgroups_history").read_text()
+    assert "WITH (cpu_weight = 7);" in history
+
+
+def test_statement_complete() -> None:
+    assert shell.statement_complete("SELECT 1;")
+    assert shell.statement_complete("\\q")
+    assert not shell.statement_complete("SELECT 1")
+    assert not shell.statement_complete("SELECT ';")
+    assert not shell.statement_complete("SELECT 1; SELECT")

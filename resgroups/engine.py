@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -12,14 +13,21 @@ from typing import Any
 from resgroups.access import Identity
 from resgroups.auth import verify_password
 from resgroups.catalog import Catalog, Snapshot, open_log
+from resgroups.catalog.model import GroupDef
 from resgroups.catalog.store import CatalogLog
+from resgroups.clock import Clock, MonotonicClock
 from resgroups.cpus import available_cpus
 from resgroups.errors import (
     AuthenticationFailed,
     EngineClosed,
     FeatureNotSupported,
     InvalidParameter,
+    did_you_mean,
 )
+from resgroups.metrics import EngineMetrics
+from resgroups.query import Query
+from resgroups.sched.pool import WorkerPool
+from resgroups.sched.runtime import GroupRuntime
 from resgroups.sched.stats import CounterReading, GroupStatistics, group_statistics
 from resgroups.session import Session
 from resgroups.sql.ast import Ident, PrincipalKind
@@ -60,6 +68,8 @@ class Engine:
         query_timeout: float | None = 60.0,
         query_memory_limit: int | None = None,
         process_memory_limit: int = 0,
+        *,
+        clock: Clock | None = None,
     ) -> None:
         if role not in ("primary", "replica"):
             raise InvalidParameter(f"Engine(role={role!r}): expected 'primary' or 'replica'")
@@ -102,14 +112,29 @@ class Engine:
         self.query_timeout = query_timeout
         self.query_memory_limit = query_memory_limit
         self.process_memory_limit = process_memory_limit
+        self.clock: Clock = clock or MonotonicClock()
         self._closed = False
         self._close_lock = threading.Lock()
+        self._live = threading.Condition()
+        self._queries: set[Query] = set()
+        self._runtimes: dict[int, GroupRuntime] = {}
+        self._runtimes_lock = threading.Lock()
         self._log: CatalogLog = open_log(catalog)
         try:
             self._catalog = Catalog(self._log)
         except BaseException:
             self._log.close()
             raise
+        self._pools = {
+            name: WorkerPool(name, int(size), self.clock.monotonic)
+            for name, size in self.pools.items()
+        }
+        self._sync_runtimes(self._catalog.snapshot)
+        # what the CPU scheduler and replicas report; they arrive with §7 and §10
+        self.catalog_lag_unmanaged_queries = 0
+        self.cpu_managed_dispatch = False
+        self.cpu_scheduler_degraded = False
+        self._metrics = EngineMetrics(self)
 
     # ---- catalog -----------------------------------------------------------------
 
@@ -126,7 +151,60 @@ class Engine:
     def write_catalog(self, build: Callable[[Snapshot], Change | None]) -> Snapshot:
         """Append the one record a DDL statement makes (see :meth:`Catalog.write`)."""
         self._check_open()
-        return self._catalog.write(build)
+        snapshot = self._catalog.write(build)
+        self._sync_runtimes(snapshot)
+        return snapshot
+
+    # ---- group runtimes -------------------------------------------------------------
+
+    def _sync_runtimes(self, snapshot: Snapshot) -> None:
+        """Apply the catalog to the live gates: ALTER online, DROP once idle."""
+        with self._runtimes_lock:
+            current = {g.id: g for g in snapshot.groups}
+            for group_id, runtime in list(self._runtimes.items()):
+                if group_id in current:
+                    runtime.configure(current[group_id])
+                else:
+                    runtime.dropped = True
+                    if runtime.idle:
+                        del self._runtimes[group_id]
+            for group in snapshot.groups:
+                if group.id not in self._runtimes:
+                    self._runtimes[group.id] = GroupRuntime(group, self.clock.monotonic)
+
+    def runtime_for(self, group: GroupDef) -> GroupRuntime:
+        """The live state of a group a query resolved to (even one dropped since)."""
+        with self._runtimes_lock:
+            runtime = self._runtimes.get(group.id)
+            if runtime is None:
+                runtime = self._runtimes[group.id] = GroupRuntime(group, self.clock.monotonic)
+                runtime.dropped = self.snapshot.group(group.id) is None
+            return runtime
+
+    def pool(self, name: str) -> WorkerPool:
+        try:
+            return self._pools[name]
+        except KeyError:
+            raise InvalidParameter(
+                f"there is no worker pool {name!r}; pools: {', '.join(self._pools)}."
+                + did_you_mean(name, self._pools)
+            ) from None
+
+    # ---- queries ----------------------------------------------------------------------
+
+    def open_query(self, query: Query) -> None:
+        with self._live:
+            self._check_open()
+            self._queries.add(query)
+
+    def close_query(self, query: Query) -> None:
+        with self._live:
+            self._queries.discard(query)
+            self._live.notify_all()
+        with self._runtimes_lock:
+            for group_id, runtime in list(self._runtimes.items()):
+                if runtime.dropped and runtime.idle:
+                    del self._runtimes[group_id]
 
     # ---- sessions ------------------------------------------------------------------
 
@@ -172,10 +250,12 @@ class Engine:
         """One frozen statistics record per group, DEFAULT first, creation order."""
         snap = self.snapshot
         total_weight = sum(g.cpu_weight for g in snap.groups)
+        with self._runtimes_lock:
+            runtimes = dict(self._runtimes)
         return [
             group_statistics(
                 g,
-                CounterReading(),
+                runtimes[g.id].reading() if g.id in runtimes else CounterReading(),
                 total_weight=total_weight,
                 cpus=self.cpus,
                 process_memory_limit=self.process_memory_limit,
@@ -187,6 +267,10 @@ class Engine:
         """The rows of ``SELECT * FROM resource_groups()``, as dicts."""
         return [vars(s).copy() for s in self.statistics()]
 
+    def metrics_text(self) -> str:
+        """The Prometheus text exposition of this engine's metrics (SPEC §9)."""
+        return self._metrics.text()
+
     # ---- lifetime -----------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -197,12 +281,31 @@ class Engine:
     def closed(self) -> bool:
         return self._closed
 
-    def close(self) -> None:
-        """Release the catalog (and its lock). Idempotent."""
+    def close(self, grace: float = 10.0) -> None:
+        """Refuse new queries, fail queued ones, wait up to ``grace`` seconds for
+        running ones (then cancel them), stop the pools and release the catalog.
+        Idempotent."""
         with self._close_lock:
             if self._closed:
                 return
-            self._closed = True
+            with self._live:
+                self._closed = True
+            closing = EngineClosed("the engine is closing")
+            with self._runtimes_lock:
+                runtimes = list(self._runtimes.values())
+            for runtime in runtimes:
+                runtime.gate.fail_queued(closing)
+            # real time: this is a real wait for real threads, whatever the clock
+            deadline = time.monotonic() + grace
+            with self._live:
+                while self._queries and time.monotonic() < deadline:
+                    self._live.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+                leftover = list(self._queries)
+            for query in leftover:
+                log.warning("closing the engine: cancelling a query still running after %ss", grace)
+                query.cancel()
+            for pool in self._pools.values():
+                pool.close()
             self._catalog.close()
 
     def __enter__(self) -> Engine:

@@ -6,6 +6,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from resgroups.access import Identity, login_principal, resolve
+from resgroups.catalog.model import GroupDef
+from resgroups.query import Query
 from resgroups.result import Result
 from resgroups.sql.execute import execute_statement
 from resgroups.sql.parser import parse_script
@@ -47,18 +49,29 @@ class Session:
     def assume(self, account_id: int | None) -> None:
         self._identity = replace(self._identity, assumed_id=account_id)
 
-    def managed_group(self) -> str | None:
+    def managed_group_def(self, *, export: bool = False) -> GroupDef | None:
         """Resolve the group a managed query starting now runs in (SPEC §5).
 
-        None when the query runs unmanaged (the feature is disabled).
+        None when queries run unmanaged (the feature is disabled). Exports keep
+        the principal's mapped group even when the session chose another.
         """
         engine = self.engine
         if not engine.enabled:
             return None
-        group = resolve(
-            engine.snapshot, self._identity, self._chosen, access_control=engine.access_control
+        chosen = None if export else self._chosen
+        return resolve(
+            engine.snapshot, self._identity, chosen, access_control=engine.access_control
         )
-        return group.name
+
+    def query(self, kind: str = "select", pool: str = "default") -> Query:
+        """A managed query: ``with session.query(kind="select") as q: ...``.
+
+        ``__enter__`` returns once the query is admitted to its group and holds
+        a worker of ``pool``; everything it holds is given back before
+        ``__exit__`` returns, however the body ends. Kind "other" runs
+        unmanaged (no slot, no worker, ``q.group`` is None).
+        """
+        return Query(self, kind, pool)
 
     def execute(self, sql: str) -> Result:
         """Run every statement of ``sql``; the last one's result."""

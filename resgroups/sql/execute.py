@@ -76,8 +76,11 @@ def select(session: Session, stmt: ast.Select) -> Result:
             managed = not fn.engine_state
         case ast.TableName(name=name):
             raise UndefinedTable(f"table {name.text} does not exist")
-    group = session.managed_group() if managed else None
-    out = run_select(stmt, source, EvalContext(current_group=group))
+    if not managed:
+        out = run_select(stmt, source, EvalContext())
+    else:
+        with session.query(kind="select") as q:
+            out = run_select(stmt, source, EvalContext(current_group=q.group))
     return Result.table(out.columns, out.rows, out.types)
 
 

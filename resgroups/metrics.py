@@ -1,0 +1,93 @@
+"""Prometheus metrics (SPEC §9): one registry per engine, read at scrape time.
+
+A custom collector renders :meth:`Engine.statistics` (the same frozen
+records ``resource_groups()`` shows), so no counter has a second copy and a
+query costs nothing extra. Names are QuestDB's with ``resgroups_`` in place
+of ``questdb_``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Final
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from resgroups.engine import Engine
+
+GROUP: Final = "resgroups_resource_group_"
+INSTANCE: Final = "resgroups_resource_groups_"
+
+# (metric suffix, statistics field, help, counter?)
+PER_GROUP: Final = (
+    ("active_queries", "active_queries", "Queries holding an admission slot.", False),
+    ("queued_queries", "queued_queries", "Queries waiting for admission.", False),
+    (
+        "oldest_queue_wait_millis",
+        "oldest_queue_wait_millis",
+        "How long the oldest queued query has waited.",
+        False,
+    ),
+    ("memory_bytes", "memory_used_bytes", "Tracked query memory (published).", False),
+    ("memory_limit_bytes", "memory_limit_bytes", "Group memory ceiling; 0 = none.", False),
+    ("cpu_nanos", "cpu_nanos_total", "CPU charged to the group.", True),
+    ("cpu_wait_nanos", "cpu_wait_nanos_total", "Runnable time spent waiting for CPU.", True),
+    ("admission_rejections", "admission_rejections", "Queries refused: queue full.", True),
+    ("admission_timeouts", "admission_timeouts", "Queue waits ended by a timeout.", True),
+    ("admitted", "admitted_total", "Passes through the admission gate.", True),
+)
+
+
+class _Collector(Collector):
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._engine
+        stats = engine.statistics()
+        for suffix, field, help_text, counter in PER_GROUP:
+            family: CounterMetricFamily | GaugeMetricFamily
+            if counter:
+                family = CounterMetricFamily(GROUP + suffix, help_text, labels=["resource_group"])
+            else:
+                family = GaugeMetricFamily(GROUP + suffix, help_text, labels=["resource_group"])
+            for s in stats:
+                family.add_metric([s.name], getattr(s, field))
+            yield family
+        yield GaugeMetricFamily(
+            INSTANCE + "enabled", "1 while resource groups are enabled.", value=int(engine.enabled)
+        )
+        yield GaugeMetricFamily(
+            INSTANCE + "catalog_current",
+            "1 once this node has received the catalog.",
+            value=int(engine.snapshot.has_catalog),
+        )
+        yield CounterMetricFamily(
+            INSTANCE + "catalog_lag_unmanaged_queries",
+            "Queries run unmanaged because the catalog had not arrived.",
+            value=engine.catalog_lag_unmanaged_queries,
+        )
+        yield GaugeMetricFamily(
+            INSTANCE + "cpu_managed_dispatch",
+            "1 while CPU scheduling is engaged.",
+            value=int(engine.cpu_managed_dispatch),
+        )
+        yield GaugeMetricFamily(
+            INSTANCE + "cpu_scheduler_degraded",
+            "1 after an internal CPU scheduler fault, until the engine restarts.",
+            value=int(engine.cpu_scheduler_degraded),
+        )
+
+
+class EngineMetrics:
+    """The engine's own registry (the global one would clash between engines)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(engine))
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode("utf-8")

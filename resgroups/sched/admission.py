@@ -1,0 +1,386 @@
+"""The admission gate of one resource group (SPEC §6): an exact limit with a queue.
+
+Goals
+    ``max_active_queries`` is exact: no query ever takes a slot while the
+    group holds ``max_active_queries`` of them. At the limit a query waits in
+    a bounded queue; beyond ``max_queued_queries`` it is rejected at once.
+    A queued query ends its wait at the first of two deadlines: its queue
+    deadline (enqueue time + ``queue_timeout``) or its query deadline
+    (submission + the instance query timeout). fifo groups admit in arrival
+    order; fair groups admit the waiting user holding the fewest slots now,
+    ties to the user who has waited longest since their last admission.
+
+Non-goals
+    Threads. :class:`Gate` is a pure state machine: every method takes
+    ``now`` and returns the tickets whose state it changed; it never sleeps,
+    never reads a clock and never wakes anyone. :class:`GateRuntime` wraps it
+    with a lock and per-ticket events for real threads. The stateful
+    property test drives :class:`Gate` directly on a manual clock.
+
+State and invariants (``_check_invariants``)
+    A  = the set of active tickets (holding a slot), Q = the queue (a list in
+         arrival order), L = max_active_queries (None: unlimited),
+         M = max_queued_queries (None: unlimited), G = ``_grandfathered``.
+    I1 every ticket is in at most one of A and Q, and its ``state`` says which;
+    I2 |A| <= max(L, G): G is |A| at the moment an ALTER lowered L, and only
+       falls (to |A|) as queries leave, so a lowered limit admits nobody
+       until |A| < L;
+    I3 nobody waits while a slot is free: Q is empty unless |A| >= L;
+    I4 |Q| <= M, except for tickets queued before an ALTER lowered M
+       (they keep their place; only new arrivals are refused);
+    I5 admitted_total = admissions counted; rejections and timeouts likewise.
+
+Fair order
+    For a fair group the next ticket is the oldest ticket of the user u
+    minimising (held(u), last_admitted(u), oldest enqueue of u), where
+    held(u) counts u's active tickets and last_admitted(u) is the time of u's
+    last admission in this group (-inf if never), so with L = 1 users take
+    turns. Complexity: O(|Q|) per admission; queues are short in practice
+    (bounded by max_queued_queries), and the fifo path is O(1).
+
+ALTER
+    ``configure`` applies new settings online: held slots are kept, queued
+    tickets keep their deadlines (computed at enqueue time), and raising L
+    admits waiters at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final
+
+from resgroups.errors import (
+    AdmissionRejected,
+    Error,
+    InternalError,
+    QueryCancelled,
+    QueryTimeout,
+    QueueTimeout,
+)
+
+
+class TicketState(Enum):
+    NEW = "new"
+    QUEUED = "queued"
+    ACTIVE = "active"
+    RELEASED = "released"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    WITHDRAWN = "withdrawn"
+
+
+_SEQ: Final = itertools.count()
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One pass of one query through a gate (a resumed cursor takes a new ticket)."""
+
+    user: str
+    query_deadline: float = math.inf  # submission + the instance query timeout
+    seq: int = field(default_factory=lambda: next(_SEQ))
+    state: TicketState = TicketState.NEW
+    enqueued_at: float = 0.0
+    queue_deadline: float = math.inf
+    error: Error | None = None  # why the wait ended, when it did not end in a slot
+    wake: threading.Event | None = None  # set by GateRuntime when the state changes
+
+    def __repr__(self) -> str:
+        return f"<Ticket #{self.seq} {self.user} {self.state.value}>"
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """The admission settings of a group (a copy of its catalog definition)."""
+
+    name: str
+    max_active: int | None = None
+    max_queued: int | None = None
+    queue_timeout_ms: int = 30_000
+    policy: str = "fifo"
+
+
+class Gate:
+    """The admission state machine of one group. Not thread-safe: see GateRuntime."""
+
+    def __init__(self, config: GateConfig) -> None:
+        self.config = config
+        self._active: set[Ticket] = set()
+        self._queue: deque[Ticket] = deque()
+        self._held: dict[str, int] = {}  # user -> active tickets
+        self._last_admitted: dict[str, float] = {}  # user -> time of last admission
+        self._grandfathered = 0
+        self._queue_allowance = 0  # tickets queued before max_queued was lowered
+        self.admitted_total = 0
+        self.admission_rejections = 0
+        self.admission_timeouts = 0
+
+    # ---- reading -----------------------------------------------------------------
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def queued_tickets(self) -> list[Ticket]:
+        return list(self._queue)
+
+    def oldest_wait(self, now: float) -> float:
+        """Seconds the longest-waiting ticket has waited (0 when none waits)."""
+        return max(0.0, now - min(t.enqueued_at for t in self._queue)) if self._queue else 0.0
+
+    def next_deadline(self) -> float:
+        """The earliest deadline of a queued ticket (inf when none waits)."""
+        return min((min(t.queue_deadline, t.query_deadline) for t in self._queue), default=math.inf)
+
+    def _limit(self) -> float:
+        limit = self.config.max_active
+        return math.inf if limit is None else max(limit, self._grandfathered)
+
+    def _has_room(self) -> bool:
+        limit = self.config.max_active
+        return limit is None or len(self._active) < limit
+
+    # ---- transitions ---------------------------------------------------------------
+
+    def submit(self, ticket: Ticket, now: float) -> bool:
+        """Admit (True) or queue (False) a new ticket; AdmissionRejected when full.
+
+        O(1). A ticket whose query deadline has already passed fails with
+        QueryTimeout rather than taking a place.
+        """
+        if ticket.state is not TicketState.NEW:
+            raise InternalError(f"{ticket!r} submitted twice")
+        if self._has_room() and not self._queue:
+            self._admit(ticket, now)
+            return True
+        max_queued = self.config.max_queued
+        if max_queued is not None and len(self._queue) >= max_queued + self._queue_allowance:
+            ticket.state = TicketState.REJECTED
+            self.admission_rejections += 1
+            raise AdmissionRejected(
+                f"Resource Group admission queue is full [group={self.config.name}, "
+                f"max_active_queries={self.config.max_active}, "
+                f"max_queued_queries={max_queued}, queued={len(self._queue)}]"
+            )
+        ticket.state = TicketState.QUEUED
+        ticket.enqueued_at = now
+        ticket.queue_deadline = now + self.config.queue_timeout_ms / 1000
+        self._queue.append(ticket)
+        return False
+
+    def release(self, ticket: Ticket, now: float) -> list[Ticket]:
+        """A slot comes back; the tickets admitted in its place."""
+        if ticket.state is not TicketState.ACTIVE:
+            raise InternalError(f"{ticket!r} released without a slot")
+        self._active.remove(ticket)
+        self._held[ticket.user] -= 1
+        if not self._held[ticket.user]:
+            del self._held[ticket.user]
+        ticket.state = TicketState.RELEASED
+        self._grandfathered = min(self._grandfathered, len(self._active))
+        return self._admit_waiting(now)
+
+    def withdraw(self, ticket: Ticket, error: Error) -> bool:
+        """Take a queued ticket out (cancelled, or the engine closing). False if not queued."""
+        if ticket.state is not TicketState.QUEUED:
+            return False
+        self._queue.remove(ticket)
+        self._queue_allowance = min(self._queue_allowance, len(self._queue))
+        ticket.state = TicketState.WITHDRAWN
+        ticket.error = error
+        return True
+
+    def expire(self, now: float) -> list[Ticket]:
+        """End the waits whose first deadline has come; each gets its error."""
+        expired = [t for t in self._queue if min(t.queue_deadline, t.query_deadline) <= now]
+        for ticket in expired:
+            self._queue.remove(ticket)
+            ticket.state = TicketState.EXPIRED
+            waited_ms = round((now - ticket.enqueued_at) * 1000)
+            if ticket.query_deadline < ticket.queue_deadline:
+                ticket.error = QueryTimeout(
+                    "query timeout while queued for Resource Group admission "
+                    f"[group={self.config.name}, waited={waited_ms}ms]"
+                )
+            else:
+                ticket.error = QueueTimeout(
+                    f"Resource Group admission queue timeout [group={self.config.name}, "
+                    f"queue_timeout={self.config.queue_timeout_ms}ms, waited={waited_ms}ms]"
+                )
+            self.admission_timeouts += 1
+        self._queue_allowance = min(self._queue_allowance, len(self._queue))
+        return expired
+
+    def configure(self, config: GateConfig, now: float) -> list[Ticket]:
+        """ALTER online: keep slots and deadlines; admit what the new limit allows."""
+        old = self.config
+        self.config = config
+        if config.max_active is not None and (
+            old.max_active is None or config.max_active < old.max_active
+        ):
+            self._grandfathered = max(self._grandfathered, len(self._active))
+        if config.max_queued is not None and len(self._queue) > config.max_queued:
+            self._queue_allowance = max(self._queue_allowance, len(self._queue) - config.max_queued)
+        return self._admit_waiting(now)
+
+    # ---- internals ---------------------------------------------------------------
+
+    def _admit(self, ticket: Ticket, now: float) -> None:
+        ticket.state = TicketState.ACTIVE
+        self._active.add(ticket)
+        self._held[ticket.user] = self._held.get(ticket.user, 0) + 1
+        self._last_admitted[ticket.user] = now
+        self.admitted_total += 1
+
+    def _admit_waiting(self, now: float) -> list[Ticket]:
+        admitted = []
+        while self._queue and self._has_room():
+            ticket = self._next_fair() if self.config.policy == "fair" else self._queue[0]
+            self._queue.remove(ticket)
+            self._admit(ticket, now)
+            admitted.append(ticket)
+        self._queue_allowance = min(self._queue_allowance, len(self._queue))
+        return admitted
+
+    def _next_fair(self) -> Ticket:
+        best: Ticket | None = None
+        best_key: tuple[int, float, float] | None = None
+        seen: set[str] = set()
+        for ticket in self._queue:  # arrival order: a user's first ticket is its oldest
+            if ticket.user in seen:
+                continue
+            seen.add(ticket.user)
+            key = (
+                self._held.get(ticket.user, 0),
+                self._last_admitted.get(ticket.user, -math.inf),
+                ticket.enqueued_at,
+            )
+            if best_key is None or key < best_key:
+                best, best_key = ticket, key
+        assert best is not None
+        return best
+
+    def fair_choice(self) -> Ticket | None:
+        """The ticket the fair rule would admit next (None when none waits)."""
+        return self._next_fair() if self._queue else None
+
+    def _check_invariants(self) -> None:
+        problems = []
+        queued = set(self._queue)
+        if len(queued) != len(self._queue):
+            problems.append("a ticket is queued twice")
+        if queued & self._active:
+            problems.append("a ticket is both active and queued")
+        if any(t.state is not TicketState.ACTIVE for t in self._active):
+            problems.append("an active ticket is not in state ACTIVE")
+        if any(t.state is not TicketState.QUEUED for t in self._queue):
+            problems.append("a queued ticket is not in state QUEUED")
+        if len(self._active) > self._limit():
+            problems.append(f"{len(self._active)} active above the limit {self._limit()}")
+        if self._queue and self._has_room():
+            problems.append("a ticket waits while a slot is free")
+        max_queued = self.config.max_queued
+        if max_queued is not None and len(self._queue) > max_queued + self._queue_allowance:
+            problems.append(f"{len(self._queue)} queued above max_queued_queries {max_queued}")
+        held: dict[str, int] = {}
+        for t in self._active:
+            held[t.user] = held.get(t.user, 0) + 1
+        if held != self._held:
+            problems.append(f"held slots per user {self._held} != {held}")
+        if problems:
+            raise InternalError(
+                f"admission gate of {self.config.name} broken: {'; '.join(problems)}; "
+                f"active={sorted(t.seq for t in self._active)} "
+                f"queue={[t.seq for t in self._queue]} config={self.config}"
+            )
+
+
+class GateRuntime:
+    """A :class:`Gate` for real threads: a lock, and an event per waiting ticket.
+
+    ``enter`` blocks until the ticket is admitted or its wait ends (timeout,
+    cancellation, rejection). Whoever changes the gate wakes the tickets it
+    changed; a waiter whose deadline passes expires the due tickets itself,
+    so no timer thread is needed.
+    """
+
+    def __init__(self, config: GateConfig, now: Callable[[], float]) -> None:
+        self.gate = Gate(config)
+        self.lock = threading.Lock()
+        self.now = now
+
+    @staticmethod
+    def _wake(tickets: list[Ticket]) -> None:
+        for ticket in tickets:
+            if ticket.wake is not None:
+                ticket.wake.set()
+
+    def enter(self, ticket: Ticket, cancelled: threading.Event | None = None) -> None:
+        """Block until ``ticket`` holds a slot; raise why not otherwise."""
+        ticket.wake = threading.Event()
+        with self.lock:
+            if self.gate.submit(ticket, self.now()):
+                return
+        while True:
+            with self.lock:
+                if ticket.state is TicketState.ACTIVE:
+                    return
+                if ticket.state is TicketState.QUEUED:
+                    if cancelled is not None and cancelled.is_set():
+                        self.gate.withdraw(
+                            ticket,
+                            QueryCancelled(
+                                f"query cancelled while queued for Resource Group admission "
+                                f"[group={self.gate.config.name}]"
+                            ),
+                        )
+                    else:
+                        now = self.now()
+                        self._wake(self.gate.expire(now))
+                if ticket.state not in (TicketState.QUEUED, TicketState.ACTIVE):
+                    assert ticket.error is not None
+                    raise ticket.error
+                timeout = min(ticket.queue_deadline, ticket.query_deadline) - self.now()
+            ticket.wake.wait(max(0.0, min(timeout, 0.25)) if timeout != math.inf else 0.25)
+            ticket.wake.clear()
+
+    def leave(self, ticket: Ticket) -> None:
+        """Give the slot back and wake whoever it admits."""
+        with self.lock:
+            admitted = self.gate.release(ticket, self.now())
+        self._wake(admitted)
+
+    def withdraw(self, ticket: Ticket, error: Error) -> None:
+        with self.lock:
+            if self.gate.withdraw(ticket, error):
+                self._wake([ticket])
+
+    def configure(self, config: GateConfig) -> None:
+        with self.lock:
+            if config == self.gate.config:
+                return
+            admitted = self.gate.configure(config, self.now())
+        self._wake(admitted)
+
+    def fail_queued(self, error: Error) -> None:
+        """Fail every waiting ticket (the engine is closing)."""
+        with self.lock:
+            tickets = self.gate.queued_tickets()
+            for ticket in tickets:
+                self.gate.withdraw(ticket, error)
+        self._wake(tickets)
+
+    def poke(self, ticket: Ticket) -> None:
+        """Wake a waiter so it re-examines its state (it was cancelled)."""
+        if ticket.wake is not None:
+            ticket.wake.set()

@@ -26,8 +26,9 @@ State and invariants (``_check_invariants``)
        falls (to |A|) as queries leave, so a lowered limit admits nobody
        until |A| < L;
     I3 nobody waits while a slot is free: Q is empty unless |A| >= L;
-    I4 |Q| <= M, except for tickets queued before an ALTER lowered M
-       (they keep their place; only new arrivals are refused);
+    I4 |Q| <= max(M, H): H is |Q| at the moment an ALTER lowered M and only
+       falls as the queue drains; tickets queued before keep their place,
+       and a new arrival is refused while |Q| >= M;
     I5 admitted_total = admissions counted; rejections and timeouts likewise.
 
 Fair order
@@ -116,7 +117,7 @@ class Gate:
         self._held: dict[str, int] = {}  # user -> active tickets
         self._last_admitted: dict[str, float] = {}  # user -> time of last admission
         self._grandfathered = 0
-        self._queue_allowance = 0  # tickets queued before max_queued was lowered
+        self._queue_grandfathered = 0  # |Q| when max_queued was last lowered
         self.admitted_total = 0
         self.admission_rejections = 0
         self.admission_timeouts = 0
@@ -164,7 +165,7 @@ class Gate:
             self._admit(ticket, now)
             return True
         max_queued = self.config.max_queued
-        if max_queued is not None and len(self._queue) >= max_queued + self._queue_allowance:
+        if max_queued is not None and len(self._queue) >= max_queued:
             ticket.state = TicketState.REJECTED
             self.admission_rejections += 1
             raise AdmissionRejected(
@@ -195,7 +196,7 @@ class Gate:
         if ticket.state is not TicketState.QUEUED:
             return False
         self._queue.remove(ticket)
-        self._queue_allowance = min(self._queue_allowance, len(self._queue))
+        self._queue_grandfathered = min(self._queue_grandfathered, len(self._queue))
         ticket.state = TicketState.WITHDRAWN
         ticket.error = error
         return True
@@ -218,7 +219,7 @@ class Gate:
                     f"queue_timeout={self.config.queue_timeout_ms}ms, waited={waited_ms}ms]"
                 )
             self.admission_timeouts += 1
-        self._queue_allowance = min(self._queue_allowance, len(self._queue))
+        self._queue_grandfathered = min(self._queue_grandfathered, len(self._queue))
         return expired
 
     def configure(self, config: GateConfig, now: float) -> list[Ticket]:
@@ -229,8 +230,10 @@ class Gate:
             old.max_active is None or config.max_active < old.max_active
         ):
             self._grandfathered = max(self._grandfathered, len(self._active))
-        if config.max_queued is not None and len(self._queue) > config.max_queued:
-            self._queue_allowance = max(self._queue_allowance, len(self._queue) - config.max_queued)
+        if config.max_queued is not None and (
+            old.max_queued is None or config.max_queued < old.max_queued
+        ):
+            self._queue_grandfathered = max(self._queue_grandfathered, len(self._queue))
         return self._admit_waiting(now)
 
     # ---- internals ---------------------------------------------------------------
@@ -249,7 +252,7 @@ class Gate:
             self._queue.remove(ticket)
             self._admit(ticket, now)
             admitted.append(ticket)
-        self._queue_allowance = min(self._queue_allowance, len(self._queue))
+        self._queue_grandfathered = min(self._queue_grandfathered, len(self._queue))
         return admitted
 
     def _next_fair(self) -> Ticket:
@@ -290,7 +293,7 @@ class Gate:
         if self._queue and self._has_room():
             problems.append("a ticket waits while a slot is free")
         max_queued = self.config.max_queued
-        if max_queued is not None and len(self._queue) > max_queued + self._queue_allowance:
+        if max_queued is not None and len(self._queue) > max(max_queued, self._queue_grandfathered):
             problems.append(f"{len(self._queue)} queued above max_queued_queries {max_queued}")
         held: dict[str, int] = {}
         for t in self._active:

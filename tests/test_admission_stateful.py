@@ -18,16 +18,17 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from resgroups.errors import AdmissionRejected, QueryTimeout, QueueTimeout
 from resgroups.sched.admission import Gate, GateConfig, Ticket, TicketState
 
-GROUPS = ("g0", "g1", "g2")
+GROUPS = ("g0", "g1")
 USERS = ("ann", "bob", "cy")
+FEW_USERS = ("ann", "bob")
 
 configs = st.builds(
     GateConfig,
     name=st.just("?"),
-    max_active=st.one_of(st.none(), st.integers(1, 3)),
+    max_active=st.one_of(st.none(), st.integers(1, 2), st.just(1)),
     max_queued=st.one_of(st.none(), st.integers(0, 3)),
-    queue_timeout_ms=st.integers(1, 5) .map(lambda t: t * 1000),
-    policy=st.sampled_from(["fifo", "fair"]),
+    queue_timeout_ms=st.integers(2, 20).map(lambda t: t * 1000),
+    policy=st.sampled_from(["fifo", "fair", "fair"]),
 )
 
 
@@ -66,6 +67,7 @@ class Model:
                 self.held(u),
                 self.last_admitted.get(u, -math.inf),
                 min(t.enqueued_at for t in self.queue if t.user == u),
+                min(t.seq for t in self.queue if t.user == u),  # then arrival order
             ),
         )
         return next(t for t in self.queue if t.user == best_user)
@@ -89,7 +91,7 @@ class GateMachine(RuleBasedStateMachine):
         self.where: dict[Ticket, str] = {}
         self.suspended: list[tuple[str, str, float]] = []  # (group, user, query deadline)
 
-    @initialize(cfgs=st.tuples(configs, configs, configs))
+    @initialize(cfgs=st.tuples(configs, configs))
     def start(self, cfgs: tuple[GateConfig, ...]) -> None:
         for name, cfg in zip(GROUPS, cfgs, strict=True):
             cfg = GateConfig(name, cfg.max_active, cfg.max_queued, cfg.queue_timeout_ms, cfg.policy)
@@ -147,6 +149,12 @@ class GateMachine(RuleBasedStateMachine):
     )
     def submit(self, group: str, user: str, timeout: int | None) -> None:
         self._submit(group, user, math.inf if timeout is None else self.now + timeout)
+
+    @rule(users=st.lists(st.sampled_from(FEW_USERS), min_size=2, max_size=4))
+    def burst(self, users: list[str]) -> None:
+        """Several queries of a few users into one group at once: queues form."""
+        for user in users:
+            self._submit(GROUPS[0], user, math.inf)
 
     @precondition(lambda self: self._tickets(None, TicketState.ACTIVE))
     @rule(data=st.data())
@@ -232,5 +240,5 @@ class GateMachine(RuleBasedStateMachine):
                 assert gate._grandfathered >= len(model.active)
 
 
-GateMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+GateMachine.TestCase.settings = settings(max_examples=250, stateful_step_count=50, deadline=None)
 TestGate = GateMachine.TestCase

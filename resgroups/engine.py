@@ -115,7 +115,6 @@ class Engine:
         self.clock: Clock = clock or MonotonicClock()
         self._closed = False
         self._close_lock = threading.Lock()
-        self._live = threading.Condition()
         self._queries: set[Query] = set()
         self._runtimes: dict[int, GroupRuntime] = {}
         self._runtimes_lock = threading.Lock()
@@ -174,6 +173,9 @@ class Engine:
 
     def runtime_for(self, group: GroupDef) -> GroupRuntime:
         """The live state of a group a query resolved to (even one dropped since)."""
+        runtime = self._runtimes.get(group.id)  # the common case: no lock
+        if runtime is not None:
+            return runtime
         with self._runtimes_lock:
             runtime = self._runtimes.get(group.id)
             if runtime is None:
@@ -192,19 +194,20 @@ class Engine:
 
     # ---- queries ----------------------------------------------------------------------
 
+    # set.add / set.discard / list(set) are atomic under the GIL: the per-query
+    # path takes no engine lock. close() sets _closed first and then polls.
+
     def open_query(self, query: Query) -> None:
-        with self._live:
-            self._check_open()
-            self._queries.add(query)
+        self._check_open()
+        self._queries.add(query)
 
     def close_query(self, query: Query) -> None:
-        with self._live:
-            self._queries.discard(query)
-            self._live.notify_all()
-        with self._runtimes_lock:
-            for group_id, runtime in list(self._runtimes.items()):
-                if runtime.dropped and runtime.idle:
-                    del self._runtimes[group_id]
+        self._queries.discard(query)
+        runtime = query.runtime
+        if runtime is not None and runtime.dropped and runtime.idle:
+            with self._runtimes_lock:
+                if self._runtimes.get(runtime.group_id) is runtime and runtime.idle:
+                    del self._runtimes[runtime.group_id]
 
     # ---- sessions ------------------------------------------------------------------
 
@@ -252,10 +255,17 @@ class Engine:
         total_weight = sum(g.cpu_weight for g in snap.groups)
         with self._runtimes_lock:
             runtimes = dict(self._runtimes)
+        memory: dict[int, int] = {}
+        for query in list(self._queries):
+            runtime = query.runtime
+            if runtime is not None:
+                memory[runtime.group_id] = memory.get(runtime.group_id, 0) + query.memory.used
         return [
             group_statistics(
                 g,
-                runtimes[g.id].reading() if g.id in runtimes else CounterReading(),
+                runtimes[g.id].reading(memory.get(g.id, 0))
+                if g.id in runtimes
+                else CounterReading(),
                 total_weight=total_weight,
                 cpus=self.cpus,
                 process_memory_limit=self.process_memory_limit,
@@ -288,8 +298,7 @@ class Engine:
         with self._close_lock:
             if self._closed:
                 return
-            with self._live:
-                self._closed = True
+            self._closed = True
             closing = EngineClosed("the engine is closing")
             with self._runtimes_lock:
                 runtimes = list(self._runtimes.values())
@@ -297,10 +306,9 @@ class Engine:
                 runtime.gate.fail_queued(closing)
             # real time: this is a real wait for real threads, whatever the clock
             deadline = time.monotonic() + grace
-            with self._live:
-                while self._queries and time.monotonic() < deadline:
-                    self._live.wait(min(0.05, max(0.0, deadline - time.monotonic())))
-                leftover = list(self._queries)
+            while self._queries and time.monotonic() < deadline:
+                time.sleep(0.005)
+            leftover = list(self._queries)
             for query in leftover:
                 log.warning("closing the engine: cancelling a query still running after %ss", grace)
                 query.cancel()

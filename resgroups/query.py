@@ -165,13 +165,12 @@ class Query:
         self._timeout = engine.query_timeout
         self._timeout_at = math.inf
         self._deadline = math.inf  # the one field checkpoint() reads
-        self._cancelled = threading.Event()
+        self._cancelled = False
         self._runtime: GroupRuntime | None = None
         self._pool: WorkerPool = engine.pool(pool)
         self._ticket: Ticket | None = None
         self._holds_worker = False
         self._suspended_at = 0.0
-        self._lock = threading.Lock()  # state changes vs cancel() from other threads
 
     # ---- the fast path ------------------------------------------------------------
 
@@ -181,7 +180,7 @@ class Query:
             self._checkpoint_slow()
 
     def _checkpoint_slow(self) -> None:
-        if self._cancelled.is_set():
+        if self._cancelled:
             raise QueryCancelled(f"query cancelled [group={self.group}, user={self.user}]")
         if self._now() >= self._timeout_at:
             raise QueryTimeout(
@@ -191,6 +190,11 @@ class Query:
     @property
     def managed(self) -> bool:
         return self._runtime is not None
+
+    @property
+    def runtime(self) -> GroupRuntime | None:
+        """The live state of the query's group (None: unmanaged)."""
+        return self._runtime
 
     # ---- entering and leaving --------------------------------------------------------
 
@@ -208,7 +212,6 @@ class Query:
             if group is not None and self.kind in MANAGED_KINDS:
                 self.group = group.name
                 self._runtime = engine.runtime_for(group)
-                self._runtime.attach(self)
                 self._admit()
             self.state = QueryState.RUNNING
         except BaseException:
@@ -231,12 +234,15 @@ class Query:
             raise InternalError("an unmanaged query has no gate to pass")
         ticket = Ticket(self.user, query_deadline=self._timeout_at)
         self._ticket = ticket
-        runtime.gate.enter(ticket, self._cancelled)
+        runtime.gate.enter(ticket, self._is_cancelled)
         self._pool.acquire(self._timeout_at, self._wait_error)
         self._holds_worker = True
 
+    def _is_cancelled(self) -> bool:
+        return self._cancelled
+
     def _wait_error(self) -> Error | None:
-        if self._cancelled.is_set():
+        if self._cancelled:
             return QueryCancelled(
                 f"query cancelled while waiting for a worker [group={self.group}]"
             )
@@ -248,10 +254,12 @@ class Query:
         return None
 
     def _give_back(self) -> None:
-        """Return the worker and the slot, whatever state they are in."""
-        with self._lock:
-            holds_worker, self._holds_worker = self._holds_worker, False
-            ticket, self._ticket = self._ticket, None
+        """Return the worker and the slot, whatever state they are in.
+
+        Only the query's own thread calls this (exit, suspend, a failed resume).
+        """
+        holds_worker, self._holds_worker = self._holds_worker, False
+        ticket, self._ticket = self._ticket, None
         try:
             if holds_worker:
                 self._pool.release()
@@ -265,14 +273,14 @@ class Query:
     def _leave(self) -> None:
         if self.state is QueryState.DONE:
             return
+        was_suspended = self.state is QueryState.SUSPENDED
         try:
             self._give_back()
         finally:
             self.memory.release_all()
             self.state = QueryState.DONE
-            runtime, self._runtime = self._runtime, None
-            if runtime is not None:
-                runtime.detach(self)
+            if self._runtime is not None and was_suspended:
+                self._runtime.suspend(-1)
             self.session.engine.close_query(self)
 
     # ---- cursors -------------------------------------------------------------------
@@ -283,19 +291,21 @@ class Query:
             raise InvalidParameter(f"suspend() on a {self.state.value} query")
         self._give_back()
         self._suspended_at = self._now()
+        if self._runtime is not None:
+            self._runtime.suspend(+1)
         self.state = QueryState.SUSPENDED
 
     def resume(self) -> None:
         """Pass the gate again; a refusal raises and leaves the query suspended."""
         if self.state is not QueryState.SUSPENDED:
             raise InvalidParameter(f"resume() on a {self.state.value} query")
-        if self._cancelled.is_set():
+        if self._cancelled:
             raise QueryCancelled(f"query cancelled [group={self.group}]")
         # the query timeout does not run while the cursor is suspended
         now = self._now()
         self._timeout_at += now - self._suspended_at
         self._suspended_at = now  # a refused resume may be retried
-        if not self._cancelled.is_set():
+        if not self._cancelled:
             self._deadline = self._timeout_at
         if self._runtime is not None:
             try:
@@ -303,6 +313,7 @@ class Query:
             except BaseException:
                 self._give_back()
                 raise
+            self._runtime.suspend(-1)
         self.state = QueryState.RUNNING
 
     # ---- cancellation and parallel work ---------------------------------------------
@@ -310,7 +321,7 @@ class Query:
     def cancel(self) -> None:
         """Cancel from any thread: the query raises QueryCancelled at its next
         checkpoint, or at once if it waits in a queue or for a worker."""
-        self._cancelled.set()
+        self._cancelled = True
         self._deadline = -math.inf
         ticket = self._ticket
         if ticket is not None and self._runtime is not None:
@@ -319,7 +330,7 @@ class Query:
 
     @property
     def cancelled(self) -> bool:
-        return self._cancelled.is_set()
+        return self._cancelled
 
     def map(self, fn: Callable[[Task, T], R], items: Iterable[T]) -> list[R]:
         """``[fn(task, item) for item in items]`` on pool workers, results in order.

@@ -52,7 +52,7 @@ import math
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
@@ -79,18 +79,29 @@ class TicketState(Enum):
 _SEQ: Final = itertools.count()
 
 
-@dataclass(eq=False)
 class Ticket:
     """One pass of one query through a gate (a resumed cursor takes a new ticket)."""
 
-    user: str
-    query_deadline: float = math.inf  # submission + the instance query timeout
-    seq: int = field(default_factory=lambda: next(_SEQ))
-    state: TicketState = TicketState.NEW
-    enqueued_at: float = 0.0
-    queue_deadline: float = math.inf
-    error: Error | None = None  # why the wait ended, when it did not end in a slot
-    wake: threading.Event | None = None  # set by GateRuntime when the state changes
+    __slots__ = (
+        "enqueued_at",
+        "error",
+        "query_deadline",
+        "queue_deadline",
+        "seq",
+        "state",
+        "user",
+        "wake",
+    )
+
+    def __init__(self, user: str, query_deadline: float = math.inf) -> None:
+        self.user = user
+        self.query_deadline = query_deadline  # submission + the instance query timeout
+        self.seq = next(_SEQ)
+        self.state = TicketState.NEW
+        self.enqueued_at = 0.0
+        self.queue_deadline = math.inf
+        self.error: Error | None = None  # why the wait ended, when not in a slot
+        self.wake: threading.Event | None = None  # set by GateRuntime on a change
 
     def __repr__(self) -> str:
         return f"<Ticket #{self.seq} {self.user} {self.state.value}>"
@@ -161,7 +172,8 @@ class Gate:
         """
         if ticket.state is not TicketState.NEW:
             raise InternalError(f"{ticket!r} submitted twice")
-        if self._has_room() and not self._queue:
+        limit = self.config.max_active
+        if not self._queue and (limit is None or len(self._active) < limit):
             self._admit(ticket, now)
             return True
         max_queued = self.config.max_queued
@@ -184,12 +196,16 @@ class Gate:
         if ticket.state is not TicketState.ACTIVE:
             raise InternalError(f"{ticket!r} released without a slot")
         self._active.remove(ticket)
-        self._held[ticket.user] -= 1
-        if not self._held[ticket.user]:
-            del self._held[ticket.user]
+        held = self._held
+        user = ticket.user
+        if held[user] == 1:
+            del held[user]
+        else:
+            held[user] -= 1
         ticket.state = TicketState.RELEASED
-        self._grandfathered = min(self._grandfathered, len(self._active))
-        return self._admit_waiting(now)
+        if self._grandfathered > len(self._active):
+            self._grandfathered = len(self._active)
+        return self._admit_waiting(now) if self._queue else []
 
     def withdraw(self, ticket: Ticket, error: Error) -> bool:
         """Take a queued ticket out (cancelled, or the engine closing). False if not queued."""
@@ -241,8 +257,9 @@ class Gate:
     def _admit(self, ticket: Ticket, now: float) -> None:
         ticket.state = TicketState.ACTIVE
         self._active.add(ticket)
-        self._held[ticket.user] = self._held.get(ticket.user, 0) + 1
-        self._last_admitted[ticket.user] = now
+        user = ticket.user
+        self._held[user] = self._held.get(user, 0) + 1
+        self._last_admitted[user] = now
         self.admitted_total += 1
 
     def _admit_waiting(self, now: float) -> list[Ticket]:
@@ -328,18 +345,18 @@ class GateRuntime:
             if ticket.wake is not None:
                 ticket.wake.set()
 
-    def enter(self, ticket: Ticket, cancelled: threading.Event | None = None) -> None:
+    def enter(self, ticket: Ticket, cancelled: Callable[[], bool] | None = None) -> None:
         """Block until ``ticket`` holds a slot; raise why not otherwise."""
-        ticket.wake = threading.Event()
         with self.lock:
             if self.gate.submit(ticket, self.now()):
                 return
+            ticket.wake = threading.Event()
         while True:
             with self.lock:
                 if ticket.state is TicketState.ACTIVE:
                     return
                 if ticket.state is TicketState.QUEUED:
-                    if cancelled is not None and cancelled.is_set():
+                    if cancelled is not None and cancelled():
                         self.gate.withdraw(
                             ticket,
                             QueryCancelled(
@@ -354,14 +371,16 @@ class GateRuntime:
                     assert ticket.error is not None
                     raise ticket.error
                 timeout = min(ticket.queue_deadline, ticket.query_deadline) - self.now()
-            ticket.wake.wait(max(0.0, min(timeout, 0.25)) if timeout != math.inf else 0.25)
-            ticket.wake.clear()
+            wake = ticket.wake
+            wake.wait(max(0.0, min(timeout, 0.25)) if timeout != math.inf else 0.25)
+            wake.clear()
 
     def leave(self, ticket: Ticket) -> None:
         """Give the slot back and wake whoever it admits."""
         with self.lock:
             admitted = self.gate.release(ticket, self.now())
-        self._wake(admitted)
+        if admitted:
+            self._wake(admitted)
 
     def withdraw(self, ticket: Ticket, error: Error) -> None:
         with self.lock:

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from resgroups.errors import EngineClosed, Error
+from resgroups.errors import EngineClosed, Error, InternalError
 
 
 class Work(Protocol):
@@ -35,7 +35,8 @@ class WorkerPool:
         self.name = name
         self.size = size
         self._now = now
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # the fast paths take it without the Condition
+        self._cond = threading.Condition(self._lock)
         self._free = size
         self._waiting: deque[object] = deque()
         self._tasks: deque[Work] = deque()
@@ -64,8 +65,12 @@ class WorkerPool:
         the wait (cancellation); passing ``deadline`` ends it too, with the
         error ``check`` gives then (it is told by the caller's deadline).
         """
-        me = object()
+        with self._lock:
+            if self._free > 0 and not self._waiting:  # the uncontended path
+                self._free -= 1
+                return
         with self._cond:
+            me = object()
             self._waiting.append(me)
             try:
                 while not (self._waiting[0] is me and self._free > 0):
@@ -84,12 +89,12 @@ class WorkerPool:
                 self._cond.notify_all()
 
     def release(self) -> None:
-        with self._cond:
+        with self._lock:
+            if self._free >= self.size:
+                raise InternalError(f"worker pool {self.name}: more slots released than taken")
             self._free += 1
-            if self._free > self.size:
-                self._free = self.size
-                raise AssertionError(f"worker pool {self.name}: more slots released than taken")
-            self._cond.notify_all()
+            if self._waiting or self._tasks:
+                self._cond.notify_all()
 
     def poke(self) -> None:
         """Wake every waiter so it re-checks (a query was cancelled)."""

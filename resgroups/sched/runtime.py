@@ -8,16 +8,11 @@ with fresh counters.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from resgroups.catalog.model import GroupDef
 from resgroups.sched.admission import GateConfig, GateRuntime
 from resgroups.sched.stats import CounterReading
-
-if TYPE_CHECKING:
-    from resgroups.query import Query
 
 
 def gate_config(group: GroupDef) -> GateConfig:
@@ -36,30 +31,24 @@ class GroupRuntime:
         self.definition = group
         self.dropped = False
         self.gate = GateRuntime(gate_config(group), now)
-        self._live: set[Query] = set()
-        self._lock = threading.Lock()
+        self.suspended = 0  # cursors between pages (guarded by the gate's lock)
 
     def configure(self, group: GroupDef) -> None:
         """Apply an ALTER or a RENAME online."""
         self.definition = group
         self.gate.configure(gate_config(group))
 
-    def attach(self, query: Query) -> None:
-        with self._lock:
-            self._live.add(query)
-
-    def detach(self, query: Query) -> None:
-        with self._lock:
-            self._live.discard(query)
+    def suspend(self, delta: int) -> None:
+        with self.gate.lock:
+            self.suspended += delta
 
     @property
     def idle(self) -> bool:
         gate = self.gate.gate
-        return not self._live and not gate.active and not gate.queued
+        return not gate.active and not gate.queued and not self.suspended
 
-    def reading(self) -> CounterReading:
-        with self._lock:
-            live = list(self._live)
+    def reading(self, memory_used: int) -> CounterReading:
+        """The live counters; ``memory_used`` is the sum over the group's queries."""
         with self.gate.lock:
             gate = self.gate.gate
             now = self.gate.now()
@@ -67,7 +56,7 @@ class GroupRuntime:
                 active_queries=gate.active,
                 queued_queries=gate.queued,
                 oldest_queue_wait_millis=round(gate.oldest_wait(now) * 1000),
-                memory_used_bytes=sum(q.memory.used for q in live),
+                memory_used_bytes=memory_used,
                 admission_rejections=gate.admission_rejections,
                 admission_timeouts=gate.admission_timeouts,
                 admitted_total=gate.admitted_total,

@@ -1,0 +1,108 @@
+"""Admission cost, side by side with a bare threading.Semaphore in the same run.
+
+    python perf/bench_admission.py --fast            # rough, quick
+    python perf/bench_admission.py -o admission.json # pyperf, several processes
+
+1. one uncontended managed query (enter + exit, DEFAULT only) vs
+   ``Semaphore.acquire() + release()``;
+2. 8 threads passing through a group with max_active_queries = 2, vs 8
+   threads on a ``Semaphore(2)``: time per admission (1 / throughput).
+
+The ratios print at the end (goal for 1: 3x the semaphore or less).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pyperf
+
+import resgroups
+
+THREADS = 8
+
+
+def managed_query(loops: int) -> float:
+    with resgroups.Engine() as engine:
+        session = engine.connect("bench")
+        t0 = pyperf.perf_counter()
+        for _ in range(loops):
+            with session.query():
+                pass
+        return pyperf.perf_counter() - t0
+
+
+def semaphore(loops: int) -> float:
+    sem = threading.Semaphore(1)
+    t0 = pyperf.perf_counter()
+    for _ in range(loops):
+        sem.acquire()
+        sem.release()
+    return pyperf.perf_counter() - t0
+
+
+def _threads(loops: int, body: object) -> float:
+    per_thread = max(1, loops // THREADS)
+    start = threading.Barrier(THREADS + 1)
+
+    def run() -> None:
+        start.wait()
+        assert callable(body)
+        body(per_thread)
+
+    threads = [threading.Thread(target=run) for _ in range(THREADS)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = pyperf.perf_counter()
+    for t in threads:
+        t.join()
+    return (pyperf.perf_counter() - t0) * loops / (per_thread * THREADS)
+
+
+def contended_gate(loops: int) -> float:
+    with resgroups.Engine(workers=THREADS) as engine:
+        engine.connect().execute("CREATE RESOURCE GROUP g WITH (max_active_queries = 2)")
+
+        def body(n: int) -> None:
+            session = engine.connect("bench")
+            session.execute("SET RESOURCE GROUP g")
+            for _ in range(n):
+                with session.query():
+                    pass
+
+        return _threads(loops, body)
+
+
+def contended_semaphore(loops: int) -> float:
+    sem = threading.Semaphore(2)
+
+    def body(n: int) -> None:
+        for _ in range(n):
+            with sem:
+                pass
+
+    return _threads(loops, body)
+
+
+def _ratio(a: pyperf.Benchmark | None, b: pyperf.Benchmark | None, label: str) -> None:
+    if a is not None and b is not None and a.get_nrun() and b.get_nrun():
+        print(
+            f"{label}: {a.median() * 1e6:.2f} us vs {b.median() * 1e6:.2f} us "
+            f"= {a.median() / b.median():.1f}x"
+        )
+
+
+if __name__ == "__main__":
+    runner = pyperf.Runner()
+    worker = runner.parse_args().worker
+    q = runner.bench_time_func("managed_query_enter_exit", managed_query)
+    s = runner.bench_time_func("semaphore_acquire_release", semaphore)
+    cq = runner.bench_time_func("admission_8_threads_limit_2", contended_gate)
+    cs = runner.bench_time_func("semaphore_8_threads_limit_2", contended_semaphore)
+    if worker:
+        raise SystemExit(0)
+    _ratio(q, s, "uncontended: managed query / semaphore")
+    _ratio(cq, cs, "8 threads, limit 2: managed query / semaphore")
+    if cq is not None and cq.get_nrun():
+        print(f"admissions per second, 8 threads, limit 2: {1 / cq.median():,.0f}")

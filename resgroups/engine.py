@@ -26,7 +26,7 @@ from resgroups.errors import (
 )
 from resgroups.metrics import EngineMetrics
 from resgroups.query import Query
-from resgroups.sched.pool import WorkerPool
+from resgroups.sched.pool import Dispatcher, PoolView
 from resgroups.sched.runtime import GroupRuntime
 from resgroups.sched.stats import CounterReading, GroupStatistics, group_statistics
 from resgroups.session import Session
@@ -69,7 +69,9 @@ class Engine:
         query_memory_limit: int | None = None,
         process_memory_limit: int = 0,
         *,
+        granularity_ms: float = 50.0,
         clock: Clock | None = None,
+        cpu_meter: Callable[[], int] | None = None,
     ) -> None:
         if role not in ("primary", "replica"):
             raise InvalidParameter(f"Engine(role={role!r}): expected 'primary' or 'replica'")
@@ -88,6 +90,7 @@ class Engine:
             )
         _positive("workers", workers)
         _positive("slice_ms", slice_ms, allow_none=False)
+        _positive("granularity_ms", granularity_ms, allow_none=False)
         _positive("query_timeout", query_timeout)
         _positive("query_memory_limit", query_memory_limit)
         if process_memory_limit is None or process_memory_limit < 0:
@@ -124,15 +127,18 @@ class Engine:
         except BaseException:
             self._log.close()
             raise
-        self._pools = {
-            name: WorkerPool(name, int(size), self.clock.monotonic)
-            for name, size in self.pools.items()
-        }
+        self.cpu_meter: Callable[[], int] = cpu_meter or time.thread_time_ns
+        self.granularity_ms = granularity_ms
+        self.dispatcher = Dispatcher(
+            {name: int(size) for name, size in self.pools.items()},
+            self.clock.monotonic,
+            slice_ms=slice_ms,
+            granularity_ms=granularity_ms,
+        )
+        self._pool_views = {name: PoolView(self.dispatcher, name) for name in self.pools}
         self._sync_runtimes(self._catalog.snapshot)
-        # what the CPU scheduler and replicas report; they arrive with §7 and §10
+        # what replicas report; they arrive with §10
         self.catalog_lag_unmanaged_queries = 0
-        self.cpu_managed_dispatch = False
-        self.cpu_scheduler_degraded = False
         self._metrics = EngineMetrics(self)
 
     # ---- catalog -----------------------------------------------------------------
@@ -156,20 +162,40 @@ class Engine:
 
     # ---- group runtimes -------------------------------------------------------------
 
+    def _new_runtime(self, group: GroupDef) -> GroupRuntime:
+        runtime = GroupRuntime(group, self.clock.monotonic, self.dispatcher)
+        runtime.configure(group, self.cpus)
+        return runtime
+
     def _sync_runtimes(self, snapshot: Snapshot) -> None:
         """Apply the catalog to the live gates: ALTER online, DROP once idle."""
         with self._runtimes_lock:
             current = {g.id: g for g in snapshot.groups}
             for group_id, runtime in list(self._runtimes.items()):
                 if group_id in current:
-                    runtime.configure(current[group_id])
+                    runtime.configure(current[group_id], self.cpus)
                 else:
                     runtime.dropped = True
                     if runtime.idle:
                         del self._runtimes[group_id]
+                        runtime.forget()
             for group in snapshot.groups:
                 if group.id not in self._runtimes:
-                    self._runtimes[group.id] = GroupRuntime(group, self.clock.monotonic)
+                    self._runtimes[group.id] = self._new_runtime(group)
+            self._update_engagement(snapshot)
+
+    def _update_engagement(self, snapshot: Snapshot) -> None:
+        """Engaged while two or more groups exist, or any has a CPU limit or the fair
+        policy, or queries of dropped groups still run (SPEC §7). Lock held."""
+        engaged = (
+            len(snapshot.groups) >= 2
+            or any(
+                g.cpu_limit_centi_pct is not None or g.scheduling_policy == "fair"
+                for g in snapshot.groups
+            )
+            or any(r.dropped for r in self._runtimes.values())
+        )
+        self.dispatcher.set_engaged(engaged and self.enabled)
 
     def runtime_for(self, group: GroupDef) -> GroupRuntime:
         """The live state of a group a query resolved to (even one dropped since)."""
@@ -179,17 +205,18 @@ class Engine:
         with self._runtimes_lock:
             runtime = self._runtimes.get(group.id)
             if runtime is None:
-                runtime = self._runtimes[group.id] = GroupRuntime(group, self.clock.monotonic)
+                runtime = self._runtimes[group.id] = self._new_runtime(group)
                 runtime.dropped = self.snapshot.group(group.id) is None
+                self._update_engagement(self.snapshot)
             return runtime
 
-    def pool(self, name: str) -> WorkerPool:
+    def pool(self, name: str) -> PoolView:
         try:
-            return self._pools[name]
+            return self._pool_views[name]
         except KeyError:
             raise InvalidParameter(
-                f"there is no worker pool {name!r}; pools: {', '.join(self._pools)}."
-                + did_you_mean(name, self._pools)
+                f"there is no worker pool {name!r}; pools: {', '.join(self._pool_views)}."
+                + did_you_mean(name, self._pool_views)
             ) from None
 
     # ---- queries ----------------------------------------------------------------------
@@ -208,6 +235,8 @@ class Engine:
             with self._runtimes_lock:
                 if self._runtimes.get(runtime.group_id) is runtime and runtime.idle:
                     del self._runtimes[runtime.group_id]
+                    runtime.forget()
+                    self._update_engagement(self.snapshot)
 
     # ---- sessions ------------------------------------------------------------------
 
@@ -277,6 +306,26 @@ class Engine:
         """The rows of ``SELECT * FROM resource_groups()``, as dicts."""
         return [vars(s).copy() for s in self.statistics()]
 
+    @property
+    def cpu_managed_dispatch(self) -> bool:
+        """True while CPU scheduling is engaged (and not degraded)."""
+        core = self.dispatcher.core
+        return core.engaged and not core.degraded
+
+    @property
+    def cpu_scheduler_degraded(self) -> bool:
+        return self.dispatcher.degraded
+
+    def _inject_scheduler_fault(self, error: Exception | None = None) -> None:
+        """Test hook: the scheduler's next engaged operation fails with ``error``."""
+        fault = error or RuntimeError("injected CPU scheduler fault")
+
+        def fail() -> None:
+            self.dispatcher.fault_hook = None
+            raise fault
+
+        self.dispatcher.fault_hook = fail
+
     def metrics_text(self) -> str:
         """The Prometheus text exposition of this engine's metrics (SPEC §9)."""
         return self._metrics.text()
@@ -312,8 +361,7 @@ class Engine:
             for query in leftover:
                 log.warning("closing the engine: cancelling a query still running after %ss", grace)
                 query.cancel()
-            for pool in self._pools.values():
-                pool.close()
+            self.dispatcher.close()
             self._catalog.close()
 
     def __enter__(self) -> Engine:

@@ -38,9 +38,10 @@ from resgroups.errors import (
     QueryTimeout,
 )
 from resgroups.sched.admission import Ticket, TicketState
+from resgroups.sched.cpu import Runner, RunnerState
 
 if TYPE_CHECKING:
-    from resgroups.sched.pool import WorkerPool
+    from resgroups.sched.pool import Dispatcher
     from resgroups.sched.runtime import GroupRuntime
     from resgroups.session import Session
 
@@ -89,18 +90,54 @@ class QueryMemory:
 
 
 class Task:
-    """What a ``map`` task function receives: checkpoints and memory of its query."""
+    """What a ``map`` task function receives: checkpoints and memory of its query.
 
-    def __init__(self, query: Query, batch: _MapBatch[Any, Any]) -> None:
+    A task running on a pool thread holds its own worker (its own runner);
+    its checkpoints stop it when the query is cancelled or timed out, or a
+    sibling failed, and charge its CPU to the group at each slice end.
+    """
+
+    def __init__(self, query: Query, batch: _MapBatch[Any, Any], runner: Runner | None) -> None:
         self.query = query
         self._batch = batch
+        self._runner = runner  # None: running on the query's own thread
         self.memory = query.memory
+        self.cpu_mark = query._meter() if runner is not None and runner.scheduled else 0
+        self._slice_end = query._now() + query._slice_s if self.cpu_mark else math.inf
 
     def checkpoint(self) -> None:
         """The query's checkpoint, plus: stop early once a sibling task failed."""
-        self.query.checkpoint()
+        query = self.query
+        if self._runner is None:
+            query.checkpoint()
+        else:
+            now = query._now()
+            if now >= query._stop_at:
+                query._checkpoint_slow()
+            if now >= self._slice_end:
+                self._charge_slice(now)
         if self._batch.failed:
             raise QueryCancelled("a sibling task of this query failed")
+
+    def _charge_slice(self, now: float) -> None:
+        runner = self._runner
+        assert runner is not None
+        query = self.query
+        mark = query._meter()
+        query.cpu_ns += mark - self.cpu_mark
+        query._dispatcher.slice_end(
+            runner, mark - self.cpu_mark, query._wait_error, query._timeout_at
+        )
+        self.cpu_mark = mark
+        self._slice_end = now + query._slice_s
+
+    def cpu_to_charge(self) -> int:
+        """The CPU used since the last charge (0 when unscheduled)."""
+        if not self.cpu_mark:
+            return 0
+        used = self.query._meter() - self.cpu_mark
+        self.query.cpu_ns += used
+        return used
 
 
 class _MapBatch(Generic[T, R]):
@@ -117,7 +154,8 @@ class _MapBatch(Generic[T, R]):
         self.error: BaseException | None = None
         self.failed = False
 
-    def run_one(self) -> bool:
+    def run_one(self, runner: Runner | None = None) -> bool:
+        """Run one pending item (on the caller's thread when ``runner`` is None)."""
         with self._cond:
             if not self._pending:
                 return False
@@ -125,16 +163,25 @@ class _MapBatch(Generic[T, R]):
             if self.failed:  # skip what a failure made pointless
                 self._finish_locked()
                 return True
+        task = Task(self.query, self, runner)
         try:
-            self.results[index] = self.fn(Task(self.query, self), self.items[index])
+            self.results[index] = self.fn(task, self.items[index])
         except BaseException as exc:
             with self._cond:
                 if self.error is None:
                     self.error = exc
                 self.failed = True
-        with self._cond:
-            self._finish_locked()
+        finally:
+            if runner is not None:
+                runner.pending_cpu_ns = task.cpu_to_charge()
+            with self._cond:
+                self._finish_locked()
         return True
+
+    def run_task(self, runner: Runner) -> None:
+        """A pool thread, holding ``runner``'s worker: run one pending item."""
+        runner.pending_cpu_ns = 0
+        self.run_one(runner)
 
     def _finish_locked(self) -> None:
         self._unfinished -= 1
@@ -161,15 +208,22 @@ class Query:
         self.group: str | None = None
         self.memory = QueryMemory()
         self.state = QueryState.NEW
+        self.cpu_ns = 0  # CPU charged to the group for this query (while scheduled)
         self._now = engine.clock.monotonic
+        self._meter = engine.cpu_meter
         self._timeout = engine.query_timeout
         self._timeout_at = math.inf
-        self._deadline = math.inf  # the one field checkpoint() reads
+        self._stop_at = math.inf  # the timeout, or -inf once cancelled
+        self._deadline = math.inf  # the one field checkpoint() reads: stop or slice end
+        self._slice_s = engine.slice_ms / 1000
+        self._slice_end = math.inf
+        self._cpu_mark = 0
         self._cancelled = False
         self._runtime: GroupRuntime | None = None
-        self._pool: WorkerPool = engine.pool(pool)
+        engine.pool(pool)  # an unknown pool fails here, naming the pools
+        self._dispatcher: Dispatcher = engine.dispatcher
         self._ticket: Ticket | None = None
-        self._holds_worker = False
+        self._runner: Runner | None = None
         self._suspended_at = 0.0
 
     # ---- the fast path ------------------------------------------------------------
@@ -182,10 +236,31 @@ class Query:
     def _checkpoint_slow(self) -> None:
         if self._cancelled:
             raise QueryCancelled(f"query cancelled [group={self.group}, user={self.user}]")
-        if self._now() >= self._timeout_at:
+        now = self._now()
+        if now >= self._timeout_at:
             raise QueryTimeout(
                 f"query timeout [timeout={self._timeout}s, group={self.group}, user={self.user}]"
             )
+        runner = self._runner
+        if runner is not None and runner.scheduled and now >= self._slice_end:
+            mark = self._meter()
+            used = mark - self._cpu_mark
+            self.cpu_ns += used
+            # may park this thread until the scheduler gives it a worker again
+            self._dispatcher.slice_end(runner, used, self._wait_error, self._timeout_at)
+            self._cpu_mark = self._meter()
+        self._arm()
+
+    def _arm(self) -> None:
+        """Set the checkpoint deadline: the stop time, or the end of a new slice."""
+        runner = self._runner
+        if runner is not None and runner.scheduled:
+            self._slice_end = self._now() + self._slice_s
+        else:
+            self._slice_end = math.inf
+        self._deadline = min(self._stop_at, self._slice_end)
+        if self._cancelled:  # cancel() may have run in between
+            self._deadline = -math.inf
 
     @property
     def managed(self) -> bool:
@@ -205,7 +280,7 @@ class Query:
         self.state = QueryState.ADMITTING
         submitted = self._now()
         if self._timeout is not None:
-            self._timeout_at = self._deadline = submitted + self._timeout
+            self._timeout_at = self._stop_at = self._deadline = submitted + self._timeout
         try:
             engine.open_query(self)
             group = self.session.managed_group_def(export=self.kind == "export")
@@ -235,8 +310,11 @@ class Query:
         ticket = Ticket(self.user, query_deadline=self._timeout_at)
         self._ticket = ticket
         runtime.gate.enter(ticket, self._is_cancelled)
-        self._pool.acquire(self._timeout_at, self._wait_error)
-        self._holds_worker = True
+        runner = Runner(runtime.cpu, self.pool_name, self.user, id(self), self.kind)
+        self._runner = runner
+        self._dispatcher.acquire(runner, self._wait_error, self._timeout_at)
+        self._cpu_mark = self._meter() if runner.scheduled else 0
+        self._arm()
 
     def _is_cancelled(self) -> bool:
         return self._cancelled
@@ -258,11 +336,15 @@ class Query:
 
         Only the query's own thread calls this (exit, suspend, a failed resume).
         """
-        holds_worker, self._holds_worker = self._holds_worker, False
+        runner, self._runner = self._runner, None
         ticket, self._ticket = self._ticket, None
         try:
-            if holds_worker:
-                self._pool.release()
+            if runner is not None:
+                used = 0
+                if runner.scheduled and runner.state is RunnerState.RUNNING:
+                    used = self._meter() - self._cpu_mark
+                    self.cpu_ns += used
+                self._dispatcher.release(runner, used)
         finally:
             if ticket is not None and self._runtime is not None:
                 if ticket.state is TicketState.ACTIVE:
@@ -306,7 +388,7 @@ class Query:
         self._timeout_at += now - self._suspended_at
         self._suspended_at = now  # a refused resume may be retried
         if not self._cancelled:
-            self._deadline = self._timeout_at
+            self._stop_at = self._deadline = self._timeout_at
         if self._runtime is not None:
             try:
                 self._admit()
@@ -322,15 +404,39 @@ class Query:
         """Cancel from any thread: the query raises QueryCancelled at its next
         checkpoint, or at once if it waits in a queue or for a worker."""
         self._cancelled = True
-        self._deadline = -math.inf
+        self._stop_at = self._deadline = -math.inf
         ticket = self._ticket
         if ticket is not None and self._runtime is not None:
             self._runtime.gate.poke(ticket)
-        self._pool.poke()
+        self._dispatcher.poke(self._runner)
 
     @property
     def cancelled(self) -> bool:
         return self._cancelled
+
+    def _task_runners(self, count: int) -> list[Runner]:
+        """Runners for the parallel tasks of a map (none: every task on this thread).
+
+        A group limited to one core or less runs a query's parallel work on
+        the query's own thread, and so does a CTAS in any limited group; the
+        tasks of a CTAS in an unlimited group, and of unmanaged queries, run
+        outside every group and are charged to none.
+        """
+        if count <= 0:
+            return []
+        core = self._dispatcher.core
+        runtime = self._runtime
+        group = core.outside
+        if runtime is not None:
+            cpu = runtime.cpu
+            if cpu.single_threaded or (self.kind == "ctas" and cpu.limit_cores is not None):
+                return []
+            if self.kind != "ctas":
+                group = cpu
+        return [
+            Runner(group, self.pool_name, self.user, id(self), self.kind, is_task=True)
+            for _ in range(count)
+        ]
 
     def map(self, fn: Callable[[Task, T], R], items: Iterable[T]) -> list[R]:
         """``[fn(task, item) for item in items]`` on pool workers, results in order.
@@ -344,10 +450,12 @@ class Query:
         batch: _MapBatch[T, R] = _MapBatch(self, fn, list(items))
         if not batch.items:
             return []
-        if len(batch.items) > 1:
-            self._pool.submit(batch, len(batch.items) - 1)
+        runners = self._task_runners(len(batch.items) - 1)
+        if runners:
+            self._dispatcher.submit_tasks(runners, batch)
         while batch.run_one():
             pass
+        self._dispatcher.withdraw_tasks(runners)
         batch.wait()
         if batch.error is not None:
             raise batch.error

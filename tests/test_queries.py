@@ -517,20 +517,21 @@ def test_metrics_text_names_and_values(wide: resgroups.Engine) -> None:
         'resgroups_resource_group_oldest_queue_wait_millis{resource_group="default"} 0.0',
         'resgroups_resource_group_memory_bytes{resource_group="reporting"} 2048.0',
         'resgroups_resource_group_memory_limit_bytes{resource_group="reporting"} 1.048576e+06',
-        'resgroups_resource_group_cpu_nanos_total{resource_group="reporting"} 0.0',
-        'resgroups_resource_group_cpu_wait_nanos_total{resource_group="reporting"} 0.0',
         'resgroups_resource_group_admission_rejections_total{resource_group="reporting"} 0.0',
         'resgroups_resource_group_admission_timeouts_total{resource_group="reporting"} 0.0',
         'resgroups_resource_group_admitted_total{resource_group="reporting"} 1.0',
         "resgroups_resource_groups_enabled 1.0",
         "resgroups_resource_groups_catalog_current 1.0",
         "resgroups_resource_groups_catalog_lag_unmanaged_queries_total 0.0",
-        "resgroups_resource_groups_cpu_managed_dispatch 0.0",
+        "resgroups_resource_groups_cpu_managed_dispatch 1.0",  # two groups: engaged
         "resgroups_resource_groups_cpu_scheduler_degraded 0.0",
     ]
     lines = text.splitlines()
     for line in expected:
         assert line in lines, line
+    for counter in ("cpu_nanos_total", "cpu_wait_nanos_total"):
+        prefix = f'resgroups_resource_group_{counter}{{resource_group="reporting"}} '
+        assert any(line.startswith(prefix) for line in lines), counter
     # one registry per engine: a second engine does not clash
     with resgroups.Engine() as other:
         assert "resgroups_resource_groups_enabled 1.0" in other.metrics_text()

@@ -1,136 +1,280 @@
-"""Worker pools: a fixed number of workers shared by every group (SPEC §2, §3).
+"""Worker pools for real threads, driven by the CPU scheduler core (``cpu.py``).
 
-A pool of size N has N worker slots and N threads. A managed query holds one
-slot from entry to exit while its body runs on the caller's own thread; the
-pool's threads run the parallel tasks of ``Query.map``, each holding a slot
-while it runs, so at most N threads of a pool run query work at once.
+A pool of size N has N workers and N threads. A managed query holds one
+worker from entry to exit while its body runs on the caller's own thread
+(except while it is parked by the scheduler or suspended); the pool's
+threads run the parallel tasks of ``Query.map``, each holding a worker while
+it runs, so at most N threads of a pool run query work at once.
 
-Waiting queries take free slots before queued tasks (a task's own query is
-already running and its caller runs its pending tasks itself, so tasks never
-starve a query into deadlock). Waiting queries are served in arrival order;
-the CPU scheduler replaces this order by weights and limits.
+Every decision (who gets a freed worker, renew or yield at a slice end) is
+the core's, taken under one lock. This layer turns its answers into thread
+wake-ups: a waiting query thread waits on its own event; a task granted a
+worker goes to the pool's threads. Nobody runs a timer: a runner waiting
+for its group's CPU budget wakes itself when the budget refills.
+
+Faults: any exception from the core degrades the scheduler for good
+(grants in arrival order, no slicing, the degraded gauge reads 1); the
+operation is then retried in degraded mode.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from functools import partial
+from typing import Protocol, TypeVar
 
-from resgroups.errors import EngineClosed, Error, InternalError
+from resgroups.errors import EngineClosed, Error
+from resgroups.sched.cpu import CpuScheduler, Runner, RunnerState
+
+log = logging.getLogger("resgroups.sched")
 
 
-class Work(Protocol):
-    def run_one(self) -> bool:
-        """Run one pending task; False when none was left."""
+T = TypeVar("T")
+
+
+def _holds_worker(runner: Runner) -> bool:
+    return runner.state is RunnerState.RUNNING
+
+
+class TaskWork(Protocol):
+    def run_task(self, runner: Runner) -> None:
+        """Run one pending task while ``runner`` holds a worker."""
         ...
 
 
-class WorkerPool:
-    """N worker slots, and N threads running queued tasks."""
+class PoolView:
+    """What a pool looks like from outside (tests, statistics)."""
 
-    def __init__(self, name: str, size: int, now: Callable[[], float]) -> None:
+    def __init__(self, dispatcher: Dispatcher, name: str) -> None:
+        self._dispatcher = dispatcher
         self.name = name
-        self.size = size
-        self._now = now
-        self._lock = threading.Lock()  # the fast paths take it without the Condition
-        self._cond = threading.Condition(self._lock)
-        self._free = size
-        self._waiting: deque[object] = deque()
-        self._tasks: deque[Work] = deque()
+
+    @property
+    def size(self) -> int:
+        return self._dispatcher.core.sizes[self.name]
+
+    @property
+    def free(self) -> int:
+        return self._dispatcher.core.free[self.name]
+
+    @property
+    def waiting(self) -> int:
+        core = self._dispatcher.core
+        with self._dispatcher.lock:
+            return sum(
+                1
+                for g in [*core.groups.values(), core.outside]
+                for r in g.waiting.get(self.name, [])
+                if not r.is_task
+            )
+
+
+class Dispatcher:
+    """Threads over the scheduling core: one lock, an event per waiting query."""
+
+    def __init__(
+        self,
+        pools: dict[str, int],
+        now: Callable[[], float],
+        *,
+        slice_ms: float,
+        granularity_ms: float,
+    ) -> None:
+        self.core = CpuScheduler(
+            pools, slice_ms=slice_ms, granularity_ns=round(granularity_ms * 1e6)
+        )
+        self.lock = threading.Lock()
+        self.now = now
+        self.fault_hook: Callable[[], None] | None = None  # tests inject scheduler faults
+        self._events: dict[Runner, threading.Event] = {}
+        self._granted_tasks: dict[str, deque[tuple[Runner, TaskWork]]] = {p: deque() for p in pools}
+        self._pending_work: dict[Runner, TaskWork] = {}
+        self._task_ready = {p: threading.Condition(self.lock) for p in pools}
         self._closed = False
         self._threads = [
-            threading.Thread(target=self._serve, name=f"resgroups-{name}-{i}", daemon=True)
+            threading.Thread(
+                target=self._serve, args=(pool,), name=f"resgroups-{pool}-{i}", daemon=True
+            )
+            for pool, size in pools.items()
             for i in range(size)
         ]
         for thread in self._threads:
             thread.start()
 
-    # ---- slots for queries ------------------------------------------------------
-
     @property
-    def free(self) -> int:
-        return self._free
+    def degraded(self) -> bool:
+        return self.core.degraded
 
-    @property
-    def waiting(self) -> int:
-        return len(self._waiting)
+    # ---- the core, with faults contained ---------------------------------------------
 
-    def acquire(self, deadline: float, check: Callable[[], Error | None]) -> None:
-        """Take a worker slot, waiting in arrival order.
+    def _guarded(self, op: Callable[[], T]) -> T:
+        """Run a core operation; a fault degrades the scheduler and retries (lock held)."""
+        try:
+            if self.fault_hook is not None and self.core.engaged and not self.core.degraded:
+                self.fault_hook()
+            return op()
+        except Exception as exc:
+            if self.core.degraded:
+                raise
+            log.error("CPU scheduler fault, degrading to arrival order: %r", exc)
+            self.core.degraded = True
+            return op()
 
-        ``check`` is asked on every wake-up and may return an error that ends
-        the wait (cancellation); passing ``deadline`` ends it too, with the
-        error ``check`` gives then (it is told by the caller's deadline).
+    def _wake(self, granted: list[Runner]) -> None:
+        """Lock held: hand each granted runner its worker."""
+        for runner in granted:
+            work = self._pending_work.pop(runner, None)
+            if work is not None:
+                self._granted_tasks[runner.pool].append((runner, work))
+                self._task_ready[runner.pool].notify()
+            else:
+                event = self._events.get(runner)
+                if event is not None:
+                    event.set()
+
+    # ---- query threads ------------------------------------------------------------------
+
+    def acquire(self, runner: Runner, check: Callable[[], Error | None], deadline: float) -> None:
+        """Block until ``runner`` (a query's own thread) holds a worker.
+
+        ``check`` may end the wait with an error (cancelled, timed out); the
+        runner then holds nothing.
         """
-        with self._lock:
-            if self._free > 0 and not self._waiting:  # the uncontended path
-                self._free -= 1
+        with self.lock:
+            if self._closed:
+                raise EngineClosed("the worker pools are closed")
+            granted = self._guarded(lambda: self.core.submit(runner, self.now()))
+            self._wake([r for r in granted if r is not runner])
+            if runner.state is RunnerState.RUNNING:
                 return
-        with self._cond:
-            me = object()
-            self._waiting.append(me)
-            try:
-                while not (self._waiting[0] is me and self._free > 0):
-                    if self._closed:
-                        raise EngineClosed(f"worker pool {self.name} is closed")
+            event = self._events[runner] = threading.Event()
+        self._wait(runner, event, check, deadline)
+
+    def _wait(
+        self,
+        runner: Runner,
+        event: threading.Event,
+        check: Callable[[], Error | None],
+        deadline: float,
+    ) -> None:
+        try:
+            while True:
+                with self.lock:
+                    if runner.state is RunnerState.RUNNING:
+                        return
                     error = check()
+                    if self._closed:
+                        error = EngineClosed("the worker pools are closed")
                     if error is not None:
+                        self.core.release(runner, 0, self.now())  # leave the wait
                         raise error
-                    remaining = deadline - self._now()
-                    self._cond.wait(
-                        min(max(remaining, 0.001), 0.25) if remaining < math.inf else 0.25
-                    )
-                self._free -= 1
-            finally:
-                self._waiting.remove(me)
-                self._cond.notify_all()
+                    now = self.now()
+                    # a budget may have refilled: let the core hand out workers
+                    granted = self._guarded(partial(self.core.dispatch, now))
+                    self._wake([r for r in granted if r is not runner])
+                    if _holds_worker(runner):
+                        return
+                    wake_at = min(self.core.next_wakeup(now), deadline)
+                timeout = 0.25 if wake_at == math.inf else min(0.25, max(0.0005, wake_at - now))
+                event.wait(timeout)
+                event.clear()
+        finally:
+            with self.lock:
+                self._events.pop(runner, None)
 
-    def release(self) -> None:
-        with self._lock:
-            if self._free >= self.size:
-                raise InternalError(f"worker pool {self.name}: more slots released than taken")
-            self._free += 1
-            if self._waiting or self._tasks:
-                self._cond.notify_all()
+    def release(self, runner: Runner, cpu_ns: int) -> None:
+        """The runner gives its worker back (charging its last CPU), or leaves its wait."""
+        with self.lock:
+            if runner.state is RunnerState.DONE:
+                return
+            granted = self._guarded(lambda: self.core.release(runner, cpu_ns, self.now()))
+            self._wake(granted)
 
-    def poke(self) -> None:
-        """Wake every waiter so it re-checks (a query was cancelled)."""
-        with self._cond:
-            self._cond.notify_all()
+    def slice_end(
+        self, runner: Runner, cpu_ns: int, check: Callable[[], Error | None], deadline: float
+    ) -> bool:
+        """At the first checkpoint after a slice: True if it renewed in place; after a
+        yield, blocks until the runner holds a worker again (or ``check`` fails)."""
+        with self.lock:
+            decision = self._guarded(lambda: self.core.slice_end(runner, cpu_ns, self.now()))
+            self._wake(decision.granted)
+            if decision.renew:
+                return True
+            event = self._events[runner] = threading.Event()
+        self._wait(runner, event, check, deadline)
+        return False
 
-    # ---- tasks ----------------------------------------------------------------------
+    def poke(self, runner: Runner | None) -> None:
+        """Wake a waiting runner so it re-checks (it was cancelled)."""
+        with self.lock:
+            event = self._events.get(runner) if runner is not None else None
+        if event is not None:
+            event.set()
 
-    def submit(self, work: Work, count: int) -> None:
-        """Offer ``count`` tasks of ``work`` to the pool's threads."""
-        with self._cond:
-            self._tasks.extend([work] * count)
-            self._cond.notify_all()
+    # ---- tasks -----------------------------------------------------------------------------
 
-    def _serve(self) -> None:
+    def submit_tasks(self, runners: list[Runner], work: TaskWork) -> None:
+        """Offer tasks to the pools; each runs on a pool thread once granted a worker."""
+        with self.lock:
+            for runner in runners:
+                self._pending_work[runner] = work
+                granted = self._guarded(partial(self.core.submit, runner, self.now()))
+                self._wake(granted)
+
+    def withdraw_tasks(self, runners: list[Runner]) -> None:
+        """Tasks not granted yet that are no longer needed (their query ran them itself)."""
+        with self.lock:
+            for runner in runners:
+                if runner.state is RunnerState.WAITING:
+                    self._pending_work.pop(runner, None)
+                    self.core.release(runner, 0, self.now())
+
+    def _serve(self, pool: str) -> None:
+        ready = self._task_ready[pool]
+        tasks = self._granted_tasks[pool]
         while True:
-            with self._cond:
-                while not self._closed and not (
-                    self._tasks and self._free > 0 and not self._waiting
-                ):
-                    self._cond.wait()
+            with self.lock:
+                while not tasks and not self._closed:
+                    ready.wait()
                 if self._closed:
                     return
-                work = self._tasks.popleft()
-                self._free -= 1
+                runner, work = tasks.popleft()
             try:
-                work.run_one()
+                work.run_task(runner)  # records the task's own errors for its query
+            except BaseException as exc:
+                log.error("worker %s: task machinery failed: %r", pool, exc)
             finally:
-                with self._cond:
-                    self._free += 1
-                    self._cond.notify_all()
+                self.release(runner, runner.pending_cpu_ns)
+
+    # ---- engagement and shutdown -----------------------------------------------------------
+
+    def set_engaged(self, engaged: bool) -> None:
+        with self.lock:
+            self.core.engaged = engaged
+
+    def configure(
+        self, group_id: int, name: str, weight: int, limit_cores: float | None, policy: str
+    ) -> None:
+        with self.lock:
+            granted = self._guarded(
+                lambda: self.core.configure(group_id, name, weight, limit_cores, policy, self.now())
+            )
+            self._wake(granted)
+
+    def check_invariants(self) -> None:
+        with self.lock:
+            self.core._check_invariants(self.now())
 
     def close(self, timeout: float = 5.0) -> None:
-        with self._cond:
+        with self.lock:
             self._closed = True
-            self._tasks.clear()
-            self._cond.notify_all()
+            for ready in self._task_ready.values():
+                ready.notify_all()
+            for event in self._events.values():
+                event.set()
         for thread in self._threads:
             thread.join(timeout)

@@ -9,10 +9,15 @@ with fresh counters.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from resgroups.catalog.model import GroupDef
 from resgroups.sched.admission import GateConfig, GateRuntime
+from resgroups.sched.cpu import GroupCpu
 from resgroups.sched.stats import CounterReading
+
+if TYPE_CHECKING:
+    from resgroups.sched.pool import Dispatcher
 
 
 def gate_config(group: GroupDef) -> GateConfig:
@@ -26,17 +31,25 @@ def gate_config(group: GroupDef) -> GateConfig:
 
 
 class GroupRuntime:
-    def __init__(self, group: GroupDef, now: Callable[[], float]) -> None:
+    def __init__(self, group: GroupDef, now: Callable[[], float], dispatcher: Dispatcher) -> None:
         self.group_id = group.id
         self.definition = group
         self.dropped = False
         self.gate = GateRuntime(gate_config(group), now)
         self.suspended = 0  # cursors between pages (guarded by the gate's lock)
+        self._dispatcher = dispatcher
+        with dispatcher.lock:
+            self.cpu: GroupCpu = dispatcher.core.group(group.id, group.name)
 
-    def configure(self, group: GroupDef) -> None:
+    def configure(self, group: GroupDef, cpus: float) -> None:
         """Apply an ALTER or a RENAME online."""
         self.definition = group
         self.gate.configure(gate_config(group))
+        centi = group.cpu_limit_centi_pct
+        limit_cores = None if centi is None else centi / 10000 * cpus
+        self._dispatcher.configure(
+            group.id, group.name, group.cpu_weight, limit_cores, group.scheduling_policy
+        )
 
     def suspend(self, delta: int) -> None:
         with self.gate.lock:
@@ -46,6 +59,11 @@ class GroupRuntime:
     def idle(self) -> bool:
         gate = self.gate.gate
         return not gate.active and not gate.queued and not self.suspended
+
+    def forget(self) -> None:
+        """The group is gone and idle: drop its CPU state too."""
+        with self._dispatcher.lock:
+            self._dispatcher.core.forget(self.group_id)
 
     def reading(self, memory_used: int) -> CounterReading:
         """The live counters; ``memory_used`` is the sum over the group's queries."""
@@ -57,6 +75,8 @@ class GroupRuntime:
                 queued_queries=gate.queued,
                 oldest_queue_wait_millis=round(gate.oldest_wait(now) * 1000),
                 memory_used_bytes=memory_used,
+                cpu_nanos_total=self.cpu.cpu_ns_total,
+                cpu_wait_nanos_total=self.cpu.wait_ns_total,
                 admission_rejections=gate.admission_rejections,
                 admission_timeouts=gate.admission_timeouts,
                 admitted_total=gate.admitted_total,

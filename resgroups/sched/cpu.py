@@ -387,7 +387,7 @@ class CpuScheduler:
             if not candidates:
                 continue
             if h.vtime <= g.vtime and any(
-                q.fresh and q.runnable_since >= runner.granted_at for q in candidates
+                q.fresh and q.runnable_since > runner.granted_at for q in candidates
             ):
                 return f"fresh work of {h.name}"
             if (g.vtime - h.vtime) * h.weight / 100 > self.granularity_ns:
@@ -395,7 +395,7 @@ class CpuScheduler:
         if g.policy == "fair":
             overdue = runner.cpu_since_grant_ns > self.granularity_ns
             for q in g.waiting.get(runner.pool, []):
-                arrived = q.fresh and q.runnable_since >= runner.granted_at
+                arrived = q.fresh and q.runnable_since > runner.granted_at
                 if (arrived or overdue) and self._holds_fewer(q, runner) and self._may_run(q, now):
                     return f"fair: {q.user} holds fewer"
         return None

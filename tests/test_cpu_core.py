@@ -195,7 +195,8 @@ def test_fractional_limit_budget_burst_and_refill() -> None:
     # 100 ms of CPU in one slice: budget 50 ms - 100 ms < 0 -> yields, waits for budget
     yields = sim.tick(ms=100, cpu_ms=100)
     assert yields == [(r, "budget")]
-    assert r.state is RunnerState.WAITING and other.state is RunnerState.WAITING
+    assert r.state is RunnerState.WAITING
+    assert other.state is RunnerState.WAITING
     assert sim.s.next_wakeup(sim.now) == pytest.approx(sim.now + 0.1, abs=1e-6)
     sim.now += 0.099
     assert sim.s.dispatch(sim.now) == []  # not refilled yet
@@ -261,7 +262,8 @@ def test_one_task_beyond_the_cap_while_every_running_query_is_a_ctas() -> None:
         sim.finish(t1)
     assert ctas.state is RunnerState.RUNNING
     t2 = sim.task(sel)
-    assert t2.state is RunnerState.RUNNING and t2.extra  # the one exception
+    assert t2.state is RunnerState.RUNNING
+    assert t2.extra  # the one exception
     t3 = sim.task(sel)
     assert t3.state is RunnerState.WAITING  # only one
 
@@ -352,7 +354,8 @@ def test_a_runner_granted_while_disengaged_stays_outside_until_it_waits_again() 
         assert sim.tick() == []  # never sliced, never yields
     assert sim.groups["a"].cpu_ns_total == 0
     sim.finish(early)
-    assert b.state is RunnerState.RUNNING and b.scheduled
+    assert b.state is RunnerState.RUNNING
+    assert b.scheduled
 
 
 def test_degraded_grants_in_arrival_order_and_slices_nobody() -> None:

@@ -146,3 +146,21 @@ def is_group_admin(snap: Snapshot, who: Identity, *, access_control: bool) -> bo
 def check_group_admin(snap: Snapshot, who: Identity, *, access_control: bool) -> None:
     if not is_group_admin(snap, who, access_control=access_control):
         raise PermissionDenied(f"Access denied for {who.login_name} [RESOURCE GROUP ADMIN]")
+
+
+def memory_limits(snap: Snapshot, who: Identity) -> tuple[int | None, list[int]]:
+    """(the principal's own memory limit, the limits of its ACL groups) for the
+    query ceiling (SPEC §8). An assumed service account's own limit applies;
+    only users have ACL groups."""
+    principal = acting_principal(snap, who) if who.assumed_id is not None else None
+    if principal is not None and principal.memory_limit is not None:
+        return principal.memory_limit, []
+    login = login_principal(snap, who)
+    if login is None:
+        return None, []
+    acl = [
+        g.memory_limit
+        for g in snap.acl_groups_of(login.id)
+        if g.memory_limit is not None and login.kind is PrincipalKind.USER
+    ]
+    return login.memory_limit, acl

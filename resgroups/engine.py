@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-from resgroups.access import Identity
+from resgroups.access import Identity, memory_limits
 from resgroups.auth import verify_password
 from resgroups.catalog import Catalog, Snapshot, open_log
 from resgroups.catalog.model import GroupDef
@@ -26,6 +26,7 @@ from resgroups.errors import (
 )
 from resgroups.metrics import EngineMetrics
 from resgroups.query import Query
+from resgroups.sched.memory import MemoryLedger, QueryMemory, query_ceiling
 from resgroups.sched.pool import Dispatcher, PoolView
 from resgroups.sched.runtime import GroupRuntime
 from resgroups.sched.stats import CounterReading, GroupStatistics, group_statistics
@@ -136,6 +137,7 @@ class Engine:
             granularity_ms=granularity_ms,
         )
         self._pool_views = {name: PoolView(self.dispatcher, name) for name in self.pools}
+        self.memory_ledger = MemoryLedger(process_memory_limit)
         self._sync_runtimes(self._catalog.snapshot)
         # what replicas report; they arrive with §10
         self.catalog_lag_unmanaged_queries = 0
@@ -164,8 +166,12 @@ class Engine:
 
     def _new_runtime(self, group: GroupDef) -> GroupRuntime:
         runtime = GroupRuntime(group, self.clock.monotonic, self.dispatcher)
-        runtime.configure(group, self.cpus)
+        self._configure_runtime(runtime, group)
         return runtime
+
+    def _configure_runtime(self, runtime: GroupRuntime, group: GroupDef) -> None:
+        runtime.configure(group, self.cpus)
+        self.memory_ledger.set_group_limit(group.id, group.name, group.memory_limit)
 
     def _sync_runtimes(self, snapshot: Snapshot) -> None:
         """Apply the catalog to the live gates: ALTER online, DROP once idle."""
@@ -173,12 +179,13 @@ class Engine:
             current = {g.id: g for g in snapshot.groups}
             for group_id, runtime in list(self._runtimes.items()):
                 if group_id in current:
-                    runtime.configure(current[group_id], self.cpus)
+                    self._configure_runtime(runtime, current[group_id])
                 else:
                     runtime.dropped = True
                     if runtime.idle:
                         del self._runtimes[group_id]
                         runtime.forget()
+                        self.memory_ledger.forget(group_id)
             for group in snapshot.groups:
                 if group.id not in self._runtimes:
                     self._runtimes[group.id] = self._new_runtime(group)
@@ -210,6 +217,22 @@ class Engine:
                 self._update_engagement(self.snapshot)
             return runtime
 
+    def query_memory(self, query: Query, group: GroupDef) -> QueryMemory:
+        """The budgets of a managed query starting now, its ceiling fixed (SPEC §8)."""
+        own, acl = memory_limits(self.snapshot, query.session.identity)
+        budget = self.memory_ledger.group(group.id, group.name)
+        ceiling = query_ceiling(
+            own, acl, self.query_memory_limit, budget.limit, self.process_memory_limit
+        )
+        return QueryMemory(
+            self.memory_ledger,
+            group.id,
+            budget,
+            ceiling,
+            f"group={group.name}, user={query.user}",
+            query.fail,
+        )
+
     def pool(self, name: str) -> PoolView:
         try:
             return self._pool_views[name]
@@ -236,6 +259,7 @@ class Engine:
                 if self._runtimes.get(runtime.group_id) is runtime and runtime.idle:
                     del self._runtimes[runtime.group_id]
                     runtime.forget()
+                    self.memory_ledger.forget(runtime.group_id)
                     self._update_engagement(self.snapshot)
 
     # ---- sessions ------------------------------------------------------------------
@@ -284,11 +308,9 @@ class Engine:
         total_weight = sum(g.cpu_weight for g in snap.groups)
         with self._runtimes_lock:
             runtimes = dict(self._runtimes)
-        memory: dict[int, int] = {}
-        for query in list(self._queries):
-            runtime = query.runtime
-            if runtime is not None:
-                memory[runtime.group_id] = memory.get(runtime.group_id, 0) + query.memory.used
+        ledger = self.memory_ledger
+        with ledger.lock:
+            memory = {gid: budget.used for gid, budget in ledger.groups.items()}
         return [
             group_statistics(
                 g,

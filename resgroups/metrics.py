@@ -70,6 +70,16 @@ class _Collector(Collector):
             "Queries run unmanaged because the catalog had not arrived.",
             value=engine.catalog_lag_unmanaged_queries,
         )
+        yield CounterMetricFamily(
+            INSTANCE + "memory_leaks",
+            "Queries that ended holding tracked memory (returned when they ended).",
+            value=engine.memory_ledger.leaks,
+        )
+        yield GaugeMetricFamily(
+            INSTANCE + "process_memory_bytes",
+            "Tracked query memory of the whole process (published).",
+            value=engine.memory_ledger.process.used,
+        )
         yield GaugeMetricFamily(
             INSTANCE + "cpu_managed_dispatch",
             "1 while CPU scheduling is engaged.",

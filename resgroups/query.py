@@ -21,6 +21,7 @@ take no slot and no worker but still observe cancellation and the timeout.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections import deque
@@ -39,11 +40,14 @@ from resgroups.errors import (
 )
 from resgroups.sched.admission import Ticket, TicketState
 from resgroups.sched.cpu import Runner, RunnerState
+from resgroups.sched.memory import MemoryCounter, QueryMemory
 
 if TYPE_CHECKING:
     from resgroups.sched.pool import Dispatcher
     from resgroups.sched.runtime import GroupRuntime
     from resgroups.session import Session
+
+log = logging.getLogger("resgroups.query")
 
 KINDS: Final = ("select", "ctas", "insert_select", "export", "other")
 MANAGED_KINDS: Final = frozenset(KINDS) - {"other"}
@@ -60,35 +64,6 @@ class QueryState(Enum):
     DONE = "done"
 
 
-class QueryMemory:
-    """Tracked native memory of one query (counting; budgets arrive with §8)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.used = 0
-
-    def allocate(self, nbytes: int) -> None:
-        if nbytes < 0:
-            raise InvalidParameter(f"allocate({nbytes}): bytes must be >= 0")
-        with self._lock:
-            self.used += nbytes
-
-    def release(self, nbytes: int) -> None:
-        if nbytes < 0:
-            raise InvalidParameter(f"release({nbytes}): bytes must be >= 0")
-        with self._lock:
-            if nbytes > self.used:
-                raise InvalidParameter(
-                    f"release({nbytes}) exceeds the {self.used} bytes this query holds"
-                )
-            self.used -= nbytes
-
-    def release_all(self) -> int:
-        with self._lock:
-            held, self.used = self.used, 0
-            return held
-
-
 class Task:
     """What a ``map`` task function receives: checkpoints and memory of its query.
 
@@ -101,7 +76,8 @@ class Task:
         self.query = query
         self._batch = batch
         self._runner = runner  # None: running on the query's own thread
-        self.memory = query.memory
+        # each task has its own accumulator, published when the task ends
+        self.memory = MemoryCounter(query._published)
         self.cpu_mark = query._meter() if runner is not None and runner.scheduled else 0
         self._slice_end = query._now() + query._slice_s if self.cpu_mark else math.inf
 
@@ -165,7 +141,10 @@ class _MapBatch(Generic[T, R]):
                 return True
         task = Task(self.query, self, runner)
         try:
-            self.results[index] = self.fn(task, self.items[index])
+            try:
+                self.results[index] = self.fn(task, self.items[index])
+            finally:
+                task.memory.flush()
         except BaseException as exc:
             with self._cond:
                 if self.error is None:
@@ -206,8 +185,11 @@ class Query:
         self.pool_name = pool
         self.user = session.user
         self.group: str | None = None
-        self.memory = QueryMemory()
+        self._published: QueryMemory | None = None  # set once the group is known
+        self.memory = MemoryCounter(None)  # re-bound to the budgets on entry
+        self._failure: Error | None = None
         self.state = QueryState.NEW
+        self.leaked_bytes = 0
         self.cpu_ns = 0  # CPU charged to the group for this query (while scheduled)
         self._now = engine.clock.monotonic
         self._meter = engine.cpu_meter
@@ -233,7 +215,25 @@ class Query:
         if self._now() >= self._deadline:
             self._checkpoint_slow()
 
+    def _end_memory(self) -> None:
+        """Publish what is pending and return every byte the query still holds."""
+        try:
+            self.memory.flush()
+        except InvalidParameter as exc:  # released more than it allocated: do not mask
+            log.warning("%s: memory accounting error at the end of the query: %s", self, exc)
+        finally:
+            if self._published is not None:
+                self.leaked_bytes = self._published.finish()
+
+    def fail(self, error: Error) -> None:
+        """A task or thread of this query failed for good (memory limit): every
+        other thread of the query raises it at its next checkpoint."""
+        self._failure = error
+        self._stop_at = self._deadline = -math.inf
+
     def _checkpoint_slow(self) -> None:
+        if self._failure is not None:
+            raise type(self._failure)(self._failure.message)
         if self._cancelled:
             raise QueryCancelled(f"query cancelled [group={self.group}, user={self.user}]")
         now = self._now()
@@ -267,6 +267,11 @@ class Query:
         return self._runtime is not None
 
     @property
+    def memory_ceiling(self) -> int | None:
+        """The query's memory ceiling, fixed when it started (None: none)."""
+        return self._published.ceiling if self._published is not None else None
+
+    @property
     def runtime(self) -> GroupRuntime | None:
         """The live state of the query's group (None: unmanaged)."""
         return self._runtime
@@ -287,6 +292,8 @@ class Query:
             if group is not None and self.kind in MANAGED_KINDS:
                 self.group = group.name
                 self._runtime = engine.runtime_for(group)
+                self._published = engine.query_memory(self, group)
+                self.memory = MemoryCounter(self._published)
                 self._admit()
             self.state = QueryState.RUNNING
         except BaseException:
@@ -359,7 +366,7 @@ class Query:
         try:
             self._give_back()
         finally:
-            self.memory.release_all()
+            self._end_memory()
             self.state = QueryState.DONE
             if self._runtime is not None and was_suspended:
                 self._runtime.suspend(-1)
@@ -372,6 +379,7 @@ class Query:
         if self.state is not QueryState.RUNNING:
             raise InvalidParameter(f"suspend() on a {self.state.value} query")
         self._give_back()
+        self.memory.flush()  # charged while suspended: publish what is pending
         self._suspended_at = self._now()
         if self._runtime is not None:
             self._runtime.suspend(+1)
@@ -387,7 +395,7 @@ class Query:
         now = self._now()
         self._timeout_at += now - self._suspended_at
         self._suspended_at = now  # a refused resume may be retried
-        if not self._cancelled:
+        if not self._cancelled and self._failure is None:
             self._stop_at = self._deadline = self._timeout_at
         if self._runtime is not None:
             try:

@@ -509,13 +509,13 @@ def test_select_statements_pass_the_gate(wide: resgroups.Engine) -> None:
 def test_metrics_text_names_and_values(wide: resgroups.Engine) -> None:
     wide.connect().execute("CREATE RESOURCE GROUP reporting WITH (memory_limit = '1M')")
     with in_group(wide, "reporting").query() as q:
-        q.memory.allocate(2048)
+        q.memory.allocate(100_000)  # above 64 KiB: published at once
         text = wide.metrics_text()
     expected = [
         'resgroups_resource_group_active_queries{resource_group="reporting"} 1.0',
         'resgroups_resource_group_queued_queries{resource_group="reporting"} 0.0',
         'resgroups_resource_group_oldest_queue_wait_millis{resource_group="default"} 0.0',
-        'resgroups_resource_group_memory_bytes{resource_group="reporting"} 2048.0',
+        'resgroups_resource_group_memory_bytes{resource_group="reporting"} 100000.0',
         'resgroups_resource_group_memory_limit_bytes{resource_group="reporting"} 1.048576e+06',
         'resgroups_resource_group_admission_rejections_total{resource_group="reporting"} 0.0',
         'resgroups_resource_group_admission_timeouts_total{resource_group="reporting"} 0.0',
@@ -543,8 +543,11 @@ def test_bad_query_arguments(engine: resgroups.Engine) -> None:
         session.query(kind="update")
     with pytest.raises(resgroups.InvalidParameter, match="no worker pool 'exprot'"):
         session.query(pool="exprot")
-    with session.query() as q, pytest.raises(resgroups.InvalidParameter):
-        q.memory.release(1)
+    with session.query() as q:
+        with pytest.raises(resgroups.InvalidParameter, match="exceeds"):
+            q.memory.release(100_000)  # more than the query holds, past 64 KiB: refused
+        with pytest.raises(resgroups.InvalidParameter, match=">= 0"):
+            q.memory.allocate(-1)
 
 
 def test_named_pools() -> None:

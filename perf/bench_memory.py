@@ -1,0 +1,89 @@
+"""Memory accounting cost: the batched per-thread path against a locked shared
+counter updated on every call, with 1 and 4 threads, in one run.
+
+    python perf/bench_memory.py --fast
+
+Each loop does allocate(4096) + release(4096). The batched path is what a
+query's ``q.memory`` / ``task.memory`` does; the baseline takes one lock per
+call on a counter shared by every thread (goal: 2.5x cheaper or better).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pyperf
+
+from resgroups.sched.memory import MemoryCounter, MemoryLedger, QueryMemory
+
+SIZE = 4096
+
+
+class LockedCounter:
+    """The baseline: every call takes the lock of one shared counter."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.used = 0
+
+    def allocate(self, n: int) -> None:
+        with self.lock:
+            self.used += n
+
+    def release(self, n: int) -> None:
+        with self.lock:
+            self.used -= n
+
+
+def _run(threads: int, loops: int, make: object) -> float:
+    per_thread = max(1, loops // threads)
+    start = threading.Barrier(threads + 1)
+
+    def work() -> None:
+        assert callable(make)
+        counter = make()
+        allocate, release = counter.allocate, counter.release
+        start.wait()
+        for _ in range(per_thread):
+            allocate(SIZE)
+            release(SIZE)
+
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    start.wait()
+    t0 = pyperf.perf_counter()
+    for t in pool:
+        t.join()
+    return (pyperf.perf_counter() - t0) * loops / (per_thread * threads)
+
+
+def batched(threads: int) -> object:
+    ledger = MemoryLedger(0)
+    budget = ledger.group(1, "g")
+    query = QueryMemory(ledger, 1, budget, None, "bench", lambda e: None)
+    return lambda loops: _run(threads, loops, lambda: MemoryCounter(query))
+
+
+def locked(threads: int) -> object:
+    shared = LockedCounter()
+    return lambda loops: _run(threads, loops, lambda: shared)
+
+
+if __name__ == "__main__":
+    runner = pyperf.Runner()
+    args = runner.parse_args()
+    results = {}
+    for threads in (1, 4):
+        results[threads] = (
+            runner.bench_time_func(f"batched_{threads}_threads", batched(threads)),
+            runner.bench_time_func(f"locked_counter_{threads}_threads", locked(threads)),
+        )
+    if not args.worker:
+        for threads, (b, lk) in results.items():
+            if b is not None and lk is not None and b.get_nrun() and lk.get_nrun():
+                print(
+                    f"{threads} thread(s): batched {b.median() * 1e9:.0f} ns vs locked "
+                    f"{lk.median() * 1e9:.0f} ns per allocate+release = "
+                    f"{lk.median() / b.median():.2f}x cheaper"
+                )

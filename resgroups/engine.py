@@ -24,6 +24,7 @@ from resgroups.errors import (
     InvalidParameter,
     did_you_mean,
 )
+from resgroups.exec.tables import TableStore
 from resgroups.metrics import EngineMetrics
 from resgroups.query import Query
 from resgroups.sched.memory import MemoryLedger, QueryMemory, query_ceiling
@@ -138,6 +139,7 @@ class Engine:
         )
         self._pool_views = {name: PoolView(self.dispatcher, name) for name in self.pools}
         self.memory_ledger = MemoryLedger(process_memory_limit)
+        self.tables = TableStore()  # the built-in executor's tables
         self._sync_runtimes(self._catalog.snapshot)
         # what replicas report; they arrive with §10
         self.catalog_lag_unmanaged_queries = 0

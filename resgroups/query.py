@@ -190,6 +190,7 @@ class Query:
         self._failure: Error | None = None
         self.state = QueryState.NEW
         self.leaked_bytes = 0
+        self.waited_s = 0.0  # time from submission to holding a slot and a worker
         self.cpu_ns = 0  # CPU charged to the group for this query (while scheduled)
         self._now = engine.clock.monotonic
         self._meter = engine.cpu_meter
@@ -295,6 +296,7 @@ class Query:
                 self._published = engine.query_memory(self, group)
                 self.memory = MemoryCounter(self._published)
                 self._admit()
+            self.waited_s = self._now() - submitted
             self.state = QueryState.RUNNING
         except BaseException:
             self._leave()

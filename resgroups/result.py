@@ -19,6 +19,7 @@ class Result:
     rows: list[tuple[Any, ...]] = field(default_factory=list)
     status: str = ""
     types: list[str] = field(default_factory=list)  # "int", "float", "text", "bool"
+    timings: dict[str, float] = field(default_factory=dict)  # e.g. wait_ms, total_ms, cpu_ms
 
     @classmethod
     def command(cls, status: str) -> Result:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,12 @@ class Session:
         self.engine = engine
         self._identity = identity
         self._chosen: tuple[int, str] | None = None  # (group id, name when chosen)
+        self.work_cpu_ns = 0  # CPU the built-in executor spent on this session's queries
+        self._cpu_lock = threading.Lock()
+
+    def add_work_cpu(self, nanos: int) -> None:
+        with self._cpu_lock:
+            self.work_cpu_ns += nanos
 
     @property
     def identity(self) -> Identity:

@@ -279,6 +279,28 @@ class Select:
     limit: int | None = None
 
 
+@dataclass(frozen=True)
+class CreateTableAs:
+    """CREATE TABLE name AS (SELECT ...): the source query runs as kind "ctas"."""
+
+    name: Ident
+    query: Select
+
+
+@dataclass(frozen=True)
+class InsertSelect:
+    """INSERT INTO name SELECT ...: the source query runs as kind "insert_select"."""
+
+    name: Ident
+    query: Select
+
+
+@dataclass(frozen=True)
+class DropTable:
+    name: Ident
+    if_exists: bool = False
+
+
 Statement = (
     CreateResourceGroup
     | AlterResourceGroupSet
@@ -305,4 +327,7 @@ Statement = (
     | DiscardAll
     | Show
     | Select
+    | CreateTableAs
+    | InsertSelect
+    | DropTable
 )

@@ -13,7 +13,8 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Final
 
 from resgroups.access import check_group_admin, check_use, find_group
-from resgroups.errors import FeatureNotSupported, PermissionDenied, UndefinedTable
+from resgroups.errors import FeatureNotSupported, PermissionDenied
+from resgroups.exec import executor
 from resgroups.result import Result
 from resgroups.sql import ast, ddl, principals
 from resgroups.sql.expr import EvalContext, Scope, compile_expr
@@ -64,7 +65,9 @@ def discard_all(session: Session, stmt: ast.DiscardAll) -> Result:
 
 
 def select(session: Session, stmt: ast.Select) -> Result:
-    """SELECT over a table function, or without FROM (one empty row)."""
+    """SELECT over engine state (unmanaged), the executor's sources, or no FROM."""
+    if executor.is_executor_source(stmt):
+        return executor.select(session, stmt)
     match stmt.source:
         case None:
             source = Relation((), [()])
@@ -74,8 +77,6 @@ def select(session: Session, stmt: ast.Select) -> Result:
             values = tuple(compile_expr(a, _NO_COLUMNS, EvalContext())(()) for a in args)
             source = relation(session, fn, values)
             managed = not fn.engine_state
-        case ast.TableName(name=name):
-            raise UndefinedTable(f"table {name.text} does not exist")
     if not managed:
         out = run_select(stmt, source, EvalContext())
     else:
@@ -113,6 +114,9 @@ RULES: Final[dict[type, Rule]] = {
     ast.ResetAll: Rule(reset_resource_group),
     ast.DiscardAll: Rule(discard_all),
     ast.Select: Rule(select),
+    ast.CreateTableAs: Rule(executor.create_table_as),
+    ast.InsertSelect: Rule(executor.insert_select),
+    ast.DropTable: Rule(executor.drop_table),
 }
 
 _STATEMENT_NAMES: Final = {

@@ -165,6 +165,11 @@ _FORMATTERS: Final[dict[type, Callable[[Any], str]]] = {
         else "SHOW SERVICE ACCOUNTS"
     ),
     ast.Select: _select,
+    ast.CreateTableAs: lambda s: f"CREATE TABLE {quote_ident(s.name)} AS ({_select(s.query)})",
+    ast.InsertSelect: lambda s: f"INSERT INTO {quote_ident(s.name)} {_select(s.query)}",
+    ast.DropTable: lambda s: (
+        "DROP TABLE " + ("IF EXISTS " if s.if_exists else "") + quote_ident(s.name)
+    ),
 }
 
 

@@ -354,6 +354,16 @@ class _ToAst(Transformer[Token, Any]):
     div = _binary("/")
     mod = _binary("%")
 
+    # ---- executor tables
+    def create_table_as(self, name: ast.Ident, query: ast.Select) -> ast.CreateTableAs:
+        return ast.CreateTableAs(name, query)
+
+    def insert_select(self, name: ast.Ident, query: ast.Select) -> ast.InsertSelect:
+        return ast.InsertSelect(name, query)
+
+    def drop_table(self, if_exists: bool | None, name: ast.Ident) -> ast.DropTable:
+        return ast.DropTable(name, bool(if_exists))
+
     # ---- the script
     def script(self, *statements: ast.Statement | None) -> list[ast.Statement]:
         return [s for s in statements if s is not None]

@@ -1,0 +1,279 @@
+"""The reference executor (SPEC §12): real queries for the scheduler to schedule.
+
+This is the example to copy when embedding resgroups in an executor. Every
+query follows the same shape::
+
+    with session.query(kind=...) as q:          # resolve, admit, take a worker
+        parts = q.map(run_morsel, morsels)      # morsels on pool workers
+        ...combine parts exactly...
+
+    def run_morsel(task, morsel):
+        task.checkpoint()                       # cancel / timeout / yield point
+        with task.memory.track(array): ...      # account every morsel's arrays
+
+Sources are ``long_sequence(n)`` (one int64 column ``x`` = 1..n) and the
+in-memory tables that CREATE TABLE ... AS and INSERT ... SELECT build. It is
+an example and a test bed, not a database: no joins, no GROUP BY, no NULLs,
+no persistence.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+
+from resgroups.errors import CatalogError, DatatypeMismatch, GroupingError, InvalidParameter
+from resgroups.exec.tables import Table, TableStore
+from resgroups.exec.vector import Array, Morsel, Partial, combine, evaluate, partial
+from resgroups.query import Query, Task
+from resgroups.result import Result
+from resgroups.sql import ast
+from resgroups.sql.expr import EvalContext, Scope, compile_expr, find_aggregates
+from resgroups.sql.select import Relation, output_name, run_select
+
+if TYPE_CHECKING:
+    from resgroups.session import Session
+
+MORSEL_ROWS: Final = 1_000_000
+_TYPES: Final = {"b": "bool", "i": "int", "u": "int", "f": "float"}
+
+
+# ---- sources ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """Rows to scan, a morsel at a time."""
+
+    names: tuple[str, ...]
+    rows: int
+    morsel: Callable[[int, int], list[Array]]  # (start, stop) -> one array per column
+
+
+def long_sequence(n: int) -> Source:
+    return Source(("x",), n, lambda start, stop: [np.arange(start + 1, stop + 1, dtype=np.int64)])
+
+
+def table_source(table: Table) -> Source:
+    arrays = list(table.arrays)  # a consistent view: later INSERTs make new arrays
+    return Source(table.names, table.rows, lambda start, stop: [a[start:stop] for a in arrays])
+
+
+def source_of(session: Session, stmt: ast.Select) -> Source:
+    match stmt.source:
+        case ast.TableFunction(name="long_sequence", args=args):
+            if len(args) != 1:
+                raise DatatypeMismatch(f"long_sequence() takes 1 argument, got {len(args)}")
+            n = compile_expr(args[0], Scope(()), EvalContext())(())
+            if type(n) is not int or n < 0:
+                raise InvalidParameter(f"long_sequence({n!r}): expected an integer >= 0")
+            return long_sequence(n)
+        case ast.TableName(name=name):
+            return table_source(session.engine.tables.get(name))
+    raise DatatypeMismatch(f"the executor cannot scan {stmt.source!r}")
+
+
+def is_executor_source(stmt: ast.Select) -> bool:
+    return isinstance(stmt.source, ast.TableName) or (
+        isinstance(stmt.source, ast.TableFunction) and stmt.source.name == "long_sequence"
+    )
+
+
+# ---- one scan ----------------------------------------------------------------------------
+
+
+class Scan:
+    """One query's pass over a source: WHERE, then aggregates or a projection."""
+
+    def __init__(self, session: Session, q: Query, stmt: ast.Select, source: Source) -> None:
+        self.session = session
+        self.q = q
+        self.stmt = stmt
+        self.source = source
+        self.scope = Scope(source.names)
+        self.ctx = EvalContext(current_group=q.group)
+        items = stmt.items or tuple(
+            ast.SelectItem(ast.Column(ast.Ident(n, quoted=True))) for n in source.names
+        )
+        self.items = items
+        self.names = tuple(output_name(i) for i in items)
+        self.aggregates = list(
+            dict.fromkeys(call for i in items for call in find_aggregates(i.expr))
+        )
+        if stmt.where is not None and find_aggregates(stmt.where):
+            raise GroupingError("aggregate functions are not allowed in WHERE")
+        self.cpu_ns = 0
+        self._lock = threading.Lock()
+
+    def morsels(self) -> list[tuple[int, int]]:
+        rows = self.source.rows
+        return [(s, min(s + MORSEL_ROWS, rows)) for s in range(0, rows, MORSEL_ROWS)]
+
+    def _filtered(self, task: Task, start: int, stop: int) -> Morsel:
+        arrays = self.source.morsel(start, stop)
+        m = Morsel(self.scope, arrays, stop - start, self.ctx)
+        if self.stmt.where is not None:
+            mask = evaluate(self.stmt.where, m)
+            if mask.dtype != np.bool_:
+                raise DatatypeMismatch("argument of WHERE must be boolean")
+            task.memory.allocate(mask.nbytes)
+            m = Morsel(self.scope, [a[mask] for a in arrays], int(mask.sum()), self.ctx)
+            task.memory.release(mask.nbytes)
+        return m
+
+    def _run(self, task: Task, morsel: tuple[int, int], body: Callable[[Morsel], Any]) -> Any:
+        task.checkpoint()  # between morsels: cancel, timeout, slice end
+        started = time.thread_time_ns()
+        try:
+            start, stop = morsel
+            width = len(self.source.names) * 8 * (stop - start)
+            with task.memory.track(_Bytes(width)):  # the morsel's source columns
+                return body(self._filtered(task, start, stop))
+        finally:
+            used = time.thread_time_ns() - started
+            with self._lock:
+                self.cpu_ns += used
+            self.session.add_work_cpu(used)
+
+    # ---- aggregates
+    def aggregate(self) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+        def body(m: Morsel) -> list[Partial]:
+            return [partial(call, m) for call in self.aggregates]
+
+        parts = self.q.map(lambda task, ms: self._run(task, ms, body), self.morsels())
+        values = tuple(
+            combine(call, [p[i] for p in parts]) for i, call in enumerate(self.aggregates)
+        )
+        slots = {call: i for i, call in enumerate(self.aggregates)}
+        row = tuple(
+            compile_expr(i.expr, self.scope, self.ctx, aggregate_slots=slots)(values)
+            for i in self.items
+        )
+        return self.names, [row]
+
+    # ---- projections
+    def project(self) -> list[Array]:
+        """Every output column, as arrays (WHERE applied)."""
+        limit = self.stmt.limit if not self.stmt.order_by else None
+        exprs = [i.expr for i in self.items]
+
+        def body(m: Morsel) -> list[Array]:
+            out = [np.array(evaluate(e, m), copy=True) for e in exprs]
+            return [np.broadcast_to(a, (m.n,)).copy() if a.shape != (m.n,) else a for a in out]
+
+        morsels = self.morsels()
+        chunks: list[list[Array]] = []
+        # with a LIMIT and no ORDER BY, stop as soon as enough rows are in
+        step = len(morsels) if limit is None else max(1, self.session.engine.workers)
+        rows = 0
+        for i in range(0, len(morsels), step):
+            batch = self.q.map(lambda task, ms: self._run(task, ms, body), morsels[i : i + step])
+            chunks.extend(batch)
+            rows += sum(len(c[0]) if c else 0 for c in batch)
+            if limit is not None and rows >= limit:
+                break
+        if not chunks:
+            return [np.empty(0, dtype=np.int64) for _ in exprs]
+        return [np.concatenate([c[j] for c in chunks]) for j in range(len(exprs))]
+
+
+class _Bytes:
+    """Something with ``nbytes``, for ``memory.track``."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+def _type_name(a: Array) -> str:
+    return _TYPES.get(a.dtype.kind, "text")
+
+
+def _rows(arrays: list[Array]) -> list[tuple[Any, ...]]:
+    return list(zip(*(a.tolist() for a in arrays), strict=True)) if arrays else []
+
+
+def _timings(q: Query, started: float, scan: Scan) -> dict[str, float]:
+    return {
+        "wait_ms": q.waited_s * 1000,
+        "total_ms": (time.monotonic() - started) * 1000,
+        "cpu_ms": scan.cpu_ns / 1e6,
+    }
+
+
+# ---- statements ------------------------------------------------------------------------
+
+
+def select(session: Session, stmt: ast.Select) -> Result:
+    source = source_of(session, stmt)
+    started = time.monotonic()
+    with session.query(kind="select") as q:
+        scan = Scan(session, q, stmt, source)
+        if scan.aggregates:
+            names, rows = scan.aggregate()
+            types: tuple[str | None, ...] = ()
+        else:
+            arrays = scan.project()
+            names, rows = scan.names, _rows(arrays)
+            types = tuple(_type_name(a) for a in arrays)
+            if stmt.order_by or stmt.limit is not None:
+                ordered = run_select(
+                    ast.Select(None, None, None, stmt.order_by, stmt.limit),
+                    Relation(names, rows, types),
+                    EvalContext(current_group=q.group),
+                )
+                rows = ordered.rows
+    result = Result.table(names, rows, types)
+    return replace(result, timings=_timings(q, started, scan))
+
+
+def create_table_as(session: Session, stmt: ast.CreateTableAs) -> Result:
+    tables = session.engine.tables
+    tables.check_new(stmt.name)
+    query = stmt.query
+    if query.order_by or query.limit is not None:
+        raise DatatypeMismatch("CREATE TABLE ... AS takes no ORDER BY or LIMIT here")
+    source = source_of(session, query) if query.source is not None else long_sequence(1)
+    with session.query(kind="ctas") as q:
+        scan = Scan(session, q, query, source)
+        if scan.aggregates:
+            names, rows = scan.aggregate()
+            arrays = [np.array([v]) for v in rows[0]]
+        else:
+            names, arrays = scan.names, scan.project()
+    if len(set(n.lower() for n in names)) != len(names):
+        raise CatalogError(f"duplicate column names in {list(names)}", sqlstate="42701")
+    tables.create(stmt.name, Table(names, arrays))
+    return Result.command(f"SELECT {len(arrays[0]) if arrays else 0}")
+
+
+def insert_select(session: Session, stmt: ast.InsertSelect) -> Result:
+    tables = session.engine.tables
+    table = tables.get(stmt.name)
+    query = stmt.query
+    source = source_of(session, query) if query.source is not None else long_sequence(1)
+    with session.query(kind="insert_select") as q:
+        scan = Scan(session, q, query, source)
+        if scan.aggregates:
+            _, rows = scan.aggregate()
+            arrays = [np.array([v]) for v in rows[0]]
+        else:
+            arrays = scan.project()
+    if len(arrays) != len(table.names):
+        raise DatatypeMismatch(
+            f"INSERT has {len(arrays)} columns, table {stmt.name.text} has {len(table.names)}"
+        )
+    count = tables.append(stmt.name, arrays)
+    return Result.command(f"INSERT 0 {count}")
+
+
+def drop_table(session: Session, stmt: ast.DropTable) -> Result:
+    session.engine.tables.drop(stmt.name, if_exists=stmt.if_exists)
+    return Result.command("DROP TABLE")
+
+
+__all__ = ["TableStore", "create_table_as", "drop_table", "insert_select", "select"]

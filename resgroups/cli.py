@@ -28,11 +28,37 @@ def _parser() -> argparse.ArgumentParser:
     shell.add_argument("--password", help="the principal's password")
     shell.add_argument("--admin-user", default="admin", help="the admin's name (default admin)")
     shell.add_argument("--admin-password", help="the admin's password (default: none)")
+
+    demo = commands.add_parser(
+        "demo", help="dashboards vs a nightly report, without and with resource groups"
+    )
+    demo.add_argument(
+        "--duration",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="total seconds, split between the two runs (default 20)",
+    )
+    demo.add_argument("--json", action="store_true", help="print the figures as one JSON document")
+    demo.add_argument(
+        "--chart", default="resgroups-demo.png", metavar="PATH", help="where to write the PNG chart"
+    )
+    demo.add_argument("--scenario", default="dashboards", metavar="NAME", help="the scenario")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "demo":
+        from resgroups import demo
+
+        return demo.main(
+            duration=args.duration,
+            as_json=args.json,
+            chart_path=args.chart,
+            scenario_name=args.scenario,
+            out=sys.stdout,
+        )
     from resgroups.engine import Engine
 
     try:

@@ -1,0 +1,370 @@
+"""``resgroups demo``: dashboards against a nightly report, without and with groups.
+
+The scenario of the reference document's "Common scenarios": dashboards
+(many short queries from several users) compete with a nightly report (a
+few long scans) and an ad-hoc analyst. It runs twice on the built-in
+executor for the same duration: first with only DEFAULT, then with groups
+created by DDL and principals mapped to them. It prints per workload the
+queries run, p50/p95/p99 latency, CPU share, queue waits and rejections side
+by side, and writes a PNG chart of the latency distributions and the CPU
+share over time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Final, TextIO
+
+import resgroups
+from resgroups.cpus import available_cpus
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    users: tuple[str, ...]  # one client thread per user
+    sql: str
+    think_s: float  # pause between a client's queries
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    workloads: tuple[Workload, ...]
+    ddl: tuple[str, ...]  # the second run's groups and mappings
+
+
+SCENARIOS: Final = {
+    "dashboards": Scenario(
+        "dashboards",
+        "dashboards (short queries, 4 users) against a nightly report (long scans) "
+        "and an ad-hoc analyst",
+        (
+            Workload(
+                "dashboards",
+                ("dash1", "dash2", "dash3", "dash4"),
+                "SELECT count(*), sum(x) FROM long_sequence(300000) WHERE x % 7 = 3",
+                0.05,
+            ),
+            Workload(
+                "report",
+                ("nightly", "nightly"),
+                "SELECT sum(x % 1000), max(x) FROM long_sequence(300000000)",
+                0.0,
+            ),
+            Workload(
+                "adhoc",
+                ("analyst",),
+                "SELECT avg(x), count(*) FROM long_sequence(5000000) WHERE x % 3 = 1",
+                0.2,
+            ),
+        ),
+        (
+            "CREATE RESOURCE GROUP dashboards WITH (cpu_weight = 400)",
+            "CREATE RESOURCE GROUP adhoc WITH (cpu_weight = 100, scheduling_policy = 'fair')",
+            "CREATE RESOURCE GROUP reporting WITH (cpu_weight = 25, max_active_queries = 1, "
+            "cpu_limit = '50%')",
+            "ALTER USER dash1 SET RESOURCE GROUP dashboards",
+            "ALTER USER dash2 SET RESOURCE GROUP dashboards",
+            "ALTER USER dash3 SET RESOURCE GROUP dashboards",
+            "ALTER USER dash4 SET RESOURCE GROUP dashboards",
+            "ALTER USER nightly SET RESOURCE GROUP reporting",
+            "ALTER USER analyst SET RESOURCE GROUP adhoc",
+        ),
+    ),
+}
+
+
+@dataclass
+class WorkloadStats:
+    latencies_ms: list[float] = field(default_factory=list)
+    waits_ms: list[float] = field(default_factory=list)
+    rejections: int = 0
+    errors: int = 0
+    cpu_ns: int = 0
+
+
+@dataclass
+class RunResult:
+    label: str
+    seconds: float
+    workloads: dict[str, WorkloadStats]
+    timeline: list[tuple[float, dict[str, int]]]  # (seconds, cumulative CPU per workload)
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        total_cpu = sum(w.cpu_ns for w in self.workloads.values()) or 1
+        out = {}
+        for name, w in self.workloads.items():
+            lat = sorted(w.latencies_ms)
+            out[name] = {
+                "queries": len(lat),
+                "p50_ms": _percentile(lat, 50),
+                "p95_ms": _percentile(lat, 95),
+                "p99_ms": _percentile(lat, 99),
+                "cpu_share_pct": round(100 * w.cpu_ns / total_cpu, 1),
+                "avg_queue_wait_ms": round(statistics.fmean(w.waits_ms), 1) if w.waits_ms else 0.0,
+                "rejections": w.rejections,
+                "errors": w.errors,
+            }
+        return out
+
+
+def _percentile(values: list[float], pct: float) -> float | None:
+    if not values:
+        return None
+    index = min(len(values) - 1, max(0, round(pct / 100 * len(values) + 0.5) - 1))
+    return round(values[index], 1)
+
+
+def _setup_users(admin: resgroups.Session, scenario: Scenario) -> None:
+    users = sorted({u for w in scenario.workloads for u in w.users})
+    admin.execute_script("; ".join(f"CREATE USER {u}" for u in users))
+
+
+def run_once(
+    scenario: Scenario,
+    seconds: float,
+    *,
+    with_groups: bool,
+    progress: Callable[[float], None],
+) -> RunResult:
+    """One timed run on a fresh engine; the statistics of every workload."""
+    with resgroups.Engine(access_control=True) as engine:
+        admin = engine.connect()
+        _setup_users(admin, scenario)
+        if with_groups:
+            admin.execute_script("; ".join(scenario.ddl))
+        stats = {w.name: WorkloadStats() for w in scenario.workloads}
+        sessions: dict[str, list[resgroups.Session]] = {w.name: [] for w in scenario.workloads}
+        lock = threading.Lock()
+        started = time.monotonic()
+        stop = started + seconds
+
+        def client(workload: Workload, user: str) -> None:
+            session = engine.connect(user)
+            with lock:
+                sessions[workload.name].append(session)
+            record = stats[workload.name]
+            while time.monotonic() < stop:
+                t0 = time.monotonic()
+                try:
+                    result = session.execute(workload.sql)
+                except resgroups.AdmissionRejected:
+                    with lock:
+                        record.rejections += 1
+                    time.sleep(0.05)
+                    continue
+                except resgroups.Error:
+                    with lock:
+                        record.errors += 1
+                    continue
+                if time.monotonic() <= stop:  # count what completed inside the run
+                    with lock:
+                        record.latencies_ms.append((time.monotonic() - t0) * 1000)
+                        record.waits_ms.append(result.timings.get("wait_ms", 0.0))
+                if workload.think_s:
+                    time.sleep(workload.think_s)
+
+        def cpu_now() -> dict[str, int]:
+            with lock:
+                return {n: sum(s.work_cpu_ns for s in ss) for n, ss in sessions.items()}
+
+        threads = [
+            threading.Thread(target=client, args=(w, u), daemon=True)
+            for w in scenario.workloads
+            for u in w.users
+        ]
+        for t in threads:
+            t.start()
+        timeline: list[tuple[float, dict[str, int]]] = []
+        at_stop: dict[str, int] = {}
+        while True:
+            now = time.monotonic()
+            elapsed = min(now - started, seconds)
+            timeline.append((elapsed, cpu_now()))
+            progress(elapsed)
+            if now >= stop:
+                at_stop = cpu_now()
+                break
+            time.sleep(min(0.25, max(0.0, stop - now)))
+        for name, cpu in at_stop.items():
+            stats[name].cpu_ns = cpu
+        # long scans still running are cancelled by close(); their latency is not counted
+        for t in threads:
+            t.join(0.01)
+        engine.close(grace=0.5)
+        for t in threads:
+            t.join(10)
+        label = "with groups" if with_groups else "without groups"
+        return RunResult(label, seconds, stats, timeline)
+
+
+class Progress:
+    """A one-line progress bar on a stream (stderr)."""
+
+    def __init__(self, stream: TextIO, total: float) -> None:
+        self.stream = stream
+        self.total = total
+        self.done = 0.0
+
+    def update(self, label: str, seconds: float) -> None:
+        width = 30
+        fraction = min(1.0, (self.done + seconds) / self.total)
+        bar = "#" * round(width * fraction) + "-" * (width - round(width * fraction))
+        self.stream.write(f"\r[{bar}] {label:<15} {self.done + seconds:5.1f}/{self.total:.0f} s")
+        self.stream.flush()
+
+    def finish_run(self, seconds: float) -> None:
+        self.done += seconds
+
+    def close(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def side_by_side(runs: list[RunResult]) -> str:
+    from tabulate import tabulate
+
+    summaries = [r.summary() for r in runs]
+    rows = []
+    metrics = [
+        ("queries", "queries"),
+        ("p50 latency ms", "p50_ms"),
+        ("p95 latency ms", "p95_ms"),
+        ("p99 latency ms", "p99_ms"),
+        ("CPU share %", "cpu_share_pct"),
+        ("avg queue wait ms", "avg_queue_wait_ms"),
+        ("rejections", "rejections"),
+    ]
+    for workload in summaries[0]:
+        for i, (label, key) in enumerate(metrics):
+            values = [s[workload][key] for s in summaries]
+            rows.append(
+                [workload if i == 0 else "", label, *("-" if v is None else v for v in values)]
+            )
+    return tabulate(
+        rows,
+        headers=["workload", "metric", *(r.label for r in runs)],
+        tablefmt="psql",
+        disable_numparse=True,
+        colalign=("left", "left", *("right" for _ in runs)),
+    )
+
+
+def verdict(runs: list[RunResult]) -> str:
+    without, with_ = (r.summary() for r in runs)
+    lines = []
+    p99_before, p99_after = without["dashboards"]["p99_ms"], with_["dashboards"]["p99_ms"]
+    if p99_before and p99_after:
+        lines.append(
+            f"dashboard p99: {p99_before:.1f} ms without groups, {p99_after:.1f} ms with groups "
+            f"({p99_before / p99_after:.1f}x lower)"
+        )
+    lines.append(
+        f"report: {without['report']['queries']} scans completed without groups, "
+        f"{with_['report']['queries']} with groups (CPU share "
+        f"{without['report']['cpu_share_pct']}% -> {with_['report']['cpu_share_pct']}%)"
+    )
+    return "\n".join(lines)
+
+
+def chart(runs: list[RunResult], path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(runs[0].workloads)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    ax = axes[0]
+    data, labels, colors = [], [], []
+    for name in names:
+        for run, color in zip(runs, ("tab:red", "tab:green"), strict=True):
+            data.append(run.workloads[name].latencies_ms or [0.0])
+            labels.append(f"{name}\n{run.label}")
+            colors.append(color)
+    box = ax.boxplot(data, patch_artist=True, showfliers=True)
+    for patch, color in zip(box["boxes"], colors, strict=True):
+        patch.set_facecolor(color)
+        patch.set_alpha(0.5)
+    ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("latency (ms, log scale)")
+    ax.set_title("query latency by workload")
+    for ax, run in zip(axes[1:], runs, strict=True):
+        times = [t for t, _ in run.timeline]
+        shares: dict[str, list[float]] = {n: [] for n in names}  # per sampling interval
+        for (_, c0), (_, c1) in zip(run.timeline, run.timeline[1:], strict=False):
+            total = sum(c1[n] - c0.get(n, 0) for n in names) or 1
+            for n in names:
+                shares[n].append(100 * (c1[n] - c0.get(n, 0)) / total)
+        if len(times) > 1:
+            ax.stackplot(times[1:], [shares[n] for n in names], labels=names, alpha=0.8)
+        ax.set_ylim(0, 100)
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("CPU share %")
+        ax.set_title(f"CPU share over time, {run.label}")
+        ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(
+    *, duration: float, as_json: bool, chart_path: str, scenario_name: str, out: TextIO
+) -> int:
+    scenario = SCENARIOS.get(scenario_name)
+    if scenario is None:
+        print(
+            f"resgroups demo: no scenario {scenario_name!r}; scenarios: {', '.join(SCENARIOS)}",
+            file=sys.stderr,
+        )
+        return 2
+    if duration <= 0:
+        print("resgroups demo: --duration must be positive", file=sys.stderr)
+        return 2
+    per_run = duration / 2
+    # the scans still running at the end of a run are cancelled on purpose
+    logging.getLogger("resgroups").setLevel(logging.ERROR)
+    progress = Progress(sys.stderr, duration)
+    if not as_json:
+        print(f"resgroups demo: {scenario.description}", file=out)
+        print(f"two runs of {per_run:g} s on {available_cpus():g} CPUs", file=out)
+        print("second run's DDL:\n  " + ";\n  ".join(scenario.ddl) + ";", file=out)
+        out.flush()
+    runs = []
+    for with_groups in (False, True):
+        label = "with groups" if with_groups else "without groups"
+        run = run_once(
+            scenario, per_run, with_groups=with_groups, progress=partial(progress.update, label)
+        )
+        progress.finish_run(per_run)
+        runs.append(run)
+    progress.close()
+    path = chart(runs, chart_path)
+    if as_json:
+        document = {
+            "scenario": scenario.name,
+            "seconds_per_run": per_run,
+            "cpus": available_cpus(),
+            "ddl": list(scenario.ddl),
+            "runs": {r.label.replace(" ", "_"): r.summary() for r in runs},
+            "chart": path,
+        }
+        json.dump(document, out, indent=2)
+        out.write("\n")
+    else:
+        print(side_by_side(runs), file=out)
+        print(verdict(runs), file=out)
+        print(f"chart: {path}", file=out)
+    return 0

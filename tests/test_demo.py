@@ -1,0 +1,85 @@
+"""resgroups demo, run as a new user runs it: the installed console script."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def resgroups_command() -> str:
+    command = shutil.which("resgroups", path=str(Path(sys.executable).parent))
+    assert command is not None, "pip install -e . puts the resgroups script beside python"
+    return command
+
+
+def test_demo_prints_both_runs_and_writes_the_chart(tmp_path: Path) -> None:
+    chart = tmp_path / "demo.png"
+    result = subprocess.run(
+        [resgroups_command(), "demo", "--duration", "6", "--chart", str(chart)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    header = next(line for line in out.splitlines() if "workload" in line and "metric" in line)
+    assert "without groups" in header
+    assert "with groups" in header
+    for workload in ("dashboards", "report", "adhoc"):
+        assert f"| {workload}" in out
+    for metric in (
+        "p50 latency ms",
+        "p95 latency ms",
+        "p99 latency ms",
+        "CPU share %",
+        "avg queue wait ms",
+        "rejections",
+    ):
+        assert metric in out
+    assert f"chart: {chart}" in out
+    assert chart.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert "#" in result.stderr  # the progress bar
+
+
+def test_demo_json_and_the_dashboards_win(tmp_path: Path) -> None:
+    chart = tmp_path / "c.png"
+    result = subprocess.run(
+        [resgroups_command(), "demo", "--duration", "8", "--json", "--chart", str(chart)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    runs = doc["runs"]
+    assert set(runs) == {"without_groups", "with_groups"}
+    before, after = runs["without_groups"]["dashboards"], runs["with_groups"]["dashboards"]
+    assert after["queries"] > before["queries"]
+    assert after["p99_ms"] is not None
+    slow = before["p99_ms"] if before["p99_ms"] is not None else float("inf")
+    assert after["p99_ms"] * 3 <= slow  # at least 3x lower with groups
+    assert runs["with_groups"]["report"]["cpu_share_pct"] > 0  # the report still works
+    assert Path(doc["chart"]) == chart
+    assert chart.exists()
+
+
+def test_demo_refuses_an_unknown_scenario() -> None:
+    result = subprocess.run(
+        [resgroups_command(), "demo", "--scenario", "nope"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "scenarios: dashboards" in result.stderr
+
+
+@pytest.mark.parametrize("duration", ["0", "-3"])
+def test_demo_refuses_a_bad_duration(duration: str) -> None:
+    result = subprocess.run(
+        [resgroups_command(), "demo", "--duration", duration], capture_output=True, text=True
+    )
+    assert result.returncode == 2

@@ -1,0 +1,259 @@
+"""The reference executor: exact results, statement kinds, and what the scheduler sees."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import resgroups
+from resgroups.exec import executor
+from resgroups.sql import ast
+from resgroups.sql.format import format_expr
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class Overflow(Exception):
+    pass
+
+
+class ZeroDivide(Exception):
+    pass
+
+
+def _check(v: int) -> int:
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise Overflow
+    return v
+
+
+def py_eval(expr: ast.Expr, x: int) -> int:
+    """The reference: Python integers, with SQL's int64 range and truncating division."""
+    match expr:
+        case ast.Literal(value=int() as v):
+            return v
+        case ast.Column():
+            return x
+        case ast.Unary(op="-", operand=o):
+            return _check(-py_eval(o, x))
+        case ast.Binary(op=op, left=left, right=right):
+            a, b = py_eval(left, x), py_eval(right, x)
+            if op == "+":
+                return _check(a + b)
+            if op == "-":
+                return _check(a - b)
+            if op == "*":
+                return _check(a * b)
+            if b == 0:
+                raise ZeroDivide
+            q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)
+            if op == "/":
+                return _check(q)
+            return a - b * q  # %: the sign of the dividend
+    raise AssertionError(expr)
+
+
+x_col = ast.Column(ast.Ident("x"))
+int_exprs = st.recursive(
+    st.one_of(
+        st.just(x_col),
+        st.integers(0, 2**62).map(ast.Literal),
+        st.sampled_from([0, 1, 2, 7, 1000, 2**31, 2**40]).map(ast.Literal),
+    ),
+    lambda inner: st.one_of(
+        st.builds(ast.Binary, st.sampled_from(["+", "-", "*", "/", "%"]), inner, inner),
+        st.builds(ast.Unary, st.just("-"), inner),
+    ),
+    max_leaves=5,
+)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[resgroups.Engine]:
+    with resgroups.Engine(workers=2) as e:
+        yield e
+
+
+@pytest.fixture
+def small_morsels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(executor, "MORSEL_ROWS", 997)  # many morsels, uneven ends
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(n=st.integers(0, 5000), expr=int_exprs)
+def test_results_are_exact_against_python(
+    engine: resgroups.Engine, small_morsels: None, n: int, expr: ast.Expr
+) -> None:
+    e = format_expr(expr)
+    sql = f"SELECT sum({e}), min({e}), count(*) FROM long_sequence({n})"
+    try:
+        values = [py_eval(expr, x) for x in range(1, n + 1)]
+        expected: object = (
+            _check(sum(values)) if values else None,
+            min(values) if values else None,
+            n,
+        )
+    except Overflow:
+        expected = resgroups.NumericOverflow
+    except ZeroDivide:
+        expected = resgroups.DivisionByZero
+    session = engine.connect()
+    if isinstance(expected, type):
+        with pytest.raises(expected):
+            session.execute(sql)
+    else:
+        (row,) = session.execute(sql).rows
+        assert row == expected
+        assert all(type(v) in (int, type(None)) for v in row)
+
+
+def test_sums_beyond_2_53_are_exact_and_beyond_int64_fail(engine: resgroups.Engine) -> None:
+    session = engine.connect()
+    big = 1_000_003
+    n = 3_000_000
+    (row,) = session.execute(f"SELECT sum(x * {big}) FROM long_sequence({n})").rows
+    assert row[0] == big * n * (n + 1) // 2  # far beyond 2^53, exact
+    assert row[0] > 2**53
+    with pytest.raises(resgroups.NumericOverflow) as info:
+        session.execute(f"SELECT sum(x * {2**22}) FROM long_sequence({n})")  # 1.9e19
+    assert info.value.sqlstate == "22003"
+    with pytest.raises(resgroups.NumericOverflow):
+        session.execute("SELECT x * 9223372036854775807 FROM long_sequence(2)")
+
+
+def test_select_shapes(engine: resgroups.Engine) -> None:
+    session = engine.connect()
+    assert session.execute(
+        "SELECT x, x * x AS sq FROM long_sequence(10) WHERE x % 3 = 0 ORDER BY sq DESC LIMIT 2"
+    ).rows == [(9, 81), (6, 36)]
+    assert session.execute("SELECT avg(x), max(x), count(x) FROM long_sequence(4)").rows == [
+        (2.5, 4, 4)
+    ]
+    assert session.execute("SELECT sum(x) FROM long_sequence(0)").rows == [(None,)]
+    assert session.execute("SELECT x / 2.0 FROM long_sequence(1)").rows == [(0.5,)]
+    result = session.execute("SELECT x FROM long_sequence(5000000) LIMIT 3")
+    assert result.rows == [(1,), (2,), (3,)]
+    assert result.types == ["int"]
+    assert result.timings["cpu_ms"] >= 0
+    with pytest.raises(resgroups.GroupingError):
+        session.execute("SELECT x, count(*) FROM long_sequence(3)")
+    with pytest.raises(resgroups.InvalidParameter):
+        session.execute("SELECT x FROM long_sequence(-1)")
+    with pytest.raises(resgroups.DatatypeMismatch):
+        session.execute("SELECT x FROM long_sequence(3) WHERE x")
+
+
+def test_tables_ctas_insert_select_drop(engine: resgroups.Engine) -> None:
+    session = engine.connect()
+    assert (
+        session.execute(
+            "CREATE TABLE t AS (SELECT x, x * 2 AS y FROM long_sequence(2500000))"
+        ).status
+        == "SELECT 2500000"
+    )
+    assert session.execute("INSERT INTO t SELECT x, x FROM long_sequence(5)").status == "INSERT 0 5"
+    assert session.execute("SELECT count(*), sum(y) FROM t").rows == [
+        (2500005, 2500000 * 2500001 + 15)
+    ]
+    assert session.execute("SELECT * FROM t WHERE x < 2").rows == [(1, 2), (1, 1)]
+    with pytest.raises(resgroups.CatalogError) as exists:
+        session.execute("CREATE TABLE t AS (SELECT 1)")
+    assert exists.value.sqlstate == "42P07"
+    with pytest.raises(resgroups.DatatypeMismatch, match="3 columns"):
+        session.execute("INSERT INTO t SELECT x, x, x FROM long_sequence(1)")
+    session.execute("DROP TABLE t")
+    with pytest.raises(resgroups.UndefinedTable):
+        session.execute("SELECT * FROM t")
+    session.execute("DROP TABLE IF EXISTS t")
+
+
+def test_current_resource_group_reports_the_group_a_query_ran_in() -> None:
+    with resgroups.Engine() as engine:
+        session = engine.connect("u")
+        session.execute_script("CREATE RESOURCE GROUP reporting; SET RESOURCE GROUP reporting")
+        assert session.execute(
+            "SELECT current_resource_group(), count(*) FROM long_sequence(10)"
+        ).rows == [("reporting", 10)]
+        assert session.execute("SELECT current_resource_group()").rows == [("reporting",)]
+
+
+def test_statement_kinds_are_declared(monkeypatch: pytest.MonkeyPatch) -> None:
+    kinds: list[str] = []
+    real = resgroups.Session.query
+
+    def spy(self: resgroups.Session, kind: str = "select", pool: str = "default") -> object:
+        kinds.append(kind)
+        return real(self, kind, pool)
+
+    monkeypatch.setattr(resgroups.Session, "query", spy)
+    with resgroups.Engine() as engine:
+        session = engine.connect()
+        session.execute("SELECT count(*) FROM long_sequence(3)")
+        session.execute("CREATE TABLE k AS (SELECT x FROM long_sequence(3))")
+        session.execute("INSERT INTO k SELECT x FROM long_sequence(3)")
+        session.execute("DROP TABLE k")
+    assert kinds == ["select", "ctas", "insert_select"]
+
+
+def test_memory_of_every_morsel_is_accounted_and_returned() -> None:
+    with resgroups.Engine(query_memory_limit=4 * 1024 * 1024) as engine:
+        session = engine.connect()
+        # one 1M-row morsel of int64 is 8 MB: above a 4 MB ceiling
+        with pytest.raises(resgroups.MemoryLimitExceeded):
+            session.execute("SELECT sum(x) FROM long_sequence(2000000)")
+        assert engine.resource_groups()[0]["memory_used_bytes"] == 0
+        assert engine.memory_ledger.leaks == 0
+
+
+def test_ctas_in_a_limited_group_runs_single_threaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: set[int] = set()
+    real = executor.Scan._run
+
+    def spy(self: executor.Scan, task: object, morsel: tuple[int, int], body: object) -> object:
+        threads.add(threading.get_ident())
+        return real(self, task, morsel, body)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(executor.Scan, "_run", spy)
+    with resgroups.Engine(workers=2) as engine:
+        pct = round(1.5 / engine.cpus * 100, 2)
+        engine.connect().execute(f"CREATE RESOURCE GROUP copy WITH (cpu_limit = '{pct}%')")
+        session = engine.connect("u")
+        session.execute("SET RESOURCE GROUP copy")
+        session.execute("CREATE TABLE c AS (SELECT x FROM long_sequence(8000000))")
+        assert threads == {threading.get_ident()}  # every morsel on the query's thread
+        threads.clear()
+        session.execute("SELECT sum(x) FROM long_sequence(8000000)")
+        assert len(threads) > 1  # a plain SELECT in the same group runs in parallel
+
+
+def test_insert_select_yields_at_its_checkpoints() -> None:
+    with resgroups.Engine(workers=1) as engine:
+        engine.connect().execute_script(
+            "CREATE RESOURCE GROUP load; CREATE RESOURCE GROUP dash;"
+            "CREATE TABLE sink AS (SELECT x FROM long_sequence(1));"
+        )
+        loader = engine.connect("etl")
+        loader.execute("SET RESOURCE GROUP load")
+        done: dict[str, float] = {}
+
+        def insert() -> None:
+            loader.execute("INSERT INTO sink SELECT x FROM long_sequence(100000000)")
+            done["insert"] = time.monotonic()
+
+        t = threading.Thread(target=insert)
+        t.start()
+        time.sleep(0.2)  # the insert holds the only worker
+        viewer = engine.connect("viewer")
+        viewer.execute("SET RESOURCE GROUP dash")
+        viewer.execute("SELECT count(*) FROM long_sequence(1000)")
+        done["select"] = time.monotonic()
+        t.join(120)
+        # the INSERT gave its worker up at a checkpoint: the SELECT finished first
+        assert done["select"] < done["insert"]

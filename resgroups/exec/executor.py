@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from resgroups.errors import CatalogError, DatatypeMismatch, GroupingError, InvalidParameter
-from resgroups.exec.tables import Table, TableStore
+from resgroups.exec.tables import Table
 from resgroups.exec.vector import Array, Morsel, Partial, combine, evaluate, partial
 from resgroups.query import Query, Task
 from resgroups.result import Result
@@ -231,21 +231,26 @@ def select(session: Session, stmt: ast.Select) -> Result:
     return replace(result, timings=_timings(q, started, scan))
 
 
-def create_table_as(session: Session, stmt: ast.CreateTableAs) -> Result:
-    tables = session.engine.tables
-    tables.check_new(stmt.name)
-    query = stmt.query
-    if query.order_by or query.limit is not None:
-        raise DatatypeMismatch("CREATE TABLE ... AS takes no ORDER BY or LIMIT here")
+def _materialize(
+    session: Session, query: ast.Select, kind: str
+) -> tuple[tuple[str, ...], list[Array]]:
+    """Run the source query of a CTAS or an INSERT ... SELECT into column arrays."""
     source = source_of(session, query) if query.source is not None else long_sequence(1)
-    with session.query(kind="ctas") as q:
+    with session.query(kind=kind) as q:
         scan = Scan(session, q, query, source)
         if scan.aggregates:
             names, rows = scan.aggregate()
-            arrays = [np.array([v]) for v in rows[0]]
-        else:
-            names, arrays = scan.names, scan.project()
-    if len(set(n.lower() for n in names)) != len(names):
+            return names, [np.array([v]) for v in rows[0]]
+        return scan.names, scan.project()
+
+
+def create_table_as(session: Session, stmt: ast.CreateTableAs) -> Result:
+    tables = session.engine.tables
+    tables.check_new(stmt.name)
+    if stmt.query.order_by or stmt.query.limit is not None:
+        raise DatatypeMismatch("CREATE TABLE ... AS takes no ORDER BY or LIMIT here")
+    names, arrays = _materialize(session, stmt.query, "ctas")
+    if len({n.lower() for n in names}) != len(names):
         raise CatalogError(f"duplicate column names in {list(names)}", sqlstate="42701")
     tables.create(stmt.name, Table(names, arrays))
     return Result.command(f"SELECT {len(arrays[0]) if arrays else 0}")
@@ -254,15 +259,7 @@ def create_table_as(session: Session, stmt: ast.CreateTableAs) -> Result:
 def insert_select(session: Session, stmt: ast.InsertSelect) -> Result:
     tables = session.engine.tables
     table = tables.get(stmt.name)
-    query = stmt.query
-    source = source_of(session, query) if query.source is not None else long_sequence(1)
-    with session.query(kind="insert_select") as q:
-        scan = Scan(session, q, query, source)
-        if scan.aggregates:
-            _, rows = scan.aggregate()
-            arrays = [np.array([v]) for v in rows[0]]
-        else:
-            arrays = scan.project()
+    _, arrays = _materialize(session, stmt.query, "insert_select")
     if len(arrays) != len(table.names):
         raise DatatypeMismatch(
             f"INSERT has {len(arrays)} columns, table {stmt.name.text} has {len(table.names)}"
@@ -274,6 +271,3 @@ def insert_select(session: Session, stmt: ast.InsertSelect) -> Result:
 def drop_table(session: Session, stmt: ast.DropTable) -> Result:
     session.engine.tables.drop(stmt.name, if_exists=stmt.if_exists)
     return Result.command("DROP TABLE")
-
-
-__all__ = ["TableStore", "create_table_as", "drop_table", "insert_select", "select"]

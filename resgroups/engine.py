@@ -1,7 +1,8 @@
-"""The engine: a catalog, its sessions and (as they arrive) the schedulers."""
+"""The engine: a catalog, its sessions, the groups' live state and the schedulers."""
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import threading
@@ -295,8 +296,6 @@ class Engine:
     def _check_password(self, name: str, given: str | None, expected: str | None) -> None:
         if expected is None:
             return
-        import hmac
-
         if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
             raise AuthenticationFailed(
                 f"password authentication failed for {name}", sqlstate="28P01"

@@ -1,1 +1,3 @@
-"""Scheduling: per-group statistics now; admission, CPU and memory arrive here."""
+"""Scheduling: the admission gate (``admission``), CPU scheduling (``cpu`` and its
+threaded ``pool``), memory budgets (``memory``), each group's live state
+(``runtime``) and the statistics every view renders (``stats``)."""

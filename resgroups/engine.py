@@ -222,11 +222,18 @@ class Engine:
 
     def query_memory(self, query: Query, group: GroupDef) -> QueryMemory:
         """The budgets of a managed query starting now, its ceiling fixed (SPEC §8)."""
-        own, acl = memory_limits(self.snapshot, query.session.identity)
+        session = query.session
         budget = self.memory_ledger.group(group.id, group.name)
-        ceiling = query_ceiling(
-            own, acl, self.query_memory_limit, budget.limit, self.process_memory_limit
-        )
+        key = (self.snapshot.version, session.identity, group.id, budget.limit)
+        cached = session.ceiling_cache
+        if cached is not None and cached[0] == key:
+            ceiling = cached[1]  # same catalog, principal and group: the same ceiling
+        else:
+            own, acl = memory_limits(self.snapshot, session.identity)
+            ceiling = query_ceiling(
+                own, acl, self.query_memory_limit, budget.limit, self.process_memory_limit
+            )
+            session.ceiling_cache = (key, ceiling)
         return QueryMemory(
             self.memory_ledger,
             group.id,

@@ -30,6 +30,7 @@ class Session:
         self._identity = identity
         self._chosen: tuple[int, str] | None = None  # (group id, name when chosen)
         self.work_cpu_ns = 0  # CPU the built-in executor spent on this session's queries
+        self.ceiling_cache: tuple[object, int | None] | None = None  # see Engine.query_memory
         self._cpu_lock = threading.Lock()
 
     def add_work_cpu(self, nanos: int) -> None:

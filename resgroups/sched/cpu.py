@@ -120,26 +120,53 @@ class RunnerState(Enum):
 _SEQ: Final = itertools.count(1)
 
 
-@dataclass(eq=False)
 class Runner:
     """One thread of work that needs a worker: a query's own thread, or one task."""
 
-    group: GroupCpu
-    pool: str
-    user: str
-    query_id: int
-    kind: str = "select"
-    is_task: bool = False
-    seq: int = field(default_factory=lambda: next(_SEQ))
-    state: RunnerState = RunnerState.DONE
-    scheduled: bool = False  # granted while engaged: sliced and charged
-    fresh: bool = True  # arrived (not parked) since it last waited
-    runnable_since: float = 0.0
-    granted_at: float = 0.0
-    cpu_since_grant_ns: int = 0  # charged since it last got a worker
-    ran_in_pools: set[str] = field(default_factory=set)
-    extra: bool = False  # the one task beyond the cap (CTAS exception)
-    pending_cpu_ns: int = 0  # a task's CPU still to charge when it releases
+    __slots__ = (
+        "cpu_since_grant_ns",
+        "extra",
+        "fresh",
+        "granted_at",
+        "group",
+        "is_task",
+        "kind",
+        "pending_cpu_ns",
+        "pool",
+        "query_id",
+        "ran_in_pools",
+        "runnable_since",
+        "scheduled",
+        "seq",
+        "state",
+        "user",
+    )
+
+    def __init__(
+        self,
+        group: GroupCpu,
+        pool: str,
+        user: str,
+        query_id: int,
+        kind: str = "select",
+        is_task: bool = False,
+    ) -> None:
+        self.group = group
+        self.pool = pool
+        self.user = user
+        self.query_id = query_id
+        self.kind = kind
+        self.is_task = is_task
+        self.seq = next(_SEQ)  # arrival order
+        self.state = RunnerState.DONE
+        self.scheduled = False  # granted while engaged: sliced and charged
+        self.fresh = True  # arrived (not parked) since it last waited
+        self.runnable_since = 0.0
+        self.granted_at = 0.0
+        self.cpu_since_grant_ns = 0  # charged since it last got a worker
+        self.ran_in_pools: set[str] = set()
+        self.extra = False  # the one task beyond the cap (CTAS exception)
+        self.pending_cpu_ns = 0  # a task's CPU still to charge when it releases
 
     def __repr__(self) -> str:
         kind = "task" if self.is_task else self.kind
@@ -260,7 +287,9 @@ class CpuScheduler:
     ) -> None:
         self.sizes = dict(pools)
         self.free = dict(pools)
-        self.slice_s = slice_ms / 1000
+        self.waiting_in = dict.fromkeys(
+            pools, 0
+        )  # runners waiting, per pool        self.slice_s = slice_ms / 1000
         self.granularity_ns = granularity_ns
         self.groups: dict[int, GroupCpu] = {}
         self.outside = GroupCpu(-1, "(outside)", charged=False)
@@ -317,8 +346,15 @@ class CpuScheduler:
         if runner.pool not in self.sizes:
             raise InternalError(f"no pool {runner.pool!r}")
         g = runner.group
-        if g.idle and g.charged:
+        if self.engaged and g.charged and g.idle:
             self._place(g)
+        if self.free[runner.pool] and not self.waiting_in[runner.pool]:
+            # the uncontended path: nobody else waits, a worker is free
+            runner.fresh = True
+            runner.runnable_since = now
+            if self._may_run(runner, now):
+                self._grant(runner, now)
+                return [runner]
         self._enqueue(runner, now, fresh=True)
         return self.dispatch(now, pools=(runner.pool,))
 
@@ -326,6 +362,7 @@ class CpuScheduler:
         runner.state = RunnerState.WAITING
         runner.fresh = fresh
         runner.runnable_since = now
+        self.waiting_in[runner.pool] += 1
         queue = runner.group.waiting.setdefault(runner.pool, [])
         # arrival order: a parked runner goes back to its place, not to the end
         index = len(queue)
@@ -350,6 +387,7 @@ class CpuScheduler:
     def _unwait(self, runner: Runner) -> None:
         queue = runner.group.waiting.get(runner.pool, [])
         queue.remove(runner)
+        self.waiting_in[runner.pool] -= 1
 
     # ---- slices ---------------------------------------------------------------------------
 
@@ -437,6 +475,8 @@ class CpuScheduler:
     # ---- dispatch ------------------------------------------------------------------------
 
     def _groups_waiting(self, pool: str) -> list[GroupCpu]:
+        if not self.waiting_in[pool]:
+            return []
         gs = [g for g in self.groups.values() if g.waiting.get(pool)]
         if self.outside.waiting.get(pool):
             gs.append(self.outside)
@@ -487,7 +527,7 @@ class CpuScheduler:
         """Hand every free worker to the runner the rules pick; the runners granted."""
         granted = []
         for pool in pools if pools is not None else list(self.sizes):
-            while self.free[pool] > 0:
+            while self.free[pool] > 0 and self.waiting_in[pool]:
                 r = self._pick(pool, now)
                 if r is None:
                     break
@@ -497,7 +537,8 @@ class CpuScheduler:
 
     def _grant(self, r: Runner, now: float) -> None:
         g = r.group
-        self._unwait(r)
+        if r.state is RunnerState.WAITING:
+            self._unwait(r)
         self.free[r.pool] -= 1
         r.state = RunnerState.RUNNING
         r.scheduled = self.engaged and not self.degraded
@@ -542,6 +583,10 @@ class CpuScheduler:
             held = sum(1 for g in everyone for r in g.running if r.pool == pool)
             if self.free[pool] < 0 or self.free[pool] + held != size:
                 problems.append(f"pool {pool}: free {self.free[pool]} + held {held} != {size}")
+        for pool in self.sizes:
+            waiting = sum(len(g.waiting.get(pool, [])) for g in everyone)
+            if waiting != self.waiting_in[pool]:
+                problems.append(f"pool {pool}: {waiting} waiting, counted {self.waiting_in[pool]}")
         seen: set[int] = set()
         for g in everyone:
             runners = [*g.running, *(r for q in g.waiting.values() for r in q)]

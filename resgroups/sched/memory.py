@@ -72,6 +72,9 @@ class MemoryLedger:
         self.leaked_bytes = 0
 
     def group(self, group_id: int, name: str) -> Budget:
+        budget = self.groups.get(group_id)  # the common case: no lock
+        if budget is not None:
+            return budget
         with self.lock:
             budget = self.groups.get(group_id)
             if budget is None:

@@ -118,11 +118,15 @@ class Dispatcher:
                 self.fault_hook()
             return op()
         except Exception as exc:
-            if self.core.degraded:
-                raise
-            log.error("CPU scheduler fault, degrading to arrival order: %r", exc)
-            self.core.degraded = True
-            return op()
+            return self._degrade(exc, op)
+
+    def _degrade(self, exc: Exception, retry: Callable[[], T]) -> T:
+        """Lock held: a core fault degrades the scheduler for good; retry degraded."""
+        if self.core.degraded:
+            raise exc
+        log.error("CPU scheduler fault, degrading to arrival order: %r", exc)
+        self.core.degraded = True
+        return retry()
 
     def _wake(self, granted: list[Runner]) -> None:
         """Lock held: hand each granted runner its worker."""
@@ -147,8 +151,15 @@ class Dispatcher:
         with self.lock:
             if self._closed:
                 raise EngineClosed("the worker pools are closed")
-            granted = self._guarded(lambda: self.core.submit(runner, self.now()))
-            self._wake([r for r in granted if r is not runner])
+            now = self.now()
+            try:  # _guarded, inlined on the per-query path
+                if self.fault_hook is not None and self.core.engaged and not self.core.degraded:
+                    self.fault_hook()
+                granted = self.core.submit(runner, now)
+            except Exception as exc:
+                granted = self._degrade(exc, partial(self.core.submit, runner, now))
+            if len(granted) != 1 or granted[0] is not runner:
+                self._wake([r for r in granted if r is not runner])
             if runner.state is RunnerState.RUNNING:
                 return
             event = self._events[runner] = threading.Event()
@@ -191,8 +202,15 @@ class Dispatcher:
         with self.lock:
             if runner.state is RunnerState.DONE:
                 return
-            granted = self._guarded(lambda: self.core.release(runner, cpu_ns, self.now()))
-            self._wake(granted)
+            now = self.now()
+            try:  # _guarded, inlined on the per-query path
+                if self.fault_hook is not None and self.core.engaged and not self.core.degraded:
+                    self.fault_hook()
+                granted = self.core.release(runner, cpu_ns, now)
+            except Exception as exc:
+                granted = self._degrade(exc, partial(self.core.release, runner, cpu_ns, now))
+            if granted:
+                self._wake(granted)
 
     def slice_end(
         self, runner: Runner, cpu_ns: int, check: Callable[[], Error | None], deadline: float

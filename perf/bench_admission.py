@@ -14,8 +14,10 @@ The ratios print at the end (goal for 1: 3x the semaphore or less).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pyperf
+from _threads import timed_threads
 
 import resgroups
 
@@ -41,48 +43,33 @@ def semaphore(loops: int) -> float:
     return pyperf.perf_counter() - t0
 
 
-def _threads(loops: int, body: object) -> float:
-    per_thread = max(1, loops // THREADS)
-    start = threading.Barrier(THREADS + 1)
-
-    def run() -> None:
-        start.wait()
-        assert callable(body)
-        body(per_thread)
-
-    threads = [threading.Thread(target=run) for _ in range(THREADS)]
-    for t in threads:
-        t.start()
-    start.wait()
-    t0 = pyperf.perf_counter()
-    for t in threads:
-        t.join()
-    return (pyperf.perf_counter() - t0) * loops / (per_thread * THREADS)
-
-
 def contended_gate(loops: int) -> float:
     with resgroups.Engine(workers=THREADS) as engine:
         engine.connect().execute("CREATE RESOURCE GROUP g WITH (max_active_queries = 2)")
 
-        def body(n: int) -> None:
+        def prepare() -> Callable[[int], None]:
             session = engine.connect("bench")
             session.execute("SET RESOURCE GROUP g")
-            for _ in range(n):
-                with session.query():
-                    pass
 
-        return _threads(loops, body)
+            def loop(n: int) -> None:
+                for _ in range(n):
+                    with session.query():
+                        pass
+
+            return loop
+
+        return timed_threads(THREADS, loops, prepare)
 
 
 def contended_semaphore(loops: int) -> float:
     sem = threading.Semaphore(2)
 
-    def body(n: int) -> None:
+    def loop(n: int) -> None:
         for _ in range(n):
             with sem:
                 pass
 
-    return _threads(loops, body)
+    return timed_threads(THREADS, loops, lambda: loop)
 
 
 def _ratio(a: pyperf.Benchmark | None, b: pyperf.Benchmark | None, label: str) -> None:

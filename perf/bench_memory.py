@@ -11,8 +11,10 @@ call on a counter shared by every thread (goal: 2.5x cheaper or better).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pyperf
+from _threads import timed_threads
 
 from resgroups.sched.memory import MemoryCounter, MemoryLedger, QueryMemory
 
@@ -35,39 +37,27 @@ class LockedCounter:
             self.used -= n
 
 
-def _run(threads: int, loops: int, make: object) -> float:
-    per_thread = max(1, loops // threads)
-    start = threading.Barrier(threads + 1)
+def _loop(counter: MemoryCounter | LockedCounter) -> Callable[[int], None]:
+    allocate, release = counter.allocate, counter.release
 
-    def work() -> None:
-        assert callable(make)
-        counter = make()
-        allocate, release = counter.allocate, counter.release
-        start.wait()
-        for _ in range(per_thread):
+    def loop(n: int) -> None:
+        for _ in range(n):
             allocate(SIZE)
             release(SIZE)
 
-    pool = [threading.Thread(target=work) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    start.wait()
-    t0 = pyperf.perf_counter()
-    for t in pool:
-        t.join()
-    return (pyperf.perf_counter() - t0) * loops / (per_thread * threads)
+    return loop
 
 
-def batched(threads: int) -> object:
+def batched(threads: int) -> Callable[[int], float]:
     ledger = MemoryLedger(0)
     budget = ledger.group(1, "g")
     query = QueryMemory(ledger, 1, budget, None, "bench", lambda e: None)
-    return lambda loops: _run(threads, loops, lambda: MemoryCounter(query))
+    return lambda loops: timed_threads(threads, loops, lambda: _loop(MemoryCounter(query)))
 
 
-def locked(threads: int) -> object:
+def locked(threads: int) -> Callable[[int], float]:
     shared = LockedCounter()
-    return lambda loops: _run(threads, loops, lambda: shared)
+    return lambda loops: timed_threads(threads, loops, lambda: _loop(shared))
 
 
 if __name__ == "__main__":

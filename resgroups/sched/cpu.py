@@ -29,7 +29,9 @@ Invariants (``_check_invariants``)
     I2 each runner is in exactly one place: waiting in one group's queue of
        one pool, running (holding one worker), or done;
     I3 held_g (scheduled runners of g holding workers, all pools) <= cap_g,
-       plus one task while every running query of g is a CTAS;
+       plus one task while every running query of g is a CTAS; an ALTER that
+       lowers cap_g takes no worker back, so until enough leave, held_g may
+       stay at what it was (and nothing new is granted meanwhile);
     I4 work conservation: after any operation no pool has a free worker
        while a runner that may take it waits there;
     I5 b_g <= B_g.
@@ -198,6 +200,7 @@ class GroupCpu:
         self.wait_ns_total = 0
         self.cpu_by_user: dict[str, int] = {}
         self.held = 0  # scheduled runners holding workers, all pools
+        self.held_over_cap = 0  # held when an ALTER lowered the cap; falls as they leave
         self.held_by: dict[tuple[str, str], int] = {}  # (pool, user) -> workers
         self.held_by_query: dict[tuple[str, int], int] = {}  # (pool, query) -> workers
         self.running: set[Runner] = set()
@@ -319,6 +322,8 @@ class CpuScheduler:
         g.refill(now)
         was_fractional = g.fractional
         g.name, g.weight, g.limit_cores, g.policy = name, weight, limit_cores, policy
+        if g.held > g.cap:  # ALTER cancels nothing: workers held stay held
+            g.held_over_cap = max(g.held_over_cap, g.held)
         if g.fractional and not was_fractional:
             g.budget_ns = g.burst
         g.budget_ns = min(g.budget_ns, g.burst)
@@ -561,6 +566,7 @@ class CpuScheduler:
         self.free[r.pool] += 1
         if r.scheduled:
             g.held -= 1
+            g.held_over_cap = min(g.held_over_cap, g.held)
             _decrement(g.held_by, (r.pool, r.user))
             _decrement(g.held_by_query, (r.pool, r.query_id))
         r.extra = False
@@ -605,7 +611,8 @@ class CpuScheduler:
             if g.held != scheduled:
                 problems.append(f"{g.name}: held {g.held} != scheduled running {scheduled}")
             extra = sum(1 for r in g.running if r.extra)
-            if self.engaged and not self.degraded and g.charged and g.held - extra > g.cap:
+            allowed = max(g.cap, g.held_over_cap)
+            if self.engaged and not self.degraded and g.charged and g.held - extra > allowed:
                 problems.append(f"{g.name}: holds {g.held} workers above its cap {g.cap}")
             if extra > 1:
                 problems.append(f"{g.name}: {extra} tasks beyond the cap")

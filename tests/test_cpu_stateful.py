@@ -106,5 +106,5 @@ class CoreMachine(RuleBasedStateMachine):
         assert all(v == POOLS[p] for p, v in self.s.free.items())
 
 
-CoreMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+CoreMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=50, deadline=None)
 TestCoreStateful = CoreMachine.TestCase

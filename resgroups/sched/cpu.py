@@ -387,7 +387,12 @@ class CpuScheduler:
         self._charge(runner, cpu_ns, now)
         self._unhold(runner)
         runner.state = RunnerState.DONE
-        return self.dispatch(now, pools=(runner.pool,))
+        return self.dispatch(now, pools=self._freed(runner))
+
+    def _freed(self, runner: Runner) -> tuple[str, ...] | None:
+        """The pools a freed worker may unblock: its own, or every pool when the
+        group's cap counts workers across pools (None: all)."""
+        return None if runner.group.limit_cores is not None else (runner.pool,)
 
     def _unwait(self, runner: Runner) -> None:
         queue = runner.group.waiting.get(runner.pool, [])
@@ -411,7 +416,7 @@ class CpuScheduler:
             return Decision(True, "renew")
         self._unhold(runner)
         self._enqueue(runner, now, fresh=False)  # still runnable: no placement
-        granted = self.dispatch(now, pools=(runner.pool,))
+        granted = self.dispatch(now, pools=self._freed(runner))
         if runner in granted:  # it was the one the rules picked after all
             granted.remove(runner)
             return Decision(True, "renew", granted)

@@ -272,7 +272,11 @@ class Dispatcher:
 
     def set_engaged(self, engaged: bool) -> None:
         with self.lock:
+            if self.core.engaged == engaged:
+                return
             self.core.engaged = engaged
+            # caps and budgets apply (or stop applying): hand out what may go now
+            self._wake(self._guarded(partial(self.core.dispatch, self.now())))
 
     def configure(
         self, group_id: int, name: str, weight: int, limit_cores: float | None, policy: str

@@ -264,10 +264,6 @@ class Query:
             self._deadline = -math.inf
 
     @property
-    def managed(self) -> bool:
-        return self._runtime is not None
-
-    @property
     def memory_ceiling(self) -> int | None:
         """The query's memory ceiling, fixed when it started (None: none)."""
         return self._published.ceiling if self._published is not None else None

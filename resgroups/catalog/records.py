@@ -153,10 +153,10 @@ def _set_mapping(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     return replace(snap, principals=_with_principal(snap, changed))
 
 
-def _principal_field(name: str, value_key: str | None = None) -> Callable[..., Snapshot]:
+def _principal_field(name: str, value_key: str) -> Callable[..., Snapshot]:
     def apply_field(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
         principal = _principal(snap, a["principal"])
-        value = a[value_key] if value_key else a["value"]
+        value = a[value_key]
         return replace(snap, principals=_with_principal(snap, replace(principal, **{name: value})))
 
     return apply_field

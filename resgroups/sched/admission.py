@@ -290,10 +290,6 @@ class Gate:
         assert best is not None
         return best
 
-    def fair_choice(self) -> Ticket | None:
-        """The ticket the fair rule would admit next (None when none waits)."""
-        return self._next_fair() if self._queue else None
-
     def _check_invariants(self) -> None:
         problems = []
         queued = set(self._queue)

@@ -205,9 +205,8 @@ class GroupCpu:
         self.held_by_query: dict[tuple[str, int], int] = {}  # (pool, query) -> workers
         self.running: set[Runner] = set()
         self.waiting: dict[str, list[Runner]] = {}  # pool -> runners in arrival order
-        self.budget_ns = 0.0
+        self.budget_ns = self.burst  # a group starts with its burst
         self.budget_at = 0.0
-        self._set_budget_full()
 
     # ---- limits
     @property
@@ -233,9 +232,6 @@ class GroupCpu:
     def single_threaded(self) -> bool:
         """Limited to one core or less: a query's parallel work runs on its own thread."""
         return self.limit_cores is not None and self.limit_cores <= 1 + 1e-9
-
-    def _set_budget_full(self) -> None:
-        self.budget_ns = self.burst
 
     def refill(self, now: float) -> None:
         if self.fractional:

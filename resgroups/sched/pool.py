@@ -54,10 +54,6 @@ class PoolView:
         self.name = name
 
     @property
-    def size(self) -> int:
-        return self._dispatcher.core.sizes[self.name]
-
-    @property
     def free(self) -> int:
         return self._dispatcher.core.free[self.name]
 

@@ -217,7 +217,3 @@ def lookup(name: str) -> Parameter:
 def parse_param(name: str, raw: RawValue) -> tuple[str, ParamValue]:
     param = lookup(name)
     return param.name, param.parse(raw)
-
-
-def defaults() -> dict[str, ParamValue]:
-    return {name: p.default for name, p in PARAMETERS.items()}

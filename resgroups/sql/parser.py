@@ -23,9 +23,9 @@ from lark.lexer import PatternStr
 
 from resgroups.errors import InvalidParameter, NumericOverflow, SqlSyntaxError
 from resgroups.sql import ast
-from resgroups.sql.params import INT32_MAX, RawValue, parse_param, parse_size
+from resgroups.sql.params import INT32_MAX, RawValue, lookup, parse_param, parse_size
 
-__all__ = ["is_complete", "keywords", "parse", "parse_one", "parse_script", "split_statements"]
+__all__ = ["is_complete", "keywords", "parse_one", "parse_script", "split_statements"]
 
 
 class _PositionedError(Exception):
@@ -105,8 +105,6 @@ class _ToAst(Transformer[Token, Any]):
     def alter_resource_group_reset(
         self, name: ast.Ident, *names: Token
     ) -> ast.AlterResourceGroupReset:
-        from resgroups.sql.params import lookup
-
         seen = tuple(dict.fromkeys(lookup(str(n)).name for n in names))
         return ast.AlterResourceGroupReset(name, seen)
 
@@ -487,9 +485,6 @@ def parse_script(text: str) -> list[ast.Statement]:
         pos = exc.token.start_pos if exc.token.start_pos is not None else 0
         raise _syntax_error(text, exc.message, pos, []) from None
     return result
-
-
-parse = parse_script
 
 
 def parse_one(text: str) -> ast.Statement:

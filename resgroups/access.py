@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from resgroups.catalog.model import GroupDef, Principal, Snapshot
+from resgroups.catalog.names import Ident, PrincipalKind
 from resgroups.errors import AuthenticationFailed, CatalogError, PermissionDenied, did_you_mean
-from resgroups.sql.ast import Ident, PrincipalKind
 
 
 @dataclass(frozen=True)

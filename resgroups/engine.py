@@ -15,6 +15,7 @@ from resgroups.access import Identity, memory_limits
 from resgroups.auth import verify_password
 from resgroups.catalog import Catalog, Snapshot, open_log
 from resgroups.catalog.model import GroupDef
+from resgroups.catalog.names import Ident, PrincipalKind
 from resgroups.catalog.store import CatalogLog
 from resgroups.clock import Clock, MonotonicClock
 from resgroups.cpus import available_cpus
@@ -33,7 +34,6 @@ from resgroups.sched.pool import Dispatcher, PoolView
 from resgroups.sched.runtime import GroupRuntime
 from resgroups.sched.stats import CounterReading, GroupStatistics, group_statistics
 from resgroups.session import Session
-from resgroups.sql.ast import Ident, PrincipalKind
 
 log = logging.getLogger("resgroups")
 

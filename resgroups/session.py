@@ -10,8 +10,8 @@ from resgroups.access import Identity, login_principal, resolve
 from resgroups.catalog.model import GroupDef
 from resgroups.query import Query
 from resgroups.result import Result
-from resgroups.sql.execute import execute_statement
 from resgroups.sql.parser import parse_script
+from resgroups.statements.dispatch import execute_statement
 
 if TYPE_CHECKING:
     from resgroups.engine import Engine

@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import resgroups
+from resgroups.catalog.params import PARAMETERS
 from resgroups.errors import Error, InternalError
 from resgroups.sql import ast
 from resgroups.sql.format import format_sql
-from resgroups.sql.params import PARAMETERS
 from resgroups.sql.parser import keywords, parse_one, parse_script
 
 HERE = Path(__file__).resolve().parent

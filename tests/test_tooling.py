@@ -61,6 +61,7 @@ def test_package_is_typed() -> None:
         ["ruff", "check", "."],
         ["ruff", "format", "--check", "."],
         ["mypy"],
+        ["lint-imports"],  # the layering contract of docs/architecture.md
     ],
 )
 def test_linters_are_clean(command: list[str]) -> None:

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from resgroups.catalog.names import Ident, PrincipalKind
+from resgroups.catalog.params import PARAMETERS, ParamValue
 from resgroups.errors import InternalError
-from resgroups.sql.ast import Ident, PrincipalKind
-from resgroups.sql.params import PARAMETERS, ParamValue
 
 DEFAULT_GROUP_ID: Final = 0
 DEFAULT_GROUP_NAME: Final = "default"

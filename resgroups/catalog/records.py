@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from resgroups.catalog.model import GroupDef, Principal, Snapshot
+from resgroups.catalog.names import PrincipalKind
 from resgroups.errors import InternalError
-from resgroups.sql.ast import PrincipalKind
 
 LOG_FORMAT: Final = 1
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from resgroups.catalog.names import Ident
 from resgroups.errors import CatalogError, DatatypeMismatch, UndefinedTable, did_you_mean
-from resgroups.sql.ast import Ident
 
 Array = np.ndarray[Any, Any]
 

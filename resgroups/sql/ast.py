@@ -8,35 +8,17 @@ that parses to an equal node.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+
+from resgroups.catalog.names import Ident as Ident
+from resgroups.catalog.names import PrincipalKind as PrincipalKind
+from resgroups.catalog.params import ParamValue as ParamValue
 
 # --------------------------------------------------------------------------
 # names
 
 
-@dataclass(frozen=True)
-class Ident:
-    """An identifier as written: unquoted names compare case-insensitively."""
-
-    text: str
-    quoted: bool = False
-
-    def __str__(self) -> str:
-        return self.text
-
-
 DEFAULT_GROUP = Ident("DEFAULT")
 """What the keyword DEFAULT stands for where a group name is expected."""
-
-
-class PrincipalKind(Enum):
-    USER = "user"
-    GROUP = "group"
-    SERVICE_ACCOUNT = "service account"
-
-    @property
-    def sql(self) -> str:
-        return self.value.upper()
 
 
 # --------------------------------------------------------------------------
@@ -93,8 +75,7 @@ Expr = Literal | Column | Unary | Binary | IsNull | InList | Call
 # resource group DDL
 
 
-ParamValue = int | str | None
-"""A typed parameter value (see :mod:`resgroups.sql.params`)."""
+"""A typed parameter value (see :mod:`resgroups.catalog.params`)."""
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+from resgroups.catalog.params import PARAMETERS
 from resgroups.sql import ast
-from resgroups.sql.params import PARAMETERS
 
 
 def quote_ident(ident: ast.Ident) -> str:

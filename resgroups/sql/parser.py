@@ -21,9 +21,9 @@ from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 from lark.lexer import PatternStr
 
+from resgroups.catalog.params import INT32_MAX, RawValue, lookup, parse_param, parse_size
 from resgroups.errors import InvalidParameter, NumericOverflow, SqlSyntaxError
 from resgroups.sql import ast
-from resgroups.sql.params import INT32_MAX, RawValue, lookup, parse_param, parse_size
 
 __all__ = ["is_complete", "keywords", "parse_one", "parse_script", "split_statements"]
 

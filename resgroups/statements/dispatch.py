@@ -16,10 +16,11 @@ from resgroups.access import check_group_admin, check_use, find_group
 from resgroups.errors import FeatureNotSupported, PermissionDenied
 from resgroups.exec import executor
 from resgroups.result import Result
-from resgroups.sql import ast, ddl, principals
+from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext, Scope, compile_expr
 from resgroups.sql.select import Relation, run_select
-from resgroups.sql.tables import relation, table_function
+from resgroups.statements import groups, principals
+from resgroups.statements.table_functions import relation, table_function
 
 if TYPE_CHECKING:
     from resgroups.session import Session
@@ -89,11 +90,11 @@ _NO_COLUMNS: Final = Scope(())
 
 _DDL = Needs.GROUP_ADMIN
 RULES: Final[dict[type, Rule]] = {
-    ast.CreateResourceGroup: Rule(ddl.create_resource_group, _DDL),
-    ast.AlterResourceGroupSet: Rule(ddl.alter_resource_group_set, _DDL),
-    ast.AlterResourceGroupReset: Rule(ddl.alter_resource_group_reset, _DDL),
-    ast.RenameResourceGroup: Rule(ddl.rename_resource_group, _DDL),
-    ast.DropResourceGroup: Rule(ddl.drop_resource_group, _DDL),
+    ast.CreateResourceGroup: Rule(groups.create_resource_group, _DDL),
+    ast.AlterResourceGroupSet: Rule(groups.alter_resource_group_set, _DDL),
+    ast.AlterResourceGroupReset: Rule(groups.alter_resource_group_reset, _DDL),
+    ast.RenameResourceGroup: Rule(groups.rename_resource_group, _DDL),
+    ast.DropResourceGroup: Rule(groups.drop_resource_group, _DDL),
     ast.CreatePrincipal: Rule(principals.create_principal, Needs.ADMIN, True),
     ast.DropPrincipal: Rule(principals.drop_principal, Needs.ADMIN, True),
     ast.AddUser: Rule(principals.add_user, Needs.ADMIN, True),

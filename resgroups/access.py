@@ -17,9 +17,11 @@ and, for users, from their ACL groups too.
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from resgroups.auth import verify_password
 from resgroups.catalog.model import GroupDef, Principal, Snapshot
 from resgroups.catalog.names import Ident, PrincipalKind
 from resgroups.errors import AuthenticationFailed, CatalogError, PermissionDenied, did_you_mean
@@ -117,14 +119,13 @@ def find_group(snap: Snapshot, ref: Ident) -> GroupDef:
     return group
 
 
-def resolve(
-    snap: Snapshot, who: Identity, chosen: tuple[int, str] | None, *, access_control: bool
-) -> GroupDef:
-    """The group a managed query starting now runs in (SPEC §5)."""
+def resolve(snap: Snapshot, who: Identity, chosen: int | None, *, access_control: bool) -> GroupDef:
+    """The group a managed query starting now runs in (SPEC §5); ``chosen`` is
+    the id of the session's choice (SET RESOURCE GROUP), named as it is now."""
     if chosen is not None:
-        group_id, name = chosen
-        group = snap.group(group_id)
+        group = snap.group(chosen)
         if group is None:
+            name = snap.group_name(chosen) or f"id {chosen}"
             raise CatalogError(
                 f"resource group {name} chosen by SET RESOURCE GROUP no longer exists; "
                 "RESET RESOURCE GROUP or choose another",
@@ -164,3 +165,43 @@ def memory_limits(snap: Snapshot, who: Identity) -> tuple[int | None, list[int]]
         if g.memory_limit is not None and login.kind is PrincipalKind.USER
     ]
     return login.memory_limit, acl
+
+
+class Authenticator:
+    """Who may open a session (SPEC §2): the admin, or a catalog user or service
+    account, each checked against its password when it has one."""
+
+    def __init__(
+        self, *, access_control: bool, admin_user: str, admin_password: str | None
+    ) -> None:
+        self.access_control = access_control
+        self.admin_user = admin_user
+        self._admin_password = admin_password
+
+    def login(self, snap: Snapshot, name: str, password: str | None) -> Identity:
+        """The identity ``name`` logs in as; AuthenticationFailed otherwise."""
+        if not self.access_control:
+            return Identity(name)
+        if name == self.admin_user:
+            self._check_admin_password(name, password)
+            return Identity(name, is_admin=True)
+        principal = snap.find_principal(Ident(name))
+        if principal is None or principal.kind is PrincipalKind.GROUP:
+            what = "is a group and cannot log in" if principal else "does not exist"
+            raise AuthenticationFailed(f"authentication failed: principal {name} {what}")
+        if principal.password_hash is not None and (
+            password is None or not verify_password(password, principal.password_hash)
+        ):
+            raise AuthenticationFailed(
+                f"password authentication failed for {name}", sqlstate="28P01"
+            )
+        return Identity(principal.name, login_id=principal.id)
+
+    def _check_admin_password(self, name: str, given: str | None) -> None:
+        expected = self._admin_password
+        if expected is None:
+            return
+        if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
+            raise AuthenticationFailed(
+                f"password authentication failed for {name}", sqlstate="28P01"
+            )

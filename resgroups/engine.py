@@ -1,8 +1,25 @@
-"""The engine: a catalog, its sessions, the groups' live state and the schedulers."""
+"""The engine: a facade over the named parts one process of resgroups is made of.
+
+=================  ==========================================================
+part               what it holds
+=================  ==========================================================
+``_catalog``       the catalog log and its current snapshot (resgroups.catalog)
+``runtimes``       one live runtime per group, kept equal to the catalog
+                   (resgroups.sched.groups)
+``dispatcher``     the worker pools and the CPU scheduler (resgroups.sched)
+``memory_ledger``  group and process memory budgets (resgroups.sched.memory)
+``authenticator``  who may open a session (resgroups.access)
+``tables``         the reference executor's in-memory tables (resgroups.exec)
+``_metrics``       the Prometheus registry (resgroups.metrics)
+=================  ==========================================================
+
+The engine wires them together and validates its arguments; each part can
+be replaced or joined by another (a replica's catalog follower, a fleet
+coordinator, a server front end) at this one place.
+"""
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import threading
@@ -11,16 +28,13 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-from resgroups.access import Identity, memory_limits
-from resgroups.auth import verify_password
+from resgroups.access import Authenticator, memory_limits
 from resgroups.catalog import Catalog, Snapshot, open_log
 from resgroups.catalog.model import GroupDef
-from resgroups.catalog.names import Ident, PrincipalKind
 from resgroups.catalog.store import CatalogLog
 from resgroups.clock import Clock, MonotonicClock
 from resgroups.cpus import available_cpus
 from resgroups.errors import (
-    AuthenticationFailed,
     EngineClosed,
     FeatureNotSupported,
     InvalidParameter,
@@ -29,10 +43,11 @@ from resgroups.errors import (
 from resgroups.exec.tables import TableStore
 from resgroups.metrics import EngineMetrics
 from resgroups.query import Query
+from resgroups.sched.groups import GroupRuntimes
 from resgroups.sched.memory import MemoryLedger, QueryMemory, query_ceiling
 from resgroups.sched.pool import Dispatcher, PoolView
 from resgroups.sched.runtime import GroupRuntime
-from resgroups.sched.stats import CounterReading, GroupStatistics, group_statistics
+from resgroups.sched.stats import GroupStatistics
 from resgroups.session import Session
 
 log = logging.getLogger("resgroups")
@@ -113,7 +128,9 @@ class Engine:
         self.slice_ms = slice_ms
         self.access_control = access_control
         self.admin_user = admin_user
-        self._admin_password = admin_password
+        self.authenticator = Authenticator(
+            access_control=access_control, admin_user=admin_user, admin_password=admin_password
+        )
         self.enabled = enabled
         self.query_timeout = query_timeout
         self.query_memory_limit = query_memory_limit
@@ -122,8 +139,6 @@ class Engine:
         self._closed = False
         self._close_lock = threading.Lock()
         self._queries: set[Query] = set()
-        self._runtimes: dict[int, GroupRuntime] = {}
-        self._runtimes_lock = threading.Lock()
         self._log: CatalogLog = open_log(catalog)
         try:
             self._catalog = Catalog(self._log)
@@ -141,7 +156,16 @@ class Engine:
         self._pool_views = {name: PoolView(self.dispatcher, name) for name in self.pools}
         self.memory_ledger = MemoryLedger(process_memory_limit)
         self.tables = TableStore()  # the built-in executor's tables
-        self._sync_runtimes(self._catalog.snapshot)
+        self.runtimes = GroupRuntimes(
+            self.clock.monotonic,
+            self.dispatcher,
+            self.memory_ledger,
+            cpus=self.cpus,
+            enabled=enabled,
+            snapshot=lambda: self._catalog.snapshot,
+        )
+        # every snapshot reaches the live gates under the catalog's write lock
+        self._catalog.subscribe(self.runtimes.apply)
         # what replicas report; they arrive with §10
         self.catalog_lag_unmanaged_queries = 0
         self._metrics = EngineMetrics(self)
@@ -161,64 +185,13 @@ class Engine:
     def write_catalog(self, build: Callable[[Snapshot], Change | None]) -> Snapshot:
         """Append the one record a DDL statement makes (see :meth:`Catalog.write`)."""
         self._check_open()
-        snapshot = self._catalog.write(build)
-        self._sync_runtimes(snapshot)
-        return snapshot
+        return self._catalog.write(build)
 
     # ---- group runtimes -------------------------------------------------------------
 
-    def _new_runtime(self, group: GroupDef) -> GroupRuntime:
-        runtime = GroupRuntime(group, self.clock.monotonic, self.dispatcher)
-        self._configure_runtime(runtime, group)
-        return runtime
-
-    def _configure_runtime(self, runtime: GroupRuntime, group: GroupDef) -> None:
-        runtime.configure(group, self.cpus)
-        self.memory_ledger.set_group_limit(group.id, group.name, group.memory_limit)
-
-    def _sync_runtimes(self, snapshot: Snapshot) -> None:
-        """Apply the catalog to the live gates: ALTER online, DROP once idle."""
-        with self._runtimes_lock:
-            current = {g.id: g for g in snapshot.groups}
-            for group_id, runtime in list(self._runtimes.items()):
-                if group_id in current:
-                    self._configure_runtime(runtime, current[group_id])
-                else:
-                    runtime.dropped = True
-                    if runtime.idle:
-                        del self._runtimes[group_id]
-                        runtime.forget()
-                        self.memory_ledger.forget(group_id)
-            for group in snapshot.groups:
-                if group.id not in self._runtimes:
-                    self._runtimes[group.id] = self._new_runtime(group)
-            self._update_engagement(snapshot)
-
-    def _update_engagement(self, snapshot: Snapshot) -> None:
-        """Engaged while two or more groups exist, or any has a CPU limit or the fair
-        policy, or queries of dropped groups still run (SPEC §7). Lock held."""
-        engaged = (
-            len(snapshot.groups) >= 2
-            or any(
-                g.cpu_limit_centi_pct is not None or g.scheduling_policy == "fair"
-                for g in snapshot.groups
-            )
-            or any(r.dropped for r in self._runtimes.values())
-        )
-        self.dispatcher.set_engaged(engaged and self.enabled)
-
     def runtime_for(self, group: GroupDef) -> GroupRuntime:
         """The live state of a group a query resolved to (even one dropped since)."""
-        runtime = self._runtimes.get(group.id)  # the common case: no lock
-        if runtime is not None:
-            return runtime
-        with self._runtimes_lock:
-            runtime = self._runtimes.get(group.id)
-            if runtime is None:
-                runtime = self._runtimes[group.id] = self._new_runtime(group)
-                runtime.dropped = self.snapshot.group(group.id) is None
-                self._update_engagement(self.snapshot)
-            return runtime
+        return self.runtimes.runtime_for(group)
 
     def query_memory(self, query: Query, group: GroupDef) -> QueryMemory:
         """The budgets of a managed query starting now, its ceiling fixed (SPEC §8)."""
@@ -263,14 +236,8 @@ class Engine:
 
     def close_query(self, query: Query) -> None:
         self._queries.discard(query)
-        runtime = query.runtime
-        if runtime is not None and runtime.dropped and runtime.idle:
-            with self._runtimes_lock:
-                if self._runtimes.get(runtime.group_id) is runtime and runtime.idle:
-                    del self._runtimes[runtime.group_id]
-                    runtime.forget()
-                    self.memory_ledger.forget(runtime.group_id)
-                    self._update_engagement(self.snapshot)
+        if query.runtime is not None:
+            self.runtimes.query_ended(query.runtime)
 
     # ---- sessions ------------------------------------------------------------------
 
@@ -283,54 +250,13 @@ class Engine:
         """
         self._check_open()
         name = user if user is not None else self.admin_user
-        if not self.access_control:
-            return Session(self, Identity(name))
-        if name == self.admin_user:
-            self._check_password(name, password, self._admin_password)
-            return Session(self, Identity(name, is_admin=True))
-        principal = self.snapshot.find_principal(Ident(name))
-        if principal is None or principal.kind is PrincipalKind.GROUP:
-            what = "is a group and cannot log in" if principal else "does not exist"
-            raise AuthenticationFailed(f"authentication failed: principal {name} {what}")
-        if principal.password_hash is not None and (
-            password is None or not verify_password(password, principal.password_hash)
-        ):
-            raise AuthenticationFailed(
-                f"password authentication failed for {name}", sqlstate="28P01"
-            )
-        return Session(self, Identity(principal.name, login_id=principal.id))
-
-    def _check_password(self, name: str, given: str | None, expected: str | None) -> None:
-        if expected is None:
-            return
-        if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
-            raise AuthenticationFailed(
-                f"password authentication failed for {name}", sqlstate="28P01"
-            )
+        return Session(self, self.authenticator.login(self.snapshot, name, password))
 
     # ---- observation ----------------------------------------------------------------
 
     def statistics(self) -> list[GroupStatistics]:
         """One frozen statistics record per group, DEFAULT first, creation order."""
-        snap = self.snapshot
-        total_weight = sum(g.cpu_weight for g in snap.groups)
-        with self._runtimes_lock:
-            runtimes = dict(self._runtimes)
-        ledger = self.memory_ledger
-        with ledger.lock:
-            memory = {gid: budget.used for gid, budget in ledger.groups.items()}
-        return [
-            group_statistics(
-                g,
-                runtimes[g.id].reading(memory.get(g.id, 0))
-                if g.id in runtimes
-                else CounterReading(),
-                total_weight=total_weight,
-                cpus=self.cpus,
-                process_memory_limit=self.process_memory_limit,
-            )
-            for g in snap.groups
-        ]
+        return self.runtimes.statistics(self.snapshot, self.process_memory_limit)
 
     def resource_groups(self) -> list[dict[str, Any]]:
         """The rows of ``SELECT * FROM resource_groups()``, as dicts."""
@@ -379,9 +305,7 @@ class Engine:
                 return
             self._closed = True
             closing = EngineClosed("the engine is closing")
-            with self._runtimes_lock:
-                runtimes = list(self._runtimes.values())
-            for runtime in runtimes:
+            for runtime in self.runtimes.all():
                 runtime.gate.fail_queued(closing)
             # real time: this is a real wait for real threads, whatever the clock
             deadline = time.monotonic() + grace

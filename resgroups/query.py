@@ -151,10 +151,16 @@ class _MapBatch(Generic[T, R]):
                     self.error = exc
                 self.failed = True
         finally:
-            if runner is not None:
-                runner.pending_cpu_ns = task.cpu_to_charge()
-            with self._cond:
-                self._finish_locked()
+            try:
+                if runner is not None:
+                    runner.pending_cpu_ns = task.cpu_to_charge()
+            except BaseException as exc:  # the meter failed: the task still ends
+                with self._cond:
+                    self.error = self.error or exc
+                    self.failed = True
+            finally:
+                with self._cond:
+                    self._finish_locked()
         return True
 
     def run_task(self, runner: Runner) -> None:
@@ -285,8 +291,14 @@ class Query:
             self._timeout_at = self._stop_at = self._deadline = submitted + self._timeout
         try:
             engine.open_query(self)
-            group = self.session.managed_group_def(export=self.kind == "export")
-            if group is not None and self.kind in MANAGED_KINDS:
+            self.session.query_started(self)
+            # an unmanaged query resolves nothing: a dropped or forbidden choice
+            # cannot fail what consumes nothing
+            managed = self.kind in MANAGED_KINDS
+            group = (
+                self.session.managed_group_def(export=self.kind == "export") if managed else None
+            )
+            if group is not None:
                 self.group = group.name
                 self._runtime = engine.runtime_for(group)
                 self._published = engine.query_memory(self, group)
@@ -346,10 +358,12 @@ class Query:
         try:
             if runner is not None:
                 used = 0
-                if runner.scheduled and runner.state is RunnerState.RUNNING:
-                    used = self._meter() - self._cpu_mark
-                    self.cpu_ns += used
-                self._dispatcher.release(runner, used)
+                try:  # a fault of the CPU meter must not keep the worker
+                    if runner.scheduled and runner.state is RunnerState.RUNNING:
+                        used = self._meter() - self._cpu_mark
+                        self.cpu_ns += used
+                finally:
+                    self._dispatcher.release(runner, used)
         finally:
             if ticket is not None and self._runtime is not None:
                 if ticket.state is TicketState.ACTIVE:
@@ -368,6 +382,7 @@ class Query:
             self.state = QueryState.DONE
             if self._runtime is not None and was_suspended:
                 self._runtime.suspend(-1)
+            self.session.query_ended(self)
             self.session.engine.close_query(self)
 
     # ---- cursors -------------------------------------------------------------------

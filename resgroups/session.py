@@ -28,7 +28,8 @@ class Session:
     def __init__(self, engine: Engine, identity: Identity) -> None:
         self.engine = engine
         self._identity = identity
-        self._chosen: tuple[int, str] | None = None  # (group id, name when chosen)
+        self._chosen: int | None = None  # the chosen group's id (a rename keeps it)
+        self._running: set[Query] = set()  # this session's queries in flight
         self.work_cpu_ns = 0  # CPU the built-in executor spent on this session's queries
         self.ceiling_cache: tuple[object, int | None] | None = None  # see Engine.query_memory
         self._cpu_lock = threading.Lock()
@@ -48,11 +49,25 @@ class Session:
 
     @property
     def chosen_group_id(self) -> int | None:
-        return None if self._chosen is None else self._chosen[0]
+        return self._chosen
 
-    def choose(self, group_id: int | None, name: str = "") -> None:
+    def choose(self, group_id: int | None) -> None:
         """SET RESOURCE GROUP (by identity, so a rename keeps the choice) or RESET."""
-        self._chosen = None if group_id is None else (group_id, name)
+        self._chosen = group_id
+
+    def query_started(self, query: Query) -> None:
+        self._running.add(query)  # set.add / discard are atomic under the GIL
+
+    def query_ended(self, query: Query) -> None:
+        self._running.discard(query)
+
+    def cancel(self) -> int:
+        """Cancel every query this session has in flight, from any thread (what
+        Ctrl-C in the shell and a wire protocol cancel request do); how many."""
+        running = list(self._running)
+        for query in running:
+            query.cancel()
+        return len(running)
 
     def assume(self, account_id: int | None) -> None:
         self._identity = replace(self._identity, assumed_id=account_id)

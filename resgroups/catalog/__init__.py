@@ -5,6 +5,11 @@ snapshot and returns the one change record a statement makes (or None when
 it changes nothing). The function runs under the catalog's write lock, so
 validation and append are atomic with respect to other writers; the record
 is applied to a copy, durably appended, and only then published.
+
+Subscribers (:meth:`Catalog.subscribe`) see every published snapshot in
+version order, under the write lock, before the writer returns: the live
+state built from the catalog (the group runtimes) can never be left behind
+by two writers racing.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class Catalog:
     def __init__(self, log: CatalogLog, *, writer: bool = True) -> None:
         self._log = log
         self._lock = threading.Lock()
+        self._subscribers: list[Callable[[Snapshot], None]] = []
         self._snapshot = replay(log.read_all())
         if writer and not self._snapshot.has_catalog:
             self._append(Record(1, "genesis", {"format": LOG_FORMAT}))
@@ -59,10 +65,18 @@ class Catalog:
     def version(self) -> int:
         return self._snapshot.version
 
+    def subscribe(self, fn: Callable[[Snapshot], None]) -> None:
+        """Call ``fn(snapshot)`` now and after every change, under the write lock."""
+        with self._lock:
+            self._subscribers.append(fn)
+            fn(self._snapshot)
+
     def _append(self, record: Record) -> Snapshot:
         new = apply(self._snapshot, record)
         self._log.append(record)
         self._snapshot = new
+        for fn in self._subscribers:
+            fn(new)
         return new
 
     def write(self, build: Callable[[Snapshot], Change | None]) -> Snapshot:

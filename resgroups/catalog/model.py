@@ -144,6 +144,12 @@ class Snapshot:
     principals: Mapping[int, Principal] = field(default_factory=dict)
     memberships: frozenset[tuple[int, int]] = frozenset()  # (user id, ACL group id)
     assume_grants: frozenset[tuple[int, int]] = frozenset()  # (account id, user id)
+    dropped_group_names: Mapping[int, str] = field(default_factory=dict)  # last name of each
+
+    def group_name(self, group_id: int) -> str | None:
+        """A group's current name, or the last name of a dropped one."""
+        group = self.group(group_id)
+        return group.name if group is not None else self.dropped_group_names.get(group_id)
 
     @property
     def has_catalog(self) -> bool:

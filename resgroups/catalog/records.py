@@ -113,7 +113,10 @@ def _drop_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
         pid: replace(p, use_groups=p.use_groups - {group.id}) for pid, p in snap.principals.items()
     }
     return replace(
-        snap, groups=tuple(g for g in snap.groups if g.id != group.id), principals=principals
+        snap,
+        groups=tuple(g for g in snap.groups if g.id != group.id),
+        principals=principals,
+        dropped_group_names={**snap.dropped_group_names, group.id: group.name},
     )
 
 

@@ -47,7 +47,7 @@ def set_resource_group(session: Session, stmt: ast.SetResourceGroup) -> Result:
     snap = engine.snapshot
     group = find_group(snap, stmt.group)
     check_use(snap, session.identity, group, access_control=engine.access_control)
-    session.choose(group.id, group.name)
+    session.choose(group.id)
     return Result.command("SET")
 
 

@@ -1,0 +1,161 @@
+"""The live groups: one runtime per catalog group, kept equal to the catalog.
+
+:class:`GroupRuntimes` owns every :class:`GroupRuntime` (gate, CPU state,
+memory budget) and applies catalog snapshots to them: ALTER online, DROP
+once idle, CREATE at once. Whatever the catalog does, the live policy is the
+one of the latest version applied:
+
+    applied(v) happens under the catalog's write lock, in version order, and
+    a snapshot older than the last one applied is ignored,
+
+so two DDL statements racing can never leave a gate enforcing the older
+value (the catalog calls :meth:`apply` from inside :meth:`Catalog.write`,
+and a replica's follower does the same for each record it reads).
+
+Lock order: the catalog's write lock, then ``_lock``, then the dispatcher's
+and the gates' own locks. The per-query path (:meth:`runtime_for` on a
+known group) takes no lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from resgroups.catalog.model import GroupDef, Snapshot
+from resgroups.sched.memory import MemoryLedger
+from resgroups.sched.pool import Dispatcher
+from resgroups.sched.runtime import GroupRuntime
+from resgroups.sched.stats import CounterReading, GroupStatistics, group_statistics
+
+
+class GroupRuntimes:
+    """Group id -> live runtime, for the groups of the catalog and the dropped
+    groups whose queries still run."""
+
+    def __init__(
+        self,
+        now: Callable[[], float],
+        dispatcher: Dispatcher,
+        memory: MemoryLedger,
+        *,
+        cpus: float,
+        enabled: bool,
+        snapshot: Callable[[], Snapshot],
+    ) -> None:
+        self._now = now
+        self._dispatcher = dispatcher
+        self._memory = memory
+        self._cpus = cpus
+        self._enabled = enabled
+        self._snapshot = snapshot  # the catalog's current snapshot
+        self._runtimes: dict[int, GroupRuntime] = {}
+        self._lock = threading.Lock()
+        self.applied_version = -1
+
+    # ---- applying the catalog ----------------------------------------------------
+
+    def _new(self, group: GroupDef) -> GroupRuntime:
+        runtime = GroupRuntime(group, self._now, self._dispatcher)
+        self._configure(runtime, group)
+        return runtime
+
+    def _configure(self, runtime: GroupRuntime, group: GroupDef) -> None:
+        runtime.configure(group, self._cpus)
+        self._memory.set_group_limit(group.id, group.name, group.memory_limit)
+
+    def apply(self, snapshot: Snapshot) -> None:
+        """Make the live gates equal ``snapshot``: ALTER online, DROP once idle.
+
+        Called in version order under the catalog's write lock; an older
+        snapshot than the last one applied changes nothing.
+        """
+        with self._lock:
+            if snapshot.version < self.applied_version:
+                return
+            self.applied_version = snapshot.version
+            current = {g.id: g for g in snapshot.groups}
+            for group_id, runtime in list(self._runtimes.items()):
+                if group_id in current:
+                    self._configure(runtime, current[group_id])
+                else:
+                    runtime.dropped = True
+                    if runtime.idle:
+                        self._forget_locked(runtime)
+            for group in snapshot.groups:
+                if group.id not in self._runtimes:
+                    self._runtimes[group.id] = self._new(group)
+            self._update_engagement(snapshot)
+
+    def _forget_locked(self, runtime: GroupRuntime) -> None:
+        del self._runtimes[runtime.group_id]
+        runtime.forget()
+        self._memory.forget(runtime.group_id)
+
+    def _update_engagement(self, snapshot: Snapshot) -> None:
+        """Engaged while two or more groups exist, or any has a CPU limit or the fair
+        policy, or queries of dropped groups still run (SPEC §7). Lock held."""
+        engaged = (
+            len(snapshot.groups) >= 2
+            or any(
+                g.cpu_limit_centi_pct is not None or g.scheduling_policy == "fair"
+                for g in snapshot.groups
+            )
+            or any(r.dropped for r in self._runtimes.values())
+        )
+        self._dispatcher.set_engaged(engaged and self._enabled)
+
+    # ---- the query path ------------------------------------------------------------
+
+    def runtime_for(self, group: GroupDef) -> GroupRuntime:
+        """The live state of a group a query resolved to (even one dropped since)."""
+        runtime = self._runtimes.get(group.id)  # the common case: no lock
+        if runtime is not None:
+            return runtime
+        with self._lock:
+            runtime = self._runtimes.get(group.id)
+            if runtime is None:
+                snapshot = self._snapshot()
+                runtime = self._runtimes[group.id] = self._new(group)
+                runtime.dropped = snapshot.group(group.id) is None
+                self._update_engagement(snapshot)
+            return runtime
+
+    def query_ended(self, runtime: GroupRuntime) -> None:
+        """A query of ``runtime`` ended: a dropped group goes once idle."""
+        if not (runtime.dropped and runtime.idle):
+            return
+        with self._lock:
+            if self._runtimes.get(runtime.group_id) is runtime and runtime.idle:
+                self._forget_locked(runtime)
+                self._update_engagement(self._snapshot())
+
+    # ---- observation ----------------------------------------------------------------
+
+    def get(self, group_id: int) -> GroupRuntime | None:
+        return self._runtimes.get(group_id)
+
+    def all(self) -> list[GroupRuntime]:
+        with self._lock:
+            return list(self._runtimes.values())
+
+    def statistics(self, snapshot: Snapshot, process_memory_limit: int) -> list[GroupStatistics]:
+        """One frozen statistics record per group of ``snapshot``, creation order."""
+        total_weight = sum(g.cpu_weight for g in snapshot.groups)
+        with self._lock:
+            runtimes = dict(self._runtimes)
+        ledger = self._memory
+        with ledger.lock:
+            memory = {gid: budget.used for gid, budget in ledger.groups.items()}
+        return [
+            group_statistics(
+                g,
+                runtimes[g.id].reading(memory.get(g.id, 0))
+                if g.id in runtimes
+                else CounterReading(),
+                total_weight=total_weight,
+                cpus=self._cpus,
+                process_memory_limit=process_memory_limit,
+            )
+            for g in snapshot.groups
+        ]

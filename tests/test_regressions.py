@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import resgroups
 from resgroups.sched.groups import GroupRuntimes
+from resgroups.sql.expr import EvalContext
+from resgroups.sql.parser import parse_one
+from resgroups.sql.select import Relation, run_select
 
 
 def test_racing_alters_leave_the_live_gate_at_the_latest_catalog_version(
@@ -47,7 +53,8 @@ def test_racing_alters_leave_the_live_gate_at_the_latest_catalog_version(
         b.start()
         a.join(10)
         b.join(10)
-        assert not a.is_alive() and not b.is_alive()
+        assert not a.is_alive()
+        assert not b.is_alive()
         assert not errors
         catalog_value = engine.snapshot.find_group(resgroups.catalog.names.Ident("g"))
         assert catalog_value is not None
@@ -80,9 +87,12 @@ def test_a_meter_fault_at_exit_still_gives_the_worker_and_the_slot_back() -> Non
             "CREATE RESOURCE GROUP g WITH (max_active_queries = 1); SET RESOURCE GROUP g"
         )
         assert engine.cpu_managed_dispatch  # two groups: scheduling engaged
-        with pytest.raises(RuntimeError, match="CPU meter fault"), session.query() as q:
-            q.checkpoint()
-            meter.fail = True  # the charge at exit fails
+        q = session.query()
+        q.__enter__()
+        q.checkpoint()
+        meter.fail = True  # the charge at exit fails
+        with pytest.raises(RuntimeError, match="CPU meter fault"):
+            q.__exit__(None, None, None)
         meter.fail = False
         # the only worker and the only slot are free again: this query gets both
         with session.query() as again:
@@ -117,7 +127,8 @@ def test_a_meter_fault_in_a_parallel_task_fails_the_query_not_the_pool() -> None
         runner.start()
         runner.join(10)
         assert not runner.is_alive(), "map() never returned after its tasks' meter failed"
-        assert len(outcome) == 1 and "CPU meter fault" in str(outcome[0])
+        assert len(outcome) == 1
+        assert "CPU meter fault" in str(outcome[0])
         meter.fail = False
         with session.query() as q:  # both workers are back
             assert q.map(lambda t, i: i, range(4)) == [0, 1, 2, 3]
@@ -171,12 +182,132 @@ def test_errors_about_a_session_choice_name_the_group_as_it_is_now() -> None:
         with pytest.raises(resgroups.PermissionDenied) as denied:
             ann.execute("SELECT current_resource_group()")
         assert "RESOURCE GROUP h" in denied.value.message
-        assert " g " not in denied.value.message and "[USE ON RESOURCE GROUP g]" not in str(
-            denied.value
-        )
+        assert " g " not in denied.value.message
+        assert "[USE ON RESOURCE GROUP g]" not in str(denied.value)
         admin.execute("GRANT USE ON RESOURCE GROUP h TO ann")
         admin.execute("ALTER RESOURCE GROUP h RENAME TO k")
         admin.execute("DROP RESOURCE GROUP k")
         with pytest.raises(resgroups.CatalogError) as gone:
             ann.execute("SELECT current_resource_group()")
         assert "resource group k chosen by SET RESOURCE GROUP no longer exists" in str(gone.value)
+
+
+# ---- the executor: empty sources, int64 everywhere, typed empty aggregates ----------------
+
+
+@pytest.fixture
+def session() -> resgroups.Session:
+    return resgroups.Engine().connect()
+
+
+def test_an_empty_sequence_gives_zero_typed_rows(session: resgroups.Session) -> None:
+    result = session.execute("SELECT x, x * 2.5 AS y, x > 1 AS z FROM long_sequence(0)")
+    assert result.rows == []
+    assert result.columns == ["x", "y", "z"]
+    assert result.types == ["int", "float", "bool"]
+    assert session.execute("SELECT x FROM long_sequence(0) ORDER BY x LIMIT 3").rows == []
+
+
+def test_a_ctas_over_an_empty_source_creates_an_empty_table(session: resgroups.Session) -> None:
+    assert session.execute(
+        "CREATE TABLE t AS (SELECT x, x / 2 AS h FROM long_sequence(0))"
+    ).status == ("SELECT 0")
+    result = session.execute("SELECT * FROM t")
+    assert result.rows == []
+    assert result.columns == ["x", "h"]
+    assert result.types == ["int", "int"]
+    session.execute("INSERT INTO t SELECT x, x FROM long_sequence(2)")
+    assert session.execute("SELECT count(*), sum(h) FROM t").rows == [(2, 3)]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT sum(x) * 1000000000000000000 FROM long_sequence(10)",
+        "SELECT count(*) + 9223372036854775807 FROM long_sequence(10)",
+        "SELECT 9223372036854775807 + 1",
+        "SELECT -9223372036854775807 - 2",
+        "SELECT abs(-9223372036854775807 - 1)",
+        "SELECT -(-9223372036854775807 - 1)",
+        "SELECT (-9223372036854775807 - 1) / -1",
+        "SELECT 4611686018427387904 * 2 FROM long_sequence(1)",
+        "SELECT max(x) + 9223372036854775807 FROM long_sequence(3)",
+        "SELECT 9223372036854775808",
+        "SELECT x FROM long_sequence(2) WHERE x + 9223372036854775807 > 0",
+    ],
+)
+def test_every_integer_result_outside_int64_overflows(session: resgroups.Session, sql: str) -> None:
+    with pytest.raises(resgroups.NumericOverflow):
+        session.execute(sql)
+
+
+def test_the_smallest_int64_is_a_literal_like_any_other(session: resgroups.Session) -> None:
+    assert session.execute("SELECT -9223372036854775808 FROM long_sequence(1)").rows == [
+        (-(2**63),)
+    ]
+    assert session.execute("SELECT -9223372036854775808").rows == [(-(2**63),)]
+    assert session.execute("SELECT 9223372036854775807 + 0 FROM long_sequence(1)").rows == [
+        (2**63 - 1,)
+    ]
+
+
+def test_aggregates_over_no_rows_are_null_of_their_type(session: resgroups.Session) -> None:
+    result = session.execute(
+        "SELECT sum(x), max(x), min(x * 1.5), avg(x), count(*), count(x) FROM long_sequence(0)"
+    )
+    assert result.rows == [(None, None, None, None, 0, 0)]
+    assert result.types == ["int", "int", "float", "float", "int", "int"]
+    over_rows = session.execute(
+        "SELECT sum(cpu_weight), max(name) FROM resource_groups() WHERE false"
+    )
+    assert over_rows.rows == [(None, None)]
+    assert over_rows.types == ["int", "text"]
+
+
+# ---- one semantics: the row and the vectorised evaluator agree ----------------------------
+
+
+_INTS = st.sampled_from(
+    [0, 1, 2, 3, 7, -1, -7, 1000, 2**31, 2**62, 2**63 - 1, -(2**63) + 1, 3037000500]
+)
+
+
+def _exprs() -> st.SearchStrategy[str]:
+    leaves = st.one_of(st.just("x"), _INTS.map(lambda v: f"({v})"), st.just("2.5"))
+    return st.recursive(
+        leaves,
+        lambda inner: st.one_of(
+            st.tuples(inner, st.sampled_from(["+", "-", "*", "/", "%"]), inner).map(
+                lambda t: f"({t[0]} {t[1]} {t[2]})"
+            ),
+            inner.map(lambda e: f"(-{e})"),
+            inner.map(lambda e: f"abs({e})"),
+        ),
+        max_leaves=6,
+    )
+
+
+def _outcome(run: Callable[[], object]) -> tuple[str, object]:
+    try:
+        return "ok", run()
+    except resgroups.Error as exc:
+        return type(exc).__name__, None
+
+
+@settings(max_examples=300, deadline=None)
+@given(expr=_exprs(), n=st.integers(min_value=0, max_value=4))
+def test_row_and_vector_evaluators_agree(expr: str, n: int) -> None:
+    session = resgroups.Engine().connect()
+    sql = f"SELECT {expr} AS v FROM long_sequence({n})"
+    vector = _outcome(lambda: session.execute(sql))
+    stmt = parse_one(f"SELECT {expr} AS v FROM t")
+    relation = Relation(("x",), [(i,) for i in range(1, n + 1)], ("int",))
+    row = _outcome(lambda: run_select(stmt, relation, EvalContext()))
+    assert vector[0] == row[0], (sql, vector, row)
+    if vector[0] == "ok":
+        got_vector, got_row = vector[1], row[1]
+        assert isinstance(got_vector, resgroups.Result)
+        assert isinstance(got_row, Relation)
+        assert got_vector.types == list(got_row.types)
+        for a, b in zip(got_vector.rows, got_row.rows, strict=True):
+            assert a == pytest.approx(b, rel=1e-12, nan_ok=True), sql

@@ -27,20 +27,29 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from resgroups.errors import CatalogError, DatatypeMismatch, GroupingError, InvalidParameter
+from resgroups.errors import CatalogError, DatatypeMismatch, InvalidParameter
 from resgroups.exec.tables import Table
-from resgroups.exec.vector import Array, Morsel, Partial, combine, evaluate, partial
+from resgroups.exec.vector import (
+    Array,
+    Morsel,
+    Partial,
+    combine,
+    dtype_type,
+    evaluate,
+    partial,
+    supported,
+)
 from resgroups.query import Query, Task
 from resgroups.result import Result
 from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext, Scope, compile_expr, find_aggregates
 from resgroups.sql.select import Relation, output_name, run_select
+from resgroups.sql.semantics import INT, check_select_list, result_type
 
 if TYPE_CHECKING:
     from resgroups.session import Session
 
 MORSEL_ROWS: Final = 1_000_000
-_TYPES: Final = {"b": "bool", "i": "int", "u": "int", "f": "float"}
 
 
 # ---- sources ---------------------------------------------------------------------------
@@ -51,17 +60,25 @@ class Source:
     """Rows to scan, a morsel at a time."""
 
     names: tuple[str, ...]
+    types: tuple[str, ...]  # the SQL type of each column
     rows: int
     morsel: Callable[[int, int], list[Array]]  # (start, stop) -> one array per column
 
 
 def long_sequence(n: int) -> Source:
-    return Source(("x",), n, lambda start, stop: [np.arange(start + 1, stop + 1, dtype=np.int64)])
+    return Source(
+        ("x",), (INT,), n, lambda start, stop: [np.arange(start + 1, stop + 1, dtype=np.int64)]
+    )
 
 
 def table_source(table: Table) -> Source:
     arrays = list(table.arrays)  # a consistent view: later INSERTs make new arrays
-    return Source(table.names, table.rows, lambda start, stop: [a[start:stop] for a in arrays])
+    return Source(
+        table.names,
+        tuple(dtype_type(a.dtype) for a in arrays),
+        table.rows,
+        lambda start, stop: [a[start:stop] for a in arrays],
+    )
 
 
 def source_of(session: Session, stmt: ast.Select) -> Source:
@@ -95,24 +112,31 @@ class Scan:
         self.q = q
         self.stmt = stmt
         self.source = source
-        self.scope = Scope(source.names)
+        self.scope = Scope(source.names, source.types)
         self.ctx = EvalContext(current_group=q.group)
         items = stmt.items or tuple(
             ast.SelectItem(ast.Column(ast.Ident(n, quoted=True))) for n in source.names
         )
         self.items = items
         self.names = tuple(output_name(i) for i in items)
+        exprs = [i.expr for i in items]
+        # typed and checked before the first morsel: an empty source fails and
+        # types its columns exactly as a full one does
+        types = check_select_list(exprs, stmt.where, self.scope.column_type)
+        self.types = tuple(result_type(t) for t in types)
+        for expr in [*exprs, *([stmt.where] if stmt.where is not None else [])]:
+            supported(expr)
         self.aggregates = list(
             dict.fromkeys(call for i in items for call in find_aggregates(i.expr))
         )
-        if stmt.where is not None and find_aggregates(stmt.where):
-            raise GroupingError("aggregate functions are not allowed in WHERE")
         self.cpu_ns = 0
         self._lock = threading.Lock()
 
     def morsels(self) -> list[tuple[int, int]]:
+        """Row ranges of at most MORSEL_ROWS; an empty source is one empty morsel,
+        so that its columns come out typed."""
         rows = self.source.rows
-        return [(s, min(s + MORSEL_ROWS, rows)) for s in range(0, rows, MORSEL_ROWS)]
+        return [(s, min(s + MORSEL_ROWS, rows)) for s in range(0, rows, MORSEL_ROWS)] or [(0, 0)]
 
     def _filtered(self, task: Task, start: int, stop: int) -> Morsel:
         arrays = self.source.morsel(start, stop)
@@ -177,8 +201,6 @@ class Scan:
             rows += sum(len(c[0]) if c else 0 for c in batch)
             if limit is not None and rows >= limit:
                 break
-        if not chunks:
-            return [np.empty(0, dtype=np.int64) for _ in exprs]
         return [np.concatenate([c[j] for c in chunks]) for j in range(len(exprs))]
 
 
@@ -187,10 +209,6 @@ class _Bytes:
 
     def __init__(self, nbytes: int) -> None:
         self.nbytes = nbytes
-
-
-def _type_name(a: Array) -> str:
-    return _TYPES.get(a.dtype.kind, "text")
 
 
 def _rows(arrays: list[Array]) -> list[tuple[Any, ...]]:
@@ -213,13 +231,12 @@ def select(session: Session, stmt: ast.Select) -> Result:
     started = time.monotonic()
     with session.query(kind="select") as q:
         scan = Scan(session, q, stmt, source)
+        types = scan.types
         if scan.aggregates:
             names, rows = scan.aggregate()
-            types: tuple[str | None, ...] = ()
         else:
             arrays = scan.project()
             names, rows = scan.names, _rows(arrays)
-            types = tuple(_type_name(a) for a in arrays)
             if stmt.order_by or stmt.limit is not None:
                 ordered = run_select(
                     ast.Select(None, None, None, stmt.order_by, stmt.limit),
@@ -240,6 +257,12 @@ def _materialize(
         scan = Scan(session, q, query, source)
         if scan.aggregates:
             names, rows = scan.aggregate()
+            for name, value in zip(names, rows[0], strict=True):
+                if value is None:
+                    raise DatatypeMismatch(
+                        f"column {name} is NULL (an aggregate over no rows); "
+                        "the executor's tables hold no NULLs"
+                    )
             return names, [np.array([v]) for v in rows[0]]
         return scan.names, scan.project()
 

@@ -1,10 +1,12 @@
-"""Vectorised evaluation of the expression layer over numpy morsels.
+"""The vectorised evaluator: expressions over numpy morsels.
 
-The same trees, scope and function names as the row-at-a-time evaluator of
-:mod:`resgroups.sql.expr`, evaluated a morsel at a time. Integers are int64
-and exact: +, -, *, unary minus, abs and division check for overflow and
-raise NumericOverflow instead of wrapping; sums are combined as Python ints
-(:func:`exact_sum`), so they are exact beyond 2^53 and fail past int64.
+The same trees and the same semantics as the row evaluator
+(:mod:`resgroups.sql.semantics`): the executor type-checks every expression
+with ``semantics.infer`` before the first morsel, so the operators here only
+compute. Integers are int64 and exact: +, -, *, unary minus, abs and
+division check for overflow and raise the semantics' NumericOverflow instead
+of wrapping; sums are combined as Python ints (:func:`exact_sum`), so they
+are exact beyond 2^53 and fail past int64.
 """
 
 from __future__ import annotations
@@ -15,47 +17,50 @@ from typing import Any, Final
 
 import numpy as np
 
-from resgroups.errors import (
-    DatatypeMismatch,
-    DivisionByZero,
-    GroupingError,
-    NumericOverflow,
-    UndefinedFunction,
-    did_you_mean,
-)
+from resgroups.errors import DatatypeMismatch, DivisionByZero, NumericOverflow, UndefinedFunction
 from resgroups.sql import ast
-from resgroups.sql.expr import AGGREGATES, CONTEXT_FUNCTIONS, EvalContext, Scope
-
-INT64_MIN: Final = -(2**63)
-INT64_MAX: Final = 2**63 - 1
+from resgroups.sql.expr import CONTEXT_FUNCTIONS, EvalContext, Scope
+from resgroups.sql.semantics import (
+    AGGREGATES,
+    BOOL,
+    FLOAT,
+    INT,
+    INT64_MIN,
+    TEXT,
+    check_int64,
+    children,
+    int_literal,
+    overflow,
+)
 
 Array = np.ndarray[Any, Any]
 
 
+def dtype_type(dtype: np.dtype[Any]) -> str:
+    """The SQL type of a numpy column."""
+    if dtype == np.bool_:
+        return BOOL
+    if np.issubdtype(dtype, np.integer):
+        return INT
+    if np.issubdtype(dtype, np.floating):
+        return FLOAT
+    return TEXT
+
+
 def _kind(a: Array) -> str:
-    if a.dtype == np.bool_:
-        return "boolean"
-    if np.issubdtype(a.dtype, np.integer):
-        return "integer"
-    if np.issubdtype(a.dtype, np.floating):
-        return "double"
-    return "text"
+    return dtype_type(a.dtype)
 
 
-def _numeric(op: str, *arrays: Array) -> None:
-    for a in arrays:
-        if _kind(a) not in ("integer", "double"):
-            kinds = " and ".join(_kind(x) for x in arrays)
-            raise DatatypeMismatch(f"operator {op} needs numbers, got {kinds}")
+def _both_int(a: Array, b: Array) -> bool:
+    return _kind(a) == _kind(b) == INT
 
 
 def _overflow(op: str) -> NumericOverflow:
-    return NumericOverflow(f"integer out of range for bigint in {op}")
+    return overflow(op)
 
 
 def _add(a: Array, b: Array) -> Array:
-    _numeric("+", a, b)
-    if _kind(a) == _kind(b) == "integer":
+    if _both_int(a, b):
         r = a + b  # wraps silently; same-sign inputs with a flipped sign overflowed
         if np.any(((a >= 0) == (b >= 0)) & ((r >= 0) != (a >= 0))):
             raise _overflow("+")
@@ -64,8 +69,7 @@ def _add(a: Array, b: Array) -> Array:
 
 
 def _sub(a: Array, b: Array) -> Array:
-    _numeric("-", a, b)
-    if _kind(a) == _kind(b) == "integer":
+    if _both_int(a, b):
         r = a - b
         if np.any(((a >= 0) != (b >= 0)) & ((r >= 0) != (a >= 0))):
             raise _overflow("-")
@@ -74,8 +78,7 @@ def _sub(a: Array, b: Array) -> Array:
 
 
 def _mul(a: Array, b: Array) -> Array:
-    _numeric("*", a, b)
-    if _kind(a) == _kind(b) == "integer":
+    if _both_int(a, b):
         with np.errstate(all="ignore"):
             r = a * b
             # exact check: r == a*b unless it wrapped; dividing back finds out
@@ -90,10 +93,9 @@ def _mul(a: Array, b: Array) -> Array:
 
 
 def _div(a: Array, b: Array) -> Array:
-    _numeric("/", a, b)
     if np.any(b == 0):
         raise DivisionByZero("division by zero")
-    if _kind(a) == _kind(b) == "integer":
+    if _both_int(a, b):
         if np.any((a == INT64_MIN) & (b == -1)):
             raise _overflow("/")
         q: Array = a // b
@@ -104,23 +106,11 @@ def _div(a: Array, b: Array) -> Array:
 
 
 def _mod(a: Array, b: Array) -> Array:
-    _numeric("%", a, b)
     if np.any(b == 0):
         raise DivisionByZero("division by zero")
-    if _kind(a) == _kind(b) == "integer":
+    if _both_int(a, b):
         return np.fmod(a, b)  # the sign of the dividend, as in SQL
     return np.fmod(a.astype(np.float64), b.astype(np.float64))
-
-
-def _compare(op: str, fn: Callable[[Array, Array], Array]) -> Callable[[Array, Array], Array]:
-    def compare(a: Array, b: Array) -> Array:
-        ka, kb = _kind(a), _kind(b)
-        numeric = {"integer", "double"}
-        if not (ka == kb or (ka in numeric and kb in numeric)):
-            raise DatatypeMismatch(f"cannot compare {ka} {op} {kb}")
-        return fn(a, b)
-
-    return compare
 
 
 BINARY: Final[dict[str, Callable[[Array, Array], Array]]] = {
@@ -129,31 +119,23 @@ BINARY: Final[dict[str, Callable[[Array, Array], Array]]] = {
     "*": _mul,
     "/": _div,
     "%": _mod,
-    "=": _compare("=", np.equal),
-    "<>": _compare("<>", np.not_equal),
-    "<": _compare("<", np.less),
-    "<=": _compare("<=", np.less_equal),
-    ">": _compare(">", np.greater),
-    ">=": _compare(">=", np.greater_equal),
+    "=": np.equal,
+    "<>": np.not_equal,
+    "<": np.less,
+    "<=": np.less_equal,
+    ">": np.greater,
+    ">=": np.greater_equal,
 }
 
 
-def _boolean(op: str, a: Array) -> Array:
-    if _kind(a) != "boolean":
-        raise DatatypeMismatch(f"argument of {op.upper()} must be boolean, not {_kind(a)}")
-    return a
-
-
 def _abs(a: Array) -> Array:
-    _numeric("abs", a)
-    if _kind(a) == "integer" and np.any(a == INT64_MIN):
+    if _kind(a) == INT and np.any(a == INT64_MIN):
         raise _overflow("abs")
     return np.abs(a)
 
 
 def _round(a: Array, digits: Array | None = None) -> Array:
-    _numeric("round", a)
-    if _kind(a) == "integer":
+    if _kind(a) == INT:
         return a
     return np.round(a, int(digits[0]) if digits is not None and len(digits) else 0)
 
@@ -170,9 +152,7 @@ def _literal(value: object, n: int) -> Array:
     if isinstance(value, bool):
         return np.full(n, value, dtype=np.bool_)
     if isinstance(value, int):
-        if not INT64_MIN <= value <= INT64_MAX:
-            raise NumericOverflow(f"integer literal {value} is out of range for bigint")
-        return np.full(n, value, dtype=np.int64)
+        return np.full(n, check_int64(value, "integer literal"), dtype=np.int64)
     if isinstance(value, float):
         return np.full(n, value, dtype=np.float64)
     raise DatatypeMismatch(f"text literal {value!r} is not supported by the executor")
@@ -188,8 +168,38 @@ class Morsel:
     ctx: EvalContext = field(default_factory=EvalContext)
 
 
+def supported(expr: ast.Expr) -> None:
+    """Refuse, before the first morsel, what the semantics allows but this
+    evaluator does not compute (its columns are numbers and have no NULLs)."""
+    if int_literal(expr) is not None:
+        return
+    match expr:
+        case ast.Literal(value=None):
+            raise DatatypeMismatch(
+                "NULL is not supported by the executor (its columns have no NULLs)"
+            )
+        case ast.Literal(value=str() as text):
+            raise DatatypeMismatch(f"text literal {text!r} is not supported by the executor")
+        case ast.Binary(op="like"):
+            raise DatatypeMismatch("LIKE needs text; the executor's columns are numbers")
+        case ast.Call(name=name) if (
+            name not in VECTOR_FUNCTIONS
+            and name not in AGGREGATES
+            and name not in CONTEXT_FUNCTIONS
+        ):
+            raise UndefinedFunction(
+                f"function {name}() is not available in the executor; it has "
+                + ", ".join(f"{f}()" for f in [*VECTOR_FUNCTIONS, *AGGREGATES, *CONTEXT_FUNCTIONS])
+            )
+    for child in children(expr):
+        supported(child)
+
+
 def evaluate(expr: ast.Expr, m: Morsel) -> Array:
-    """``expr`` over every row of the morsel."""
+    """``expr`` over every row of the morsel (type-checked and :func:`supported`)."""
+    literal = int_literal(expr)
+    if literal is not None:
+        return np.full(m.n, literal, dtype=np.int64)
     match expr:
         case ast.Literal(value=value):
             return _literal(value, m.n)
@@ -197,18 +207,15 @@ def evaluate(expr: ast.Expr, m: Morsel) -> Array:
             return m.arrays[m.scope.index(name)]
         case ast.Unary(op="-", operand=operand):
             a = evaluate(operand, m)
-            _numeric("-", a)
-            if _kind(a) == "integer" and np.any(a == INT64_MIN):
+            if _kind(a) == INT and np.any(a == INT64_MIN):
                 raise _overflow("unary -")
             return -a
         case ast.Unary(op="not", operand=operand):
-            return ~_boolean("not", evaluate(operand, m))
+            return ~evaluate(operand, m)
         case ast.Binary(op="and", left=left, right=right):
-            return _boolean("and", evaluate(left, m)) & _boolean("and", evaluate(right, m))
+            return evaluate(left, m) & evaluate(right, m)
         case ast.Binary(op="or", left=left, right=right):
-            return _boolean("or", evaluate(left, m)) | _boolean("or", evaluate(right, m))
-        case ast.Binary(op="like"):
-            raise DatatypeMismatch("LIKE needs text; the executor's columns are numbers")
+            return evaluate(left, m) | evaluate(right, m)
         case ast.Binary(op=op, left=left, right=right):
             return BINARY[op](evaluate(left, m), evaluate(right, m))
         case ast.IsNull(negated=negated):
@@ -219,23 +226,11 @@ def evaluate(expr: ast.Expr, m: Morsel) -> Array:
             for item in items:
                 hits |= BINARY["="](a, evaluate(item, m))
             return ~hits if negated else hits
-        case ast.Call(name=name) if name in AGGREGATES:
-            raise GroupingError(f"aggregate function {name}() is not allowed here")
-        case ast.Call(name=name, args=args) if name in CONTEXT_FUNCTIONS:
-            if args:
-                raise DatatypeMismatch(f"{name}() takes no arguments")
+        case ast.Call(name=name) if name in CONTEXT_FUNCTIONS:
             return np.full(m.n, CONTEXT_FUNCTIONS[name](m.ctx), dtype=object)
-        case ast.Call(name=name, args=args):
-            if name not in VECTOR_FUNCTIONS:
-                raise UndefinedFunction(
-                    f"function {name}() is not available in the executor."
-                    + did_you_mean(name, [*VECTOR_FUNCTIONS, *AGGREGATES])
-                )
-            (low, high), fn = VECTOR_FUNCTIONS[name]
-            if not low <= len(args) <= high:
-                raise DatatypeMismatch(f"{name}() takes {low} to {high} arguments, got {len(args)}")
-            return fn(*(evaluate(a, m) for a in args))
-    raise TypeError(f"not an expression: {expr!r}")
+        case ast.Call(name=name, args=args) if name in VECTOR_FUNCTIONS:
+            return VECTOR_FUNCTIONS[name][1](*(evaluate(a, m) for a in args))
+    raise TypeError(f"not an expression the executor computes: {expr!r}")
 
 
 # ---- aggregates: exact partials per morsel, combined in Python -------------------------
@@ -267,19 +262,15 @@ class Partial:
 
 
 def partial(call: ast.Call, m: Morsel) -> Partial:
+    """One aggregate over one morsel (the call was type-checked by the semantics)."""
     if call.star:
-        if call.name != "count":
-            raise DatatypeMismatch(f"{call.name}(*) is not allowed; only count(*) takes *")
         return Partial(count=m.n)
-    if len(call.args) != 1:
-        raise DatatypeMismatch(f"{call.name}() takes 1 argument, got {len(call.args)}")
     a = evaluate(call.args[0], m)
-    p = Partial(count=len(a), integer=_kind(a) == "integer")
+    p = Partial(count=len(a), integer=_kind(a) == INT)
     if call.name in ("sum", "avg"):
-        _numeric(call.name, a)
         p.total = exact_sum(a) if p.integer else float(np.sum(a, dtype=np.float64))
     elif call.name in ("min", "max") and len(a):
-        if _kind(a) == "text":
+        if _kind(a) == TEXT:
             raise DatatypeMismatch(f"{call.name}() of text is not supported by the executor")
         p.low, p.high = a.min().item(), a.max().item()
     return p
@@ -294,8 +285,8 @@ def combine(call: ast.Call, parts: list[Partial]) -> Any:
         if not count:
             return None
         total: int | float = sum(p.total for p in parts)
-        if isinstance(total, int) and call.name == "sum" and not INT64_MIN <= total <= INT64_MAX:
-            raise NumericOverflow(f"sum {total} is out of range for bigint")
+        if isinstance(total, int) and call.name == "sum":
+            check_int64(total, "sum")
         return total if call.name == "sum" else total / count
     values = [p.low if call.name == "min" else p.high for p in parts if p.count]
     if not values:

@@ -1,16 +1,18 @@
-"""The expression layer: compile an expression tree into a function of a row.
+"""The row evaluator: compile an expression tree into a function of a row.
 
-``compile_expr(expr, scope, ctx)`` resolves every column and function once
-and returns a closure ``row -> value``; evaluating it costs a few Python
-calls per node. SQL semantics: NULL (None) propagates through arithmetic and
-comparison; AND/OR are three-valued; integer division truncates toward zero
-and integers never lose precision (Python ints). Aggregates (count, sum,
-avg, min, max) are compiled by :func:`compile_aggregate` and read back
-through ``aggregate_slots``.
+``compile_expr(expr, scope, ctx)`` type-checks the tree once with
+:func:`resgroups.sql.semantics.infer` (the semantics the vectorised
+evaluator shares), resolves every column and function, and returns a closure
+``row -> value``; evaluating it costs a few Python calls per node. NULL
+(None) propagates through arithmetic and comparison; AND/OR are
+three-valued; integer results outside int64 raise NumericOverflow, as the
+vectorised evaluator's do. Aggregates (count, sum, avg, min, max) are
+compiled by :func:`compile_aggregate` and read back through
+``aggregate_slots``.
 
-Row-at-a-time evaluation serves the table functions over engine state; the
-executor's vectorised evaluation over numpy morsels reuses the same trees,
-scope and function tables.
+Row-at-a-time evaluation serves the table functions over engine state,
+SELECT without FROM, and the final expressions over an executor query's
+aggregates.
 """
 
 from __future__ import annotations
@@ -21,15 +23,30 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from resgroups.errors import (
-    DatatypeMismatch,
-    DivisionByZero,
-    GroupingError,
-    UndefinedColumn,
-    UndefinedFunction,
-    did_you_mean,
-)
+from resgroups.errors import DivisionByZero, UndefinedColumn, did_you_mean
 from resgroups.sql import ast
+from resgroups.sql.semantics import (
+    AGGREGATES,
+    INT,
+    UNKNOWN,
+    check_int64,
+    find_aggregates,
+    infer,
+    int_literal,
+    truncated_div,
+)
+
+__all__ = [
+    "AGGREGATES",
+    "EvalContext",
+    "Evaluator",
+    "Row",
+    "Scope",
+    "compile_aggregate",
+    "compile_expr",
+    "find_aggregates",
+    "like_pattern",
+]
 
 Row = Sequence[Any]
 Evaluator = Callable[[Row], Any]
@@ -44,9 +61,10 @@ class EvalContext:
 
 @dataclass(frozen=True)
 class Scope:
-    """The columns a row holds, by position."""
+    """The columns a row holds, by position, and their types where known."""
 
     names: tuple[str, ...]
+    types: tuple[str | None, ...] = ()
 
     def index(self, ident: ast.Ident) -> int:
         for i, name in enumerate(self.names):
@@ -61,64 +79,34 @@ class Scope:
             + did_you_mean(ident.text, self.names)
         )
 
-
-# ---- operators ----------------------------------------------------------------
-
-
-def _type_name(value: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "double", str: "text"}.get(
-        type(value), type(value).__name__
-    )
+    def column_type(self, ident: ast.Ident) -> str:
+        i = self.index(ident)
+        return (self.types[i] if i < len(self.types) else None) or UNKNOWN
 
 
-def _numeric(op: str, a: Any, b: Any) -> None:
-    for v in (a, b):
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise DatatypeMismatch(
-                f"operator {op} needs numbers, got {_type_name(a)} {op} {_type_name(b)}"
-            )
+# ---- operators (operands already type-checked; None is NULL) -----------------------
 
 
 def _divide(a: Any, b: Any) -> Any:
-    _numeric("/", a, b)
     if b == 0:
         raise DivisionByZero(f"division by zero: {a} / {b}")
     if isinstance(a, int) and isinstance(b, int):
-        quotient = abs(a) // abs(b)
-        return quotient if (a >= 0) == (b >= 0) else -quotient
+        return check_int64(truncated_div(a, b), "/")
     return a / b
 
 
 def _modulo(a: Any, b: Any) -> Any:
-    _numeric("%", a, b)
     if b == 0:
         raise DivisionByZero(f"division by zero: {a} % {b}")
     if isinstance(a, int) and isinstance(b, int):
-        return a - b * _divide(a, b)
+        return a - b * truncated_div(a, b)
     return math.fmod(a, b)
 
 
-def _arith(op: str, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+def _exact(op: str, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     def apply(a: Any, b: Any) -> Any:
-        _numeric(op, a, b)
-        return fn(a, b)
-
-    return apply
-
-
-def _comparable(op: str, a: Any, b: Any) -> None:
-    numeric = (int, float)
-    a_num = isinstance(a, numeric) and not isinstance(a, bool)
-    b_num = isinstance(b, numeric) and not isinstance(b, bool)
-    if (a_num and b_num) or type(a) is type(b):
-        return
-    raise DatatypeMismatch(f"cannot compare {_type_name(a)} {op} {_type_name(b)}: {a!r}, {b!r}")
-
-
-def _compare(op: str, fn: Callable[[Any, Any], bool]) -> Callable[[Any, Any], Any]:
-    def apply(a: Any, b: Any) -> Any:
-        _comparable(op, a, b)
-        return fn(a, b)
+        result = fn(a, b)
+        return check_int64(result, op) if type(result) is int else result
 
     return apply
 
@@ -129,111 +117,47 @@ def like_pattern(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(parts), re.DOTALL)
 
 
-def _like(a: Any, b: Any) -> Any:
-    if not isinstance(a, str) or not isinstance(b, str):
-        raise DatatypeMismatch(f"LIKE needs text, got {_type_name(a)} LIKE {_type_name(b)}")
-    return like_pattern(b).fullmatch(a) is not None
-
-
 BINARY: Final[dict[str, Callable[[Any, Any], Any]]] = {
-    "+": _arith("+", lambda a, b: a + b),
-    "-": _arith("-", lambda a, b: a - b),
-    "*": _arith("*", lambda a, b: a * b),
+    "+": _exact("+", lambda a, b: a + b),
+    "-": _exact("-", lambda a, b: a - b),
+    "*": _exact("*", lambda a, b: a * b),
     "/": _divide,
     "%": _modulo,
-    "=": _compare("=", lambda a, b: a == b),
-    "<>": _compare("<>", lambda a, b: a != b),
-    "<": _compare("<", lambda a, b: a < b),
-    "<=": _compare("<=", lambda a, b: a <= b),
-    ">": _compare(">", lambda a, b: a > b),
-    ">=": _compare(">=", lambda a, b: a >= b),
-    "like": _like,
+    "=": lambda a, b: a == b,
+    "<>": lambda a, b: a != b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "like": lambda a, b: like_pattern(b).fullmatch(a) is not None,
 }
-
-
-def truth(op: str, value: Any) -> bool | None:
-    if value is None or isinstance(value, bool):
-        return value
-    raise DatatypeMismatch(f"argument of {op.upper()} must be boolean, not {_type_name(value)}")
 
 
 # ---- functions --------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ScalarFunction:
-    arity: tuple[int, int]  # min, max arguments
-    apply: Callable[..., Any]
-    null_in_null_out: bool = True
-
-
 def _round(x: Any, digits: Any = 0) -> Any:
-    _numeric("round", x, digits)
     if isinstance(x, int):
         return x
     return float(round(x, int(digits)))
 
 
-def _text_fn(name: str, fn: Callable[[str], Any]) -> Callable[[Any], Any]:
-    def apply(value: Any) -> Any:
-        if not isinstance(value, str):
-            raise DatatypeMismatch(f"{name}() needs text, got {_type_name(value)}")
-        return fn(value)
-
-    return apply
-
-
 def _abs(x: Any) -> Any:
-    _numeric("abs", x, 0)
-    return abs(x)
+    return check_int64(abs(x), "abs") if isinstance(x, int) else abs(x)
 
 
-SCALAR_FUNCTIONS: Final[dict[str, ScalarFunction]] = {
-    "lower": ScalarFunction((1, 1), _text_fn("lower", str.lower)),
-    "upper": ScalarFunction((1, 1), _text_fn("upper", str.upper)),
-    "length": ScalarFunction((1, 1), _text_fn("length", len)),
-    "abs": ScalarFunction((1, 1), _abs),
-    "round": ScalarFunction((1, 2), _round),
-    "coalesce": ScalarFunction(
-        (1, 255), lambda *xs: next((x for x in xs if x is not None), None), False
-    ),
+# name -> (implementation, NULL in gives NULL out); signatures: semantics.FUNCTIONS
+SCALAR_FUNCTIONS: Final[dict[str, tuple[Callable[..., Any], bool]]] = {
+    "lower": (str.lower, True),
+    "upper": (str.upper, True),
+    "length": (len, True),
+    "abs": (_abs, True),
+    "round": (_round, True),
+    "coalesce": (lambda *xs: next((x for x in xs if x is not None), None), False),
 }
 CONTEXT_FUNCTIONS: Final[dict[str, Callable[[EvalContext], Any]]] = {
     "current_resource_group": lambda ctx: ctx.current_group,
 }
-AGGREGATES: Final = ("count", "sum", "avg", "min", "max")
-
-
-def is_aggregate(expr: ast.Expr) -> bool:
-    return isinstance(expr, ast.Call) and expr.name in AGGREGATES
-
-
-def find_aggregates(expr: ast.Expr) -> list[ast.Call]:
-    """The aggregate calls inside ``expr`` (not descending into their arguments)."""
-    if is_aggregate(expr):
-        assert isinstance(expr, ast.Call)
-        return [expr]
-    found: list[ast.Call] = []
-    for child in _children(expr):
-        found += find_aggregates(child)
-    return found
-
-
-def _children(expr: ast.Expr) -> tuple[ast.Expr, ...]:
-    match expr:
-        case ast.Unary(operand=operand) | ast.IsNull(operand=operand):
-            return (operand,)
-        case ast.Binary(left=left, right=right):
-            return (left, right)
-        case ast.InList(operand=operand, items=items):
-            return (operand, *items)
-        case ast.Call(args=args):
-            return args
-    return ()
-
-
-def _all_function_names() -> list[str]:
-    return [*SCALAR_FUNCTIONS, *CONTEXT_FUNCTIONS, *AGGREGATES]
 
 
 # ---- compilation ---------------------------------------------------------------------
@@ -246,24 +170,31 @@ def compile_expr(
     *,
     aggregate_slots: Mapping[ast.Call, int] | None = None,
 ) -> Evaluator:
-    """A function of a row computing ``expr``.
+    """A function of a row computing ``expr``, type-checked first.
 
     With ``aggregate_slots`` the row is the tuple of aggregate results: each
     aggregate call reads its slot, and a bare column is a GroupingError.
     """
+    infer(expr, scope.column_type, over_aggregates=aggregate_slots is not None)
+    return _compile(expr, scope, ctx, aggregate_slots)
 
+
+def _compile(
+    expr: ast.Expr,
+    scope: Scope,
+    ctx: EvalContext,
+    aggregate_slots: Mapping[ast.Call, int] | None,
+) -> Evaluator:
     def sub(e: ast.Expr) -> Evaluator:
-        return compile_expr(e, scope, ctx, aggregate_slots=aggregate_slots)
+        return _compile(e, scope, ctx, aggregate_slots)
 
+    literal = int_literal(expr)
+    if literal is not None:
+        return lambda row: literal
     match expr:
         case ast.Literal(value=value):
             return lambda row: value
         case ast.Column(name=name):
-            if aggregate_slots is not None:
-                raise GroupingError(
-                    f"column {name.text} must appear inside an aggregate function "
-                    "(there is no GROUP BY)"
-                )
             i = scope.index(name)
             return lambda row: row[i]
         case ast.Unary(op="-", operand=operand):
@@ -273,15 +204,14 @@ def compile_expr(
                 v = inner(row)
                 if v is None:
                     return None
-                _numeric("-", 0, v)
-                return -v
+                return check_int64(-v, "unary -") if type(v) is int else -v
 
             return negate
         case ast.Unary(op="not", operand=operand):
             inner = sub(operand)
 
             def negation(row: Row) -> Any:
-                v = truth("not", inner(row))
+                v = inner(row)
                 return None if v is None else not v
 
             return negation
@@ -300,8 +230,24 @@ def compile_expr(
             return lambda row: (inner(row) is None) != negated
         case ast.InList(operand=operand, items=items, negated=negated):
             return _in_list(sub(operand), [sub(i) for i in items], negated)
-        case ast.Call():
-            return _compile_call(expr, sub, ctx, aggregate_slots)
+        case ast.Call(name=name) if name in AGGREGATES:
+            assert aggregate_slots is not None  # infer() allowed it
+            slot = aggregate_slots[expr]
+            return lambda row: row[slot]
+        case ast.Call(name=name) if name in CONTEXT_FUNCTIONS:
+            value = CONTEXT_FUNCTIONS[name](ctx)
+            return lambda row: value
+        case ast.Call(name=name, args=call_args):
+            fn, null_in_null_out = SCALAR_FUNCTIONS[name]
+            args = [sub(a) for a in call_args]
+
+            def apply(row: Row) -> Any:
+                values = [a(row) for a in args]
+                if null_in_null_out and any(v is None for v in values):
+                    return None
+                return fn(*values)
+
+            return apply
     raise TypeError(f"not an expression: {expr!r}")
 
 
@@ -309,10 +255,10 @@ def _logic(op: str, lhs: Evaluator, rhs: Evaluator) -> Evaluator:
     stop = op == "or"  # OR stops at TRUE, AND at FALSE
 
     def logic(row: Row) -> Any:
-        a = truth(op, lhs(row))
+        a = lhs(row)
         if a is stop:
             return stop
-        b = truth(op, rhs(row))
+        b = rhs(row)
         if b is stop:
             return stop
         return None if a is None or b is None else not stop
@@ -330,52 +276,11 @@ def _in_list(operand: Evaluator, items: list[Evaluator], negated: bool) -> Evalu
             candidate = item(row)
             if candidate is None:
                 saw_null = True
-                continue
-            _comparable("IN", value, candidate)
-            if value == candidate:
+            elif value == candidate:
                 return not negated
         return None if saw_null else negated
 
     return in_list
-
-
-def _compile_call(
-    call: ast.Call,
-    sub: Callable[[ast.Expr], Evaluator],
-    ctx: EvalContext,
-    aggregate_slots: Mapping[ast.Call, int] | None,
-) -> Evaluator:
-    if call.name in AGGREGATES:
-        if aggregate_slots is None or call not in aggregate_slots:
-            raise GroupingError(f"aggregate function {call.name}() is not allowed here")
-        slot = aggregate_slots[call]
-        return lambda row: row[slot]
-    if call.star:
-        raise DatatypeMismatch(f"{call.name}(*) is not allowed; only count(*) takes *")
-    if call.name in CONTEXT_FUNCTIONS:
-        if call.args:
-            raise DatatypeMismatch(f"{call.name}() takes no arguments")
-        value = CONTEXT_FUNCTIONS[call.name](ctx)
-        return lambda row: value
-    fn = SCALAR_FUNCTIONS.get(call.name)
-    if fn is None:
-        raise UndefinedFunction(
-            f"function {call.name}() does not exist."
-            + did_you_mean(call.name, _all_function_names())
-        )
-    low, high = fn.arity
-    if not low <= len(call.args) <= high:
-        expected = str(low) if low == high else f"{low} to {high}"
-        raise DatatypeMismatch(f"{call.name}() takes {expected} arguments, got {len(call.args)}")
-    args = [sub(a) for a in call.args]
-
-    def apply(row: Row) -> Any:
-        values = [a(row) for a in args]
-        if fn.null_in_null_out and any(v is None for v in values):
-            return None
-        return fn.apply(*values)
-
-    return apply
 
 
 # ---- aggregates ---------------------------------------------------------------------
@@ -384,16 +289,11 @@ def _compile_call(
 def compile_aggregate(
     call: ast.Call, scope: Scope, ctx: EvalContext
 ) -> Callable[[Sequence[Row]], Any]:
-    """A function of all input rows computing one aggregate call."""
+    """A function of all input rows computing one aggregate call (NULL over no rows)."""
+    result = infer(call, scope.column_type, over_aggregates=True)
     if call.star:
-        if call.name != "count":
-            raise DatatypeMismatch(f"{call.name}(*) is not allowed; only count(*) takes *")
         return len
-    if len(call.args) != 1:
-        raise DatatypeMismatch(f"{call.name}() takes 1 argument, got {len(call.args)}")
-    if find_aggregates(call.args[0]):
-        raise GroupingError(f"aggregate calls cannot be nested inside {call.name}()")
-    arg = compile_expr(call.args[0], scope, ctx)
+    arg = _compile(call.args[0], scope, ctx, None)
     name = call.name
 
     def aggregate(rows: Sequence[Row]) -> Any:
@@ -403,12 +303,10 @@ def compile_aggregate(
         if not values:
             return None
         if name in ("sum", "avg"):
-            for v in values:
-                _numeric(name, v, 0)
             total = sum(values)  # ints stay exact
-            return total if name == "sum" else total / len(values)
-        for v in values[1:]:
-            _comparable(name, values[0], v)
+            if name == "avg":
+                return total / len(values)
+            return check_int64(total, "sum") if result == INT else total
         return min(values) if name == "min" else max(values)
 
     return aggregate

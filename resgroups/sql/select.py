@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from resgroups.errors import GroupingError, InvalidParameter, UndefinedColumn
+from resgroups.errors import InvalidParameter, UndefinedColumn
 from resgroups.sql import ast
 from resgroups.sql.expr import (
     EvalContext,
@@ -24,8 +24,8 @@ from resgroups.sql.expr import (
     compile_aggregate,
     compile_expr,
     find_aggregates,
-    truth,
 )
+from resgroups.sql.semantics import check_select_list, result_type
 
 
 @dataclass(frozen=True)
@@ -70,17 +70,20 @@ def _compare_keys(
 
 
 def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relation:
-    """Evaluate ``select`` over ``source``; raises the expression layer's errors."""
-    scope = Scope(source.columns)
+    """Evaluate ``select`` over ``source``; raises the expression layer's errors.
+
+    Every expression is type-checked before any row is read, so an empty
+    source gives typed columns and the same errors as a full one.
+    """
+    scope = Scope(source.columns, source.types)
     items = _items(select, scope)
     names = tuple(output_name(i) for i in items)
+    types = check_select_list([i.expr for i in items], select.where, scope.column_type)
 
     rows = source.rows
     if select.where is not None:
-        if find_aggregates(select.where):
-            raise GroupingError("aggregate functions are not allowed in WHERE")
         predicate = compile_expr(select.where, scope, ctx)
-        rows = [r for r in rows if truth("where", predicate(r)) is True]
+        rows = [r for r in rows if predicate(r) is True]
 
     aggregates = [call for item in items for call in find_aggregates(item.expr)]
     if aggregates:
@@ -107,13 +110,7 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
 
     if select.limit is not None:
         outputs = outputs[: select.limit]
-    return Relation(names, outputs, tuple(_declared_type(i.expr, scope, source) for i in items))
-
-
-def _declared_type(expr: ast.Expr, scope: Scope, source: Relation) -> str | None:
-    if isinstance(expr, ast.Column) and source.types:
-        return source.types[scope.index(expr.name)]
-    return None
+    return Relation(names, outputs, tuple(result_type(t) for t in types))
 
 
 def _order_key(

@@ -1,0 +1,352 @@
+"""One expression semantics: types, operators, overflow, functions and aggregates.
+
+Both evaluators — the row-at-a-time one of :mod:`resgroups.sql.expr` (table
+functions, SELECT without FROM, the final expressions over aggregates) and
+the vectorised one of :mod:`resgroups.exec.vector` (the executor's morsels) —
+type-check every expression with :func:`infer` before evaluating anything,
+and build their errors from the helpers here. So the same statement fails
+with the same error whichever path computes it, and an empty input is typed
+like a full one.
+
+Types (the names :class:`~resgroups.result.Result` carries):
+
+=========  ================================  ============================
+type       values                            arithmetic
+=========  ================================  ============================
+int        integers in [-2^63, 2^63 - 1]     exact; a result outside the
+                                             range raises NumericOverflow
+float      IEEE doubles                      int op float is float
+text       strings                           none (LIKE, comparison)
+bool       TRUE, FALSE                       AND, OR, NOT
+unknown    the NULL literal                  takes the other operand's type
+=========  ================================  ============================
+
+Integer division truncates toward zero and ``%`` takes the dividend's sign,
+as in PostgreSQL. NULL propagates through arithmetic and comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from resgroups.errors import (
+    DatatypeMismatch,
+    GroupingError,
+    NumericOverflow,
+    UndefinedFunction,
+    did_you_mean,
+)
+from resgroups.sql import ast
+
+INT: Final = "int"
+FLOAT: Final = "float"
+TEXT: Final = "text"
+BOOL: Final = "bool"
+UNKNOWN: Final = "unknown"  # the NULL literal
+NUMERIC: Final = frozenset({INT, FLOAT})
+
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+
+_SHOWN: Final = {INT: "integer", FLOAT: "double", TEXT: "text", BOOL: "boolean", UNKNOWN: "null"}
+
+
+def shown(t: str) -> str:
+    """A type as error messages name it ("integer", "double", ...)."""
+    return _SHOWN.get(t, t)
+
+
+def value_type(value: object) -> str:
+    if value is None:
+        return UNKNOWN
+    return {bool: BOOL, int: INT, float: FLOAT, str: TEXT}.get(type(value), TEXT)
+
+
+def result_type(t: str) -> str:
+    """The type a result column shows: a column of bare NULLs is text, as in PostgreSQL."""
+    return TEXT if t == UNKNOWN else t
+
+
+# ---- integers stay int64 -------------------------------------------------------------
+
+
+def overflow(op: str) -> NumericOverflow:
+    return NumericOverflow(f"integer out of range for bigint in {op}")
+
+
+def check_int64(value: int, op: str) -> int:
+    """``value`` if it fits int64, else NumericOverflow naming the operation."""
+    if INT64_MIN <= value <= INT64_MAX:
+        return value
+    raise overflow(op)
+
+
+def int_literal(expr: ast.Expr) -> int | None:
+    """The value of an integer literal, or of a negated one (``-9223372036854775808``
+    is the smallest bigint, though 9223372036854775808 alone is out of range)."""
+    negate = False
+    if isinstance(expr, ast.Unary) and expr.op == "-":
+        expr, negate = expr.operand, True
+    if isinstance(expr, ast.Literal) and type(expr.value) is int:
+        value = -expr.value if negate else expr.value
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise NumericOverflow(f"integer literal {value} is out of range for bigint")
+        return value
+    return None
+
+
+def truncated_div(a: int, b: int) -> int:
+    """Integer division toward zero (SQL), on Python ints."""
+    quotient = abs(a) // abs(b)
+    return quotient if (a >= 0) == (b >= 0) else -quotient
+
+
+# ---- operator typing -------------------------------------------------------------------
+
+ARITHMETIC: Final = frozenset({"+", "-", "*", "/", "%"})
+COMPARISON: Final = frozenset({"=", "<>", "<", "<=", ">", ">="})
+
+
+def arithmetic_type(op: str, a: str, b: str) -> str:
+    for t in (a, b):
+        if t not in NUMERIC and t != UNKNOWN:
+            raise DatatypeMismatch(f"operator {op} needs numbers, got {shown(a)} {op} {shown(b)}")
+    known = {a, b} - {UNKNOWN}
+    if not known:
+        return UNKNOWN
+    return INT if known == {INT} else FLOAT
+
+
+def comparable(op: str, a: str, b: str) -> None:
+    if UNKNOWN in (a, b) or a == b or (a in NUMERIC and b in NUMERIC):
+        return
+    raise DatatypeMismatch(f"cannot compare {shown(a)} {op} {shown(b)}")
+
+
+def boolean_operand(op: str, t: str) -> None:
+    if t not in (BOOL, UNKNOWN):
+        raise DatatypeMismatch(f"argument of {op.upper()} must be boolean, not {shown(t)}")
+
+
+def binary_type(op: str, a: str, b: str) -> str:
+    if op in ARITHMETIC:
+        return arithmetic_type(op, a, b)
+    if op in COMPARISON:
+        comparable(op, a, b)
+        return BOOL
+    if op == "like":
+        if a not in (TEXT, UNKNOWN) or b not in (TEXT, UNKNOWN):
+            raise DatatypeMismatch(f"LIKE needs text, got {shown(a)} LIKE {shown(b)}")
+        return BOOL
+    boolean_operand(op, a)
+    boolean_operand(op, b)
+    return BOOL
+
+
+# ---- functions --------------------------------------------------------------------------
+
+
+def _numeric_arg(name: str, t: str) -> None:
+    if t not in NUMERIC and t != UNKNOWN:
+        raise DatatypeMismatch(f"{name}() needs a number, got {shown(t)}")
+
+
+def _text_arg(name: str, t: str) -> None:
+    if t not in (TEXT, UNKNOWN):
+        raise DatatypeMismatch(f"{name}() needs text, got {shown(t)}")
+
+
+def _text_to(result: str) -> Callable[[str, Sequence[str]], str]:
+    def typed(name: str, args: Sequence[str]) -> str:
+        _text_arg(name, args[0])
+        return result
+
+    return typed
+
+
+def _same_number(name: str, args: Sequence[str]) -> str:
+    for t in args:
+        _numeric_arg(name, t)
+    return args[0]
+
+
+def _coalesce(name: str, args: Sequence[str]) -> str:
+    known = [t for t in args if t != UNKNOWN]
+    for t in known[1:]:
+        if t != known[0] and not (t in NUMERIC and known[0] in NUMERIC):
+            raise DatatypeMismatch(f"{name}() arguments must share a type, got {shown(t)}")
+    if not known:
+        return UNKNOWN
+    return FLOAT if FLOAT in known else known[0]
+
+
+@dataclass(frozen=True)
+class Function:
+    """A scalar function's signature: its arity and its result type."""
+
+    arity: tuple[int, int]  # min, max arguments
+    typed: Callable[[str, Sequence[str]], str]  # (name, argument types) -> result type
+
+
+FUNCTIONS: Final[Mapping[str, Function]] = {
+    "lower": Function((1, 1), _text_to(TEXT)),
+    "upper": Function((1, 1), _text_to(TEXT)),
+    "length": Function((1, 1), _text_to(INT)),
+    "abs": Function((1, 1), _same_number),
+    "round": Function((1, 2), _same_number),
+    "coalesce": Function((1, 255), _coalesce),
+}
+CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {"current_resource_group": TEXT}
+AGGREGATES: Final = ("count", "sum", "avg", "min", "max")
+
+
+def all_function_names() -> list[str]:
+    return [*FUNCTIONS, *CONTEXT_FUNCTIONS, *AGGREGATES]
+
+
+def function_type(call: ast.Call, args: Sequence[str]) -> str:
+    """The result type of a scalar or context function call (arity and types checked)."""
+    if call.star:
+        raise DatatypeMismatch(f"{call.name}(*) is not allowed; only count(*) takes *")
+    if call.name in CONTEXT_FUNCTIONS:
+        if args:
+            raise DatatypeMismatch(f"{call.name}() takes no arguments")
+        return CONTEXT_FUNCTIONS[call.name]
+    fn = FUNCTIONS.get(call.name)
+    if fn is None:
+        raise UndefinedFunction(
+            f"function {call.name}() does not exist."
+            + did_you_mean(call.name, all_function_names())
+        )
+    low, high = fn.arity
+    if not low <= len(args) <= high:
+        expected = str(low) if low == high else f"{low} to {high}"
+        raise DatatypeMismatch(f"{call.name}() takes {expected} arguments, got {len(args)}")
+    return fn.typed(call.name, args)
+
+
+def aggregate_type(call: ast.Call, arg: str | None) -> str:
+    """The result type of an aggregate over an argument of type ``arg`` (None: ``*``):
+    NULL over no rows, of this type (count is 0)."""
+    if call.star:
+        if call.name != "count":
+            raise DatatypeMismatch(f"{call.name}(*) is not allowed; only count(*) takes *")
+        return INT
+    if len(call.args) != 1 or arg is None:
+        raise DatatypeMismatch(f"{call.name}() takes 1 argument, got {len(call.args)}")
+    if call.name == "count":
+        return INT
+    if call.name in ("sum", "avg"):
+        if arg not in NUMERIC and arg != UNKNOWN:
+            raise DatatypeMismatch(f"{call.name}() needs numbers, got {shown(arg)}")
+        return FLOAT if call.name == "avg" or arg == FLOAT else INT
+    return arg  # min, max
+
+
+def is_aggregate(expr: ast.Expr) -> bool:
+    return isinstance(expr, ast.Call) and expr.name in AGGREGATES
+
+
+def children(expr: ast.Expr) -> tuple[ast.Expr, ...]:
+    match expr:
+        case ast.Unary(operand=operand) | ast.IsNull(operand=operand):
+            return (operand,)
+        case ast.Binary(left=left, right=right):
+            return (left, right)
+        case ast.InList(operand=operand, items=items):
+            return (operand, *items)
+        case ast.Call(args=args):
+            return args
+    return ()
+
+
+def find_aggregates(expr: ast.Expr) -> list[ast.Call]:
+    """The aggregate calls inside ``expr`` (not descending into their arguments)."""
+    if is_aggregate(expr):
+        assert isinstance(expr, ast.Call)
+        return [expr]
+    found: list[ast.Call] = []
+    for child in children(expr):
+        found += find_aggregates(child)
+    return found
+
+
+# ---- the type of an expression -----------------------------------------------------------
+
+
+def infer(
+    expr: ast.Expr,
+    column_type: Callable[[ast.Ident], str],
+    *,
+    over_aggregates: bool = False,
+    where: str = "here",
+) -> str:
+    """The type of ``expr``, checking every operator, function and aggregate.
+
+    ``column_type`` gives a column's type (raising UndefinedColumn when there
+    is none). With ``over_aggregates`` the expression is a select item of an
+    aggregate query: aggregates are allowed and a bare column is a
+    GroupingError (there is no GROUP BY); otherwise an aggregate is a
+    GroupingError naming ``where`` ("here", "in WHERE").
+    """
+
+    def walk(e: ast.Expr) -> str:
+        return infer(e, column_type, over_aggregates=over_aggregates, where=where)
+
+    literal = int_literal(expr)
+    if literal is not None:
+        return INT
+    match expr:
+        case ast.Literal(value=value):
+            return value_type(value)
+        case ast.Column(name=name):
+            t = column_type(name)  # an unknown column fails first
+            if over_aggregates:
+                raise GroupingError(
+                    f"column {name.text} must appear inside an aggregate function "
+                    "(there is no GROUP BY)"
+                )
+            return t
+        case ast.Unary(op="-", operand=operand):
+            return arithmetic_type("-", INT, walk(operand))
+        case ast.Unary(op="not", operand=operand):
+            boolean_operand("not", walk(operand))
+            return BOOL
+        case ast.Binary(op=op, left=left, right=right):
+            return binary_type(op, walk(left), walk(right))
+        case ast.IsNull(operand=operand):
+            walk(operand)
+            return BOOL
+        case ast.InList(operand=operand, items=items):
+            t = walk(operand)
+            for item in items:
+                comparable("IN", t, walk(item))
+            return BOOL
+        case ast.Call(name=name) if name in AGGREGATES:
+            if not over_aggregates:
+                raise GroupingError(f"aggregate function {name}() is not allowed {where}")
+            if expr.star:
+                return aggregate_type(expr, None)
+            for arg in expr.args:
+                if find_aggregates(arg):
+                    raise GroupingError(f"aggregate calls cannot be nested inside {name}()")
+            args = [infer(a, column_type) for a in expr.args]
+            return aggregate_type(expr, args[0] if len(args) == 1 else None)
+        case ast.Call():
+            return function_type(expr, [walk(a) for a in expr.args])
+    raise TypeError(f"not an expression: {expr!r}")
+
+
+def check_select_list(
+    items: Sequence[ast.Expr], where: ast.Expr | None, column_type: Callable[[ast.Ident], str]
+) -> list[str]:
+    """The types of a select list (and a check of its WHERE), for both evaluators."""
+    if where is not None:
+        boolean_operand("where", infer(where, column_type, where="in WHERE"))
+    over_aggregates = any(find_aggregates(e) for e in items)
+    return [infer(e, column_type, over_aggregates=over_aggregates) for e in items]
+
+
+Row = Sequence[Any]

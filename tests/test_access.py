@@ -17,8 +17,8 @@ def group_of(session: resgroups.Session) -> str | None:
 
 def test_unmapped_principals_run_in_default(admin: resgroups.Session) -> None:
     admin.execute("CREATE USER u")
-    assert group_of(admin.engine.connect("u")) == "default"
-    assert group_of(admin) == "default"
+    assert group_of(admin.engine.connect("u")) == "DEFAULT"
+    assert group_of(admin) == "DEFAULT"
 
 
 def test_own_mapping_beats_acl_group_mappings(admin: resgroups.Session) -> None:
@@ -73,7 +73,7 @@ def test_service_accounts_use_their_own_mapping_and_never_inherit(admin: resgrou
     with pytest.raises(resgroups.CatalogError, match="is a service account, not a user"):
         admin.execute("ADD USER bot TO team")
     bot = admin.engine.connect("bot")
-    assert group_of(bot) == "default"
+    assert group_of(bot) == "DEFAULT"
     admin.execute("ALTER SERVICE ACCOUNT bot SET RESOURCE GROUP bots")
     assert group_of(bot) == "bots"
 
@@ -85,7 +85,7 @@ def test_acl_inheritance_is_for_users_only(admin: resgroups.Session) -> None:
     )
     assert group_of(admin.engine.connect("u")) == "team_rg"
     admin.execute("REMOVE USER u FROM team")
-    assert group_of(admin.engine.connect("u")) == "default"
+    assert group_of(admin.engine.connect("u")) == "DEFAULT"
 
 
 def test_assumed_account_keeps_the_login_group(admin: resgroups.Session) -> None:
@@ -157,7 +157,7 @@ def test_a_revoke_bites_on_the_next_query(admin: resgroups.Session) -> None:
     with pytest.raises(resgroups.PermissionDenied, match="alerts"):
         group_of(user)
     user.execute("RESET RESOURCE GROUP")
-    assert group_of(user) == "default"
+    assert group_of(user) == "DEFAULT"
 
 
 def test_a_drop_of_the_chosen_group_bites_on_the_next_query(engine: resgroups.Engine) -> None:
@@ -168,7 +168,7 @@ def test_a_drop_of_the_chosen_group_bites_on_the_next_query(engine: resgroups.En
         group_of(session)
     assert info.value.sqlstate == "42704"
     session.execute("DISCARD ALL")
-    assert group_of(session) == "default"
+    assert group_of(session) == "DEFAULT"
 
 
 def test_rename_keeps_the_session_choice(engine: resgroups.Engine) -> None:
@@ -185,7 +185,7 @@ def test_reset_all_and_discard_all_clear_the_choice(engine: resgroups.Engine) ->
         session.execute("SET RESOURCE GROUP alerts")
         assert group_of(session) == "alerts"
         session.execute(reset)
-        assert group_of(session) == "default"
+        assert group_of(session) == "DEFAULT"
 
 
 def test_the_admin_needs_no_use(admin: resgroups.Session) -> None:
@@ -210,7 +210,7 @@ def test_resource_group_admin_covers_group_ddl_mappings_grants_and_reading(
         with pytest.raises(resgroups.PermissionDenied) as info:
             ops.execute(sql)
         assert str(info.value) == denied
-    assert group_of(ops) == "default"  # current_resource_group() needs nothing
+    assert group_of(ops) == "DEFAULT"  # current_resource_group() needs nothing
     admin.execute_script("ADD USER ops TO admins; GRANT RESOURCE GROUP ADMIN TO admins")
     ops.execute_script(
         "CREATE RESOURCE GROUP g; ALTER USER u SET RESOURCE GROUP g; GRANT USE RESOURCE GROUP TO u"
@@ -328,4 +328,4 @@ def test_monitoring_queries_are_unmanaged(engine: resgroups.Engine) -> None:
         .execute("SELECT name, current_resource_group() FROM resource_groups()")
         .rows
     )
-    assert rows == [("default", None)]
+    assert rows == [("DEFAULT", None)]

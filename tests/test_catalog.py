@@ -216,7 +216,7 @@ def test_rename_keeps_mappings_grants_and_creation_order(admin: resgroups.Sessio
     admin.execute_script(
         "ALTER RESOURCE GROUP b RENAME TO bee; ALTER RESOURCE GROUP c RENAME TO sea"
     )
-    assert [r["name"] for r in engine.resource_groups()] == ["default", "a", "bee", "sea"]
+    assert [r["name"] for r in engine.resource_groups()] == ["DEFAULT", "a", "bee", "sea"]
     assert user.execute("SELECT current_resource_group()").rows == [("sea",)]
     user.execute("RESET RESOURCE GROUP")
     assert user.execute("SELECT current_resource_group()").rows == [("bee",)]
@@ -238,7 +238,7 @@ def test_drop_of_a_mapped_group_is_refused(admin: resgroups.Session) -> None:
         "ALTER USER analyst UNSET RESOURCE GROUP; ALTER GROUP team UNSET RESOURCE GROUP"
     )
     admin.execute("DROP RESOURCE GROUP reporting")
-    assert [r["name"] for r in admin.engine.resource_groups()] == ["default"]
+    assert [r["name"] for r in admin.engine.resource_groups()] == ["DEFAULT"]
 
 
 def test_default_cannot_be_dropped_or_renamed_but_can_be_altered(engine: resgroups.Engine) -> None:
@@ -273,7 +273,7 @@ def test_names_unquoted_case_insensitive_quoted_exact(engine: resgroups.Engine) 
     with pytest.raises(resgroups.CatalogError, match=r'Did you mean "(Mixed|MIXED)"'):
         session.execute('ALTER RESOURCE GROUP "mixed" SET (cpu_weight = 5)')
     session.execute('DROP RESOURCE GROUP "MIXED"')
-    assert [r["name"] for r in engine.resource_groups()] == ["default", "Reporting", "Mixed"]
+    assert [r["name"] for r in engine.resource_groups()] == ["DEFAULT", "Reporting", "Mixed"]
 
 
 def test_a_group_created_again_is_a_new_group(engine: resgroups.Engine) -> None:

@@ -268,7 +268,7 @@ def test_ceiling_capped_by_the_process_budget() -> None:
     with resgroups.Engine(process_memory_limit=2 * 1024 * KIB) as engine:
         engine.connect().execute("CREATE RESOURCE GROUP big WITH (memory_limit = '1G')")
         assert ceiling(engine, "x", "big") == 2 * 1024 * KIB
-        assert ceiling(engine, "x", "default") == 2 * 1024 * KIB
+        assert ceiling(engine, "x", "DEFAULT") == 2 * 1024 * KIB
 
 
 def test_no_limits_at_all_still_accounts() -> None:
@@ -276,8 +276,8 @@ def test_no_limits_at_all_still_accounts() -> None:
         with engine.connect().query() as q:
             assert q.memory_ceiling is None
             q.memory.allocate(10 * 1024 * KIB)
-            assert group_row(engine, "default")["memory_used_bytes"] == 10 * 1024 * KIB
-        assert group_row(engine, "default")["memory_used_bytes"] == 0
+            assert group_row(engine, "DEFAULT")["memory_used_bytes"] == 10 * 1024 * KIB
+        assert group_row(engine, "DEFAULT")["memory_used_bytes"] == 0
 
 
 # ---- failures ------------------------------------------------------------------------------
@@ -298,7 +298,7 @@ def test_exceeding_the_query_ceiling_fails_that_request_only() -> None:
         assert f"limit={1024 * KIB}" in text
         assert f"used={900 * KIB}" in text
         assert f"request={200 * KIB}" in text
-        assert group_row(engine, "default")["memory_used_bytes"] == 900 * KIB  # not counted
+        assert group_row(engine, "DEFAULT")["memory_used_bytes"] == 900 * KIB  # not counted
         with pytest.raises(resgroups.MemoryLimitExceeded):
             q.checkpoint()  # the query is failed
 
@@ -371,7 +371,7 @@ def test_every_byte_comes_back_and_leaks_are_counted() -> None:
             _leaky_query(engine)
         assert engine.memory_ledger.leaks == 1
         assert engine.memory_ledger.leaked_bytes == 200 * KIB
-        assert group_row(engine, "default")["memory_used_bytes"] == 0
+        assert group_row(engine, "DEFAULT")["memory_used_bytes"] == 0
         assert "resgroups_resource_groups_memory_leaks_total 1.0" in engine.metrics_text()
 
 
@@ -379,7 +379,7 @@ def test_suspended_cursor_keeps_its_memory_charged() -> None:
     with resgroups.Engine() as engine, engine.connect().query() as q:
         q.memory.allocate(100)
         q.suspend()
-        assert group_row(engine, "default")["memory_used_bytes"] == 100
+        assert group_row(engine, "DEFAULT")["memory_used_bytes"] == 100
         q.resume()
 
 
@@ -388,9 +388,9 @@ def test_track_accounts_a_numpy_array_for_its_lifetime() -> None:
         array = np.zeros(1_000_000)
         with q.memory.track(array) as tracked:
             assert tracked is array
-            assert group_row(engine, "default")["memory_used_bytes"] == array.nbytes
+            assert group_row(engine, "DEFAULT")["memory_used_bytes"] == array.nbytes
         q.memory.flush()
-        assert group_row(engine, "default")["memory_used_bytes"] == 0
+        assert group_row(engine, "DEFAULT")["memory_used_bytes"] == 0
 
 
 def test_group_memory_gauges() -> None:

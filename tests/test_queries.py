@@ -443,7 +443,7 @@ def test_dropped_group_finishes_its_queries_and_leaves_resource_groups(
     session = in_group(wide, "tmp")
     with session.query() as q:
         admin.execute("DROP RESOURCE GROUP tmp")
-        assert [r["name"] for r in wide.resource_groups()] == ["default"]
+        assert [r["name"] for r in wide.resource_groups()] == ["DEFAULT"]
         q.checkpoint()
         assert q.group == "tmp"
     with pytest.raises(resgroups.CatalogError, match="no longer exists"):
@@ -514,7 +514,7 @@ def test_metrics_text_names_and_values(wide: resgroups.Engine) -> None:
     expected = [
         'resgroups_resource_group_active_queries{resource_group="reporting"} 1.0',
         'resgroups_resource_group_queued_queries{resource_group="reporting"} 0.0',
-        'resgroups_resource_group_oldest_queue_wait_millis{resource_group="default"} 0.0',
+        'resgroups_resource_group_oldest_queue_wait_millis{resource_group="DEFAULT"} 0.0',
         'resgroups_resource_group_memory_bytes{resource_group="reporting"} 100000.0',
         'resgroups_resource_group_memory_limit_bytes{resource_group="reporting"} 1.048576e+06',
         'resgroups_resource_group_admission_rejections_total{resource_group="reporting"} 0.0',

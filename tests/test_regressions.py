@@ -311,3 +311,78 @@ def test_row_and_vector_evaluators_agree(expr: str, n: int) -> None:
         assert got_vector.types == list(got_row.types)
         for a, b in zip(got_vector.rows, got_row.rows, strict=True):
             assert a == pytest.approx(b, rel=1e-12, nan_ok=True), sql
+
+
+# ---- QuestDB parity (SPEC §4) ---------------------------------------------------------------
+
+
+def test_the_built_in_group_shows_as_default_and_answers_to_either_case() -> None:
+    with resgroups.Engine() as engine:
+        session = engine.connect()
+        assert [r["name"] for r in engine.resource_groups()] == ["DEFAULT"]
+        assert session.execute("SELECT current_resource_group()").rows == [("DEFAULT",)]
+        session.execute("ALTER RESOURCE GROUP default SET (cpu_weight = 7)")
+        session.execute('ALTER RESOURCE GROUP "default" SET (max_active_queries = 3)')
+        session.execute("ALTER RESOURCE GROUP DEFAULT SET (queue_timeout = 5s)")
+        (row,) = engine.resource_groups()
+        assert (row["cpu_weight"], row["max_active_queries"], row["queue_timeout_millis"]) == (
+            7,
+            3,
+            5000,
+        )
+        session.execute("CREATE RESOURCE GROUP g; SET RESOURCE GROUP g; SET RESOURCE GROUP default")
+        assert session.execute("SELECT current_resource_group()").rows == [("DEFAULT",)]
+        with pytest.raises(resgroups.CatalogError, match="already exists"):
+            session.execute("CREATE RESOURCE GROUP Default")
+        with pytest.raises(resgroups.CatalogError, match=r"cannot be dropped \[name=DEFAULT\]"):
+            session.execute("DROP RESOURCE GROUP default")
+
+
+@pytest.mark.parametrize(
+    ("bare", "quoted"),
+    [
+        ("memory_limit = 2G", "memory_limit = '2G'"),
+        ("memory_limit = 512K", "memory_limit = '512K'"),
+        ("memory_limit = 64MB", "memory_limit = '64MB'"),
+        ("memory_limit = 1t", "memory_limit = '1T'"),
+        ("queue_timeout = 15s", "queue_timeout = '15s'"),
+        ("queue_timeout = 250ms", "queue_timeout = '250ms'"),
+        ("queue_timeout = 2m", "queue_timeout = '2m'"),
+        ("queue_timeout = 1h", "queue_timeout = '1h'"),
+    ],
+)
+def test_sizes_and_durations_may_be_written_bare(bare: str, quoted: str) -> None:
+    with resgroups.Engine() as engine:
+        session = engine.connect()
+        session.execute(f"CREATE RESOURCE GROUP a WITH ({bare})")
+        session.execute(f"CREATE RESOURCE GROUP b WITH ({quoted})")
+        session.execute("CREATE RESOURCE GROUP c")
+        session.execute(f"ALTER RESOURCE GROUP c SET ({bare})")
+        rows = {r["name"]: r for r in engine.resource_groups()}
+        for column in ("memory_limit_bytes", "queue_timeout_millis"):
+            assert rows["a"][column] == rows["b"][column] == rows["c"][column]
+
+
+def test_set_memory_limit_takes_a_bare_size() -> None:
+    with resgroups.Engine(access_control=True) as engine:
+        admin = engine.connect()
+        admin.execute("CREATE USER u; CREATE USER v")
+        admin.execute("ALTER USER u SET MEMORY LIMIT 512M")
+        admin.execute("ALTER USER v SET MEMORY LIMIT '512M'")
+        assert sorted(admin.execute("SHOW USERS").rows) == [
+            ("u", 512 * 1024**2, None),
+            ("v", 512 * 1024**2, None),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("sql", "needle"),
+    [
+        ("CREATE RESOURCE GROUP x WITH (cpu_weight = 15s)", "invalid value 15s for cpu_weight"),
+        ("CREATE RESOURCE GROUP x WITH (queue_timeout = 2G)", "invalid value 2G for queue_timeout"),
+        ("CREATE RESOURCE GROUP x WITH (memory_limit = 2Q)", "invalid value 2Q for memory_limit"),
+    ],
+)
+def test_a_bare_quantity_in_the_wrong_place_names_what_is_allowed(sql: str, needle: str) -> None:
+    with pytest.raises(resgroups.InvalidParameter, match=needle):
+        resgroups.Engine().connect().execute(sql)

@@ -43,7 +43,7 @@ def test_columns_in_order_with_types(engine: resgroups.Engine) -> None:
 def test_default_row_shows_the_unset_values(engine: resgroups.Engine) -> None:
     (row,) = engine.resource_groups()
     assert row == {
-        "name": "default",
+        "name": "DEFAULT",
         "memory_limit_bytes": 0,
         "max_active_queries": None,
         "max_queued_queries": None,
@@ -74,14 +74,14 @@ def test_values_shares_and_limits(engine: resgroups.Engine) -> None:
         " scheduling_policy = 'fair');"
     )
     rows = {r["name"]: r for r in engine.resource_groups()}
-    assert list(rows) == ["default", "reporting", "tenant"]
+    assert list(rows) == ["DEFAULT", "reporting", "tenant"]
     reporting, tenant = rows["reporting"], rows["tenant"]
     assert reporting["max_active_queries"] == 4
     assert reporting["max_queued_queries"] == 32
     assert reporting["queue_timeout_millis"] == 15000
     assert reporting["memory_limit_bytes"] == 2 * 1024**3
     assert reporting["cpu_min_share_pct"] == 50 / 350 * 100  # unrounded
-    assert rows["default"]["cpu_min_share_pct"] == 100 / 350 * 100
+    assert rows["DEFAULT"]["cpu_min_share_pct"] == 100 / 350 * 100
     assert tenant["cpu_min_share_pct"] == 12.5  # 57.1% by weight, capped at the limit
     assert tenant["cpu_limit_pct"] == 12.5
     assert tenant["cpu_limit_cores"] == 0.125 * engine.cpus
@@ -125,7 +125,7 @@ def test_where_order_by_limit(session: resgroups.Session) -> None:
         "SELECT name, cpu_weight FROM resource_groups() WHERE cpu_weight < 200 "
         "ORDER BY cpu_weight DESC, name DESC LIMIT 2"
     ).rows
-    assert rows == [("default", 100), ("c", 50)]
+    assert rows == [("DEFAULT", 100), ("c", 50)]
     assert session.execute(
         "SELECT name FROM resource_groups() WHERE name LIKE '_' AND NOT name IN ('b') ORDER BY 1"
     ).rows == [("a",), ("c",)]
@@ -135,10 +135,10 @@ def test_where_order_by_limit(session: resgroups.Session) -> None:
 def test_order_by_alias_position_and_expression(session: resgroups.Session) -> None:
     q = "SELECT name, cpu_weight * 2 AS w FROM resource_groups() ORDER BY {} LIMIT 2"
     assert session.execute(q.format("w")).rows == [("b", 100), ("c", 100)]
-    assert session.execute(q.format("2 DESC")).rows == [("a", 600), ("default", 200)]
+    assert session.execute(q.format("2 DESC")).rows == [("a", 600), ("DEFAULT", 200)]
     assert session.execute(q.format("-cpu_weight, name DESC")).rows == [
         ("a", 600),
-        ("default", 200),
+        ("DEFAULT", 200),
     ]
 
 
@@ -151,7 +151,7 @@ def test_nulls_sort_last_ascending_first_descending(session: resgroups.Session) 
     assert [r[1] for r in session.execute(q.format("DESC")).rows] == [None, None, 9, 2]
     assert session.execute(
         "SELECT name FROM resource_groups() WHERE max_active_queries IS NULL ORDER BY name"
-    ).rows == [("a",), ("default",)]
+    ).rows == [("DEFAULT",), ("a",)]  # code point order: upper case first
 
 
 def test_aggregates(session: resgroups.Session) -> None:
@@ -160,7 +160,7 @@ def test_aggregates(session: resgroups.Session) -> None:
         " min(name), max(max_active_queries), sum(cpu_weight) * 2 AS twice FROM resource_groups()"
     )
     assert result.columns == ["count", "count", "sum", "avg", "min", "max", "twice"]
-    assert result.rows == [(4, 2, 500, 125.0, "a", 9, 1000)]
+    assert result.rows == [(4, 2, 500, 125.0, "DEFAULT", 9, 1000)]
     assert session.execute(
         "SELECT count(*), sum(cpu_weight) FROM resource_groups() WHERE name = 'none'"
     ).rows == [(0, None)]

@@ -40,7 +40,7 @@ def test_dash_c_prints_aligned_tables(capsys: pytest.CaptureFixture[str]) -> Non
         "+-----------+--------------+----------------------+",
         "| name      |   cpu_weight |   max_active_queries |",
         "|-----------+--------------+----------------------|",
-        "| default   |          100 |                 NULL |",
+        "| DEFAULT   |          100 |                 NULL |",
         "| reporting |           50 |                 NULL |",
         "+-----------+--------------+----------------------+",
         "(2 rows)",

@@ -25,7 +25,7 @@ from resgroups.catalog.params import PARAMETERS, ParamValue
 from resgroups.errors import InternalError
 
 DEFAULT_GROUP_ID: Final = 0
-DEFAULT_GROUP_NAME: Final = "default"
+DEFAULT_GROUP_NAME: Final = "DEFAULT"  # as QuestDB shows it
 
 
 def _matches(name: str, quoted: bool, ref: Ident) -> bool:
@@ -168,7 +168,12 @@ class Snapshot:
         return None
 
     def find_group(self, ref: Ident) -> GroupDef | None:
-        """The group a reference names: an exact match first, then case-insensitive."""
+        """The group a reference names: an exact match first, then case-insensitive.
+
+        DEFAULT answers to its name in any case, quoted or not (no other group
+        may be called so)."""
+        if ref.text.casefold() == DEFAULT_GROUP_NAME.casefold():
+            return self.default_group
         for g in self.groups:
             if g.name == ref.text:
                 return g
@@ -178,7 +183,7 @@ class Snapshot:
         return None
 
     def group_name_taken(self, new: Ident) -> GroupDef | None:
-        if new.text.casefold() == DEFAULT_GROUP_NAME:
+        if new.text.casefold() == DEFAULT_GROUP_NAME.casefold():
             return self.default_group
         for g in self.groups:
             if _conflicts(g.name, g.quoted, new):

@@ -33,7 +33,8 @@ INT32_MAX: Final = 2**31 - 1
 
 @dataclass(frozen=True)
 class RawValue:
-    """A parameter value as written: kind is 'number', 'string' or 'word'."""
+    """A parameter value as written: kind is 'number', 'string', 'word' or
+    'quantity' (a size or duration written bare: 512M, 15s)."""
 
     kind: str
     text: str
@@ -105,7 +106,7 @@ def parse_duration_ms(raw: RawValue, param: str = "queue_timeout") -> int:
     if raw.kind == "number":
         millis = _integer(raw, param, _TIMEOUT_ALLOWED)
     else:
-        match = _DURATION_RE.match(raw.text) if raw.kind == "string" else None
+        match = _DURATION_RE.match(raw.text) if raw.kind in ("string", "quantity") else None
         if match is None:
             raise InvalidParameter(f"invalid value {raw} for {param}: expected {_TIMEOUT_ALLOWED}")
         millis = int(match.group(1)) * _DURATION_UNITS[(match.group(2) or "ms").lower()]
@@ -129,7 +130,7 @@ def parse_size(raw: RawValue, param: str = "memory_limit") -> int:
     if raw.kind == "number":
         size = _integer(raw, param, _SIZE_ALLOWED)
     else:
-        match = _SIZE_RE.match(raw.text) if raw.kind == "string" else None
+        match = _SIZE_RE.match(raw.text) if raw.kind in ("string", "quantity") else None
         if match is None:
             raise InvalidParameter(f"invalid value {raw} for {param}: expected {_SIZE_ALLOWED}")
         size = int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]

@@ -67,6 +67,10 @@ class _ToAst(Transformer[Token, Any]):
     def number_value(self, tok: Token) -> RawValue:
         return RawValue("number", str(tok))
 
+    def quantity_value(self, number: Token, unit: Token) -> RawValue:
+        """A size or a duration written bare, as QuestDB users type them (2G, 15s)."""
+        return RawValue("quantity", f"{number}{unit}")
+
     def negative_value(self, tok: Token) -> RawValue:
         return RawValue("number", "-" + tok)
 

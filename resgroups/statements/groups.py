@@ -67,7 +67,7 @@ def rename_resource_group(session: Session, stmt: ast.RenameResourceGroup) -> Re
         group = find_group(snap, stmt.name)
         if group.is_default:
             raise CatalogError(
-                "built-in Resource Group cannot be renamed [name=default]",
+                "built-in Resource Group cannot be renamed [name=DEFAULT]",
                 sqlstate=CatalogError.FORBIDDEN,
             )
         taken = snap.group_name_taken(stmt.new_name)
@@ -90,7 +90,7 @@ def drop_resource_group(session: Session, stmt: ast.DropResourceGroup) -> Result
         group = find_group(snap, stmt.name)
         if group.is_default:
             raise CatalogError(
-                "built-in Resource Group cannot be dropped [name=default]",
+                "built-in Resource Group cannot be dropped [name=DEFAULT]",
                 sqlstate=CatalogError.FORBIDDEN,
             )
         mapped = snap.mapped_to(group.id)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from resgroups.access import Identity, login_principal, resolve
 from resgroups.catalog.model import GroupDef
+from resgroups.errors import QueryCancelled
 from resgroups.query import Query
 from resgroups.result import Result
 from resgroups.sql.parser import parse_script
@@ -30,6 +31,7 @@ class Session:
         self._identity = identity
         self._chosen: int | None = None  # the chosen group's id (a rename keeps it)
         self._running: set[Query] = set()  # this session's queries in flight
+        self._cancel_requested = False  # cancel() during a script stops what is left
         self.work_cpu_ns = 0  # CPU the built-in executor spent on this session's queries
         self.ceiling_cache: tuple[object, int | None] | None = None  # see Engine.query_memory
         self._cpu_lock = threading.Lock()
@@ -64,6 +66,7 @@ class Session:
     def cancel(self) -> int:
         """Cancel every query this session has in flight, from any thread (what
         Ctrl-C in the shell and a wire protocol cancel request do); how many."""
+        self._cancel_requested = True
         running = list(self._running)
         for query in running:
             query.cancel()
@@ -108,8 +111,11 @@ class Session:
         A statement that fails stops the script; those before it stay done.
         """
         statements = parse_script(sql)
+        self._cancel_requested = False
         results = []
         for stmt in statements:
+            if self._cancel_requested:
+                raise QueryCancelled("canceling statement due to user request")
             login_principal(self.engine.snapshot, self._identity)  # dropped since login?
             results.append(execute_statement(self, stmt))
         return results

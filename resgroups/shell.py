@@ -10,6 +10,7 @@ and an error does not stop the script (the exit status is 1 if any failed).
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -108,14 +109,36 @@ class ShellRunner:
                 self.run(piece, line)
 
     def run(self, sql: str, first_line: int = 1) -> None:
+        """Run ``sql`` and print its results. Ctrl-C cancels it, as in psql: the
+        statement runs on its own thread while this one waits, and an interrupt
+        cancels the session's running query and returns to the prompt."""
         started = time.perf_counter()
-        try:
-            results = self.session.execute_script(sql)
-        except Error as exc:
+        outcome: list[list[Result] | BaseException] = []
+        finished = threading.Event()
+
+        def work() -> None:
+            try:
+                outcome.append(self.session.execute_script(sql))
+            except BaseException as exc:
+                outcome.append(exc)
+            finally:
+                finished.set()
+
+        threading.Thread(target=work, name="resgroups-shell-statement", daemon=True).start()
+        while not finished.is_set():
+            try:
+                finished.wait(0.05)  # a timed wait lets the interrupt in at once
+            except KeyboardInterrupt:
+                self.session.cancel()
+                self.write("Cancel request sent\n")
+        (done,) = outcome
+        if isinstance(done, Error):
             self.failures += 1
-            self.write(format_error(exc, line_offset=first_line - 1) + "\n")
+            self.write(format_error(done, line_offset=first_line - 1) + "\n")
             return
-        for result in results:
+        if isinstance(done, BaseException):
+            raise done
+        for result in done:
             self.write(format_result(result) + "\n")
         if self.timing:
             self.write(f"Time: {(time.perf_counter() - started) * 1000:.3f} ms\n")

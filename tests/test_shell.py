@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
@@ -159,3 +163,65 @@ def test_statement_complete() -> None:
     assert not shell.statement_complete("SELECT 1")
     assert not shell.statement_complete("SELECT ';")
     assert not shell.statement_complete("SELECT 1; SELECT")
+
+
+def _interrupt_when_running(session: resgroups.Session) -> threading.Thread:
+    """Send the main thread a KeyboardInterrupt (as Ctrl-C does) once ``session``
+    has a query in flight; bounded."""
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 20
+        while not session._running and time.monotonic() < deadline:
+            time.sleep(0.005)
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_ctrl_c_cancels_the_running_statement_and_keeps_the_shell() -> None:
+    # a broken cancel ends in QueryTimeout after 30 s instead of hanging
+    with resgroups.Engine(query_timeout=30) as engine:
+        session = engine.connect()
+        out: list[str] = []
+        runner = shell.ShellRunner(session, out.append)
+        helper = _interrupt_when_running(session)
+        runner.run("SELECT sum(x) FROM long_sequence(10000000000)")
+        helper.join(5)
+        text = "".join(out)
+        assert "Cancel request sent" in text
+        assert "ERROR [57014]: query cancelled" in text
+        assert runner.failures == 1
+        assert not runner.quit
+        out.clear()
+        runner.run("SELECT 1 AS one")  # the shell goes on
+        assert "(1 row)" in "".join(out)
+        assert not session._running
+
+
+def test_ctrl_c_in_a_real_shell_process_cancels_and_continues(tmp_path: Path) -> None:
+    script = "SELECT sum(x) FROM long_sequence(10000000000);\nSELECT 42 AS answer;\n"
+    (tmp_path / "script.sql").write_text(script)
+    with (tmp_path / "script.sql").open() as stdin:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "resgroups.cli", "shell"],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    try:
+        process = psutil.Process(child.pid)
+        deadline = time.monotonic() + 30
+        # the scan is running once the process has burnt CPU beyond its start-up
+        while sum(process.cpu_times()[:2]) < 2.0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert "query cancelled" in out, out + err
+    assert "42" in out  # the next statement ran
+    assert child.returncode == 1  # one statement failed

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
 import sys
 import threading
@@ -31,8 +32,9 @@ from resgroups.cpus import available_cpus
 class Workload:
     name: str
     users: tuple[str, ...]  # one client thread per user
-    sql: str
+    sql: str  # with {rows}: the scan's length, chosen by calibrate()
     think_s: float  # pause between a client's queries
+    share_of_report: float  # rows scanned, as a fraction of one report scan
 
 
 @dataclass(frozen=True)
@@ -52,20 +54,23 @@ SCENARIOS: Final = {
             Workload(
                 "dashboards",
                 ("dash1", "dash2", "dash3", "dash4"),
-                "SELECT count(*), sum(x) FROM long_sequence(300000) WHERE x % 7 = 3",
+                "SELECT count(*), sum(x) FROM long_sequence({rows}) WHERE x % 7 = 3",
                 0.05,
+                1 / 1000,
             ),
             Workload(
                 "report",
                 ("nightly", "nightly"),
-                "SELECT sum(x % 1000), max(x) FROM long_sequence(300000000)",
+                "SELECT sum(x % 1000), max(x) FROM long_sequence({rows})",
                 0.0,
+                1.0,
             ),
             Workload(
                 "adhoc",
                 ("analyst",),
-                "SELECT avg(x), count(*) FROM long_sequence(5000000) WHERE x % 3 = 1",
+                "SELECT avg(x), count(*) FROM long_sequence({rows}) WHERE x % 3 = 1",
                 0.2,
+                1 / 60,
             ),
         ),
         (
@@ -84,12 +89,51 @@ SCENARIOS: Final = {
 }
 
 
+# ---- calibration: the same story on a fast or a slow machine ----------------------------
+
+REPORT_SCAN_S: Final = 1.0  # one report scan, alone on this machine
+_PROBE_ROWS: Final = 4_000_000
+_MIN_ROWS: Final = 10_000
+
+
+@dataclass(frozen=True)
+class Calibration:
+    rows_per_s: float  # the report's scan rate alone on this machine (all workers)
+    rows: dict[str, int]  # workload -> rows per query
+
+    def sql(self, workload: Workload) -> str:
+        return workload.sql.format(rows=self.rows[workload.name])
+
+
+def calibrate(scenario: Scenario, probes: int = 3) -> Calibration:
+    """Time the report's query on a short scan and size every workload from it,
+    so that one report scan takes about REPORT_SCAN_S alone on this machine."""
+    report = next(w for w in scenario.workloads if w.share_of_report == 1.0)
+    with resgroups.Engine() as engine:
+        session = engine.connect()
+        best = math.inf
+        for _ in range(probes):
+            started = time.perf_counter()
+            session.execute(report.sql.format(rows=_PROBE_ROWS))
+            best = min(best, time.perf_counter() - started)
+    rate = _PROBE_ROWS / best
+    report_rows = rate * REPORT_SCAN_S
+    return Calibration(
+        rate,
+        {
+            w.name: max(_MIN_ROWS, int(round(report_rows * w.share_of_report, -4)))
+            for w in scenario.workloads
+        },
+    )
+
+
 @dataclass
 class WorkloadStats:
     latencies_ms: list[float] = field(default_factory=list)
     waits_ms: list[float] = field(default_factory=list)
     rejections: int = 0
     errors: int = 0
+    cancelled: int = 0  # still running when the run ended: cancelled, not counted
     cpu_ns: int = 0
 
 
@@ -114,6 +158,7 @@ class RunResult:
                 "avg_queue_wait_ms": round(statistics.fmean(w.waits_ms), 1) if w.waits_ms else 0.0,
                 "rejections": w.rejections,
                 "errors": w.errors,
+                "cancelled_at_end": w.cancelled,
             }
         return out
 
@@ -132,6 +177,7 @@ def _setup_users(admin: resgroups.Session, scenario: Scenario) -> None:
 
 def run_once(
     scenario: Scenario,
+    calibration: Calibration,
     seconds: float,
     *,
     with_groups: bool,
@@ -154,10 +200,11 @@ def run_once(
             with lock:
                 sessions[workload.name].append(session)
             record = stats[workload.name]
+            sql = calibration.sql(workload)
             while time.monotonic() < stop:
                 t0 = time.monotonic()
                 try:
-                    result = session.execute(workload.sql)
+                    result = session.execute(sql)
                 except resgroups.AdmissionRejected:
                     with lock:
                         record.rejections += 1
@@ -165,7 +212,10 @@ def run_once(
                     continue
                 except resgroups.Error:
                     with lock:
-                        record.errors += 1
+                        if time.monotonic() >= stop:  # cancelled as the run ended
+                            record.cancelled += 1
+                        else:
+                            record.errors += 1
                     continue
                 if time.monotonic() <= stop:  # count what completed inside the run
                     with lock:
@@ -244,6 +294,8 @@ def side_by_side(runs: list[RunResult]) -> str:
         ("CPU share %", "cpu_share_pct"),
         ("avg queue wait ms", "avg_queue_wait_ms"),
         ("rejections", "rejections"),
+        ("errors", "errors"),
+        ("cancelled at end", "cancelled_at_end"),
     ]
     for workload in summaries[0]:
         for i, (label, key) in enumerate(metrics):
@@ -260,14 +312,26 @@ def side_by_side(runs: list[RunResult]) -> str:
     )
 
 
+def describe(scenario: Scenario, calibration: Calibration) -> str:
+    """What calibration chose, for the reader."""
+    lines = [
+        f"calibrated: the report scans {calibration.rows_per_s / 1e6:.0f}M rows/s alone here; "
+        f"each query scans (about {REPORT_SCAN_S:g} s per report scan alone):"
+    ]
+    lines += [f"  {w.name:<11} {calibration.sql(w)}" for w in scenario.workloads]
+    return "\n".join(lines)
+
+
 def verdict(runs: list[RunResult]) -> str:
     without, with_ = (r.summary() for r in runs)
     lines = []
     p99_before, p99_after = without["dashboards"]["p99_ms"], with_["dashboards"]["p99_ms"]
     if p99_before and p99_after:
+        ratio = p99_before / p99_after
+        change = f"{ratio:.1f}x lower" if ratio >= 1 else f"{1 / ratio:.1f}x higher"
         lines.append(
             f"dashboard p99: {p99_before:.1f} ms without groups, {p99_after:.1f} ms with groups "
-            f"({p99_before / p99_after:.1f}x lower)"
+            f"({change})"
         )
     lines.append(
         f"report: {without['report']['queries']} scans completed without groups, "
@@ -336,17 +400,23 @@ def main(
     per_run = duration / 2
     # the scans still running at the end of a run are cancelled on purpose
     logging.getLogger("resgroups").setLevel(logging.ERROR)
+    calibration = calibrate(scenario)
     progress = Progress(sys.stderr, duration)
     if not as_json:
         print(f"resgroups demo: {scenario.description}", file=out)
         print(f"two runs of {per_run:g} s on {available_cpus():g} CPUs", file=out)
+        print(describe(scenario, calibration), file=out)
         print("second run's DDL:\n  " + ";\n  ".join(scenario.ddl) + ";", file=out)
         out.flush()
     runs = []
     for with_groups in (False, True):
         label = "with groups" if with_groups else "without groups"
         run = run_once(
-            scenario, per_run, with_groups=with_groups, progress=partial(progress.update, label)
+            scenario,
+            calibration,
+            per_run,
+            with_groups=with_groups,
+            progress=partial(progress.update, label),
         )
         progress.finish_run(per_run)
         runs.append(run)
@@ -358,6 +428,11 @@ def main(
             "seconds_per_run": per_run,
             "cpus": available_cpus(),
             "ddl": list(scenario.ddl),
+            "calibration": {
+                "report_rows_per_s": round(calibration.rows_per_s),
+                "report_scan_s": REPORT_SCAN_S,
+                "rows": calibration.rows,
+            },
             "runs": {r.label.replace(" ", "_"): r.summary() for r in runs},
             "chart": path,
         }

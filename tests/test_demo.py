@@ -7,8 +7,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from resgroups import demo
 
 
 def resgroups_command() -> str:
@@ -40,9 +43,13 @@ def test_demo_prints_both_runs_and_writes_the_chart(tmp_path: Path) -> None:
         "CPU share %",
         "avg queue wait ms",
         "rejections",
+        "errors",
+        "cancelled at end",
     ):
         assert metric in out
     assert f"chart: {chart}" in out
+    assert "calibrated: the report scans" in out
+    assert "x lower)" in out or "x higher)" in out
     assert chart.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert "#" in result.stderr  # the progress bar
 
@@ -65,6 +72,12 @@ def test_demo_json_and_the_dashboards_win(tmp_path: Path) -> None:
     slow = before["p99_ms"] if before["p99_ms"] is not None else float("inf")
     assert after["p99_ms"] * 3 <= slow  # at least 3x lower with groups
     assert runs["with_groups"]["report"]["cpu_share_pct"] > 0  # the report still works
+    assert runs["with_groups"]["report"]["queries"] >= 1  # and completes scans
+    calibration = doc["calibration"]
+    assert calibration["report_rows_per_s"] > 0
+    assert set(calibration["rows"]) == {"dashboards", "report", "adhoc"}
+    assert calibration["rows"]["dashboards"] < calibration["rows"]["adhoc"]
+    assert calibration["rows"]["adhoc"] < calibration["rows"]["report"]
     assert Path(doc["chart"]) == chart
     assert chart.exists()
 
@@ -83,3 +96,35 @@ def test_demo_refuses_a_bad_duration(duration: str) -> None:
         [resgroups_command(), "demo", "--duration", duration], capture_output=True, text=True
     )
     assert result.returncode == 2
+
+
+def _summary(p99_ms: float) -> dict[str, Any]:
+    return {
+        "queries": 10,
+        "p50_ms": p99_ms,
+        "p95_ms": p99_ms,
+        "p99_ms": p99_ms,
+        "cpu_share_pct": 50.0,
+        "avg_queue_wait_ms": 0.0,
+        "rejections": 0,
+        "errors": 0,
+        "cancelled_at_end": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "says"), [(100.0, 10.0, "10.0x lower"), (10.0, 40.0, "4.0x higher")]
+)
+def test_the_verdict_says_higher_when_the_p99_went_up(
+    monkeypatch: pytest.MonkeyPatch, before: float, after: float, says: str
+) -> None:
+    runs = [demo.RunResult(label, 1.0, {}, []) for label in ("without groups", "with groups")]
+    summaries = iter(
+        [
+            {"dashboards": _summary(before), "report": _summary(1.0)},
+            {"dashboards": _summary(after), "report": _summary(1.0)},
+        ]
+    )
+    monkeypatch.setattr(demo.RunResult, "summary", lambda self: next(summaries))
+    text = demo.verdict(runs)
+    assert says in text

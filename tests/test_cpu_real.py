@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from waiting import wait_until
 
 import resgroups
 from resgroups.query import Query
@@ -160,7 +161,8 @@ def test_no_banking_after_two_seconds_idle() -> None:
         load_a = Load()
         stop_a = threading.Thread(target=run, args=(engine, [("a", "u")] * 3, 6.0, load_a))
         stop_a.start()
-        time.sleep(2.0)  # b idle while a uses both cores
+        # b idle while a uses both cores for two seconds or so (4 s of CPU)
+        wait_until(lambda: cpu_of(engine, "a") >= 3.5e9, timeout=30)
         before = cpu_of(engine, "a")
         load_b = Load()
         run(engine, [("b", "u")] * 3, 3.0, load_b)
@@ -181,7 +183,7 @@ def test_dashboards_get_a_worker_within_two_slices_while_scans_hold_every_worker
         load = Load()
         scans = threading.Thread(target=run, args=(engine, [("reporting", "etl")] * 3, 6.0, load))
         scans.start()
-        time.sleep(0.5)
+        wait_until(lambda: cpu_of(engine, "reporting") >= 0.5e9, timeout=30)  # scans running
         session = engine.connect("viewer")
         session.execute("SET RESOURCE GROUP dashboards")
         waits = []

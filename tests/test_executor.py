@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from waiting import wait_until
 
 import resgroups
 from resgroups.exec import executor
@@ -233,6 +234,10 @@ def test_ctas_in_a_limited_group_runs_single_threaded(monkeypatch: pytest.Monkey
         assert len(threads) > 1  # a plain SELECT in the same group runs in parallel
 
 
+def _row(engine: resgroups.Engine, name: str) -> dict[str, object]:
+    return next(r for r in engine.resource_groups() if r["name"] == name)
+
+
 def test_insert_select_yields_at_its_checkpoints() -> None:
     with resgroups.Engine(workers=1) as engine:
         engine.connect().execute_script(
@@ -249,7 +254,8 @@ def test_insert_select_yields_at_its_checkpoints() -> None:
 
         t = threading.Thread(target=insert)
         t.start()
-        time.sleep(0.2)  # the insert holds the only worker
+        # the insert holds the only worker once it has been admitted
+        wait_until(lambda: _row(engine, "load")["active_queries"] == 1)
         viewer = engine.connect("viewer")
         viewer.execute("SET RESOURCE GROUP dash")
         viewer.execute("SELECT count(*) FROM long_sequence(1000)")

@@ -307,27 +307,27 @@ def test_the_other_tasks_see_the_failure_at_their_next_checkpoint() -> None:
     with resgroups.Engine(workers=4) as engine:
         engine.connect().execute("CREATE RESOURCE GROUP g WITH (memory_limit = '1M')")
         seen: list[str] = []
+        all_running = threading.Barrier(4, timeout=10)  # a broken pool fails, never hangs
+        failed = threading.Event()
 
         def work(task: Task, i: int) -> int:
+            all_running.wait()
             if i == 0:
-                time.sleep(0.05)  # the others are running by now
-                task.memory.allocate(2 * 1024 * KIB)  # fails
-            for _ in range(200):
                 try:
-                    task.checkpoint()
-                except resgroups.MemoryLimitExceeded:
-                    seen.append(f"task{i}")
-                    raise
-                except resgroups.QueryCancelled:
-                    seen.append(f"task{i}")
-                    raise
-                time.sleep(0.002)
+                    task.memory.allocate(2 * 1024 * KIB)  # fails
+                finally:
+                    failed.set()
+            assert failed.wait(10)
+            try:
+                task.checkpoint()  # the first checkpoint after the failure stops it
+            except (resgroups.MemoryLimitExceeded, resgroups.QueryCancelled):
+                seen.append(f"task{i}")
+                raise
             return i
 
         with in_group(engine, "g").query() as q, pytest.raises(resgroups.MemoryLimitExceeded):
             q.map(work, range(4))
-        assert all(s != "task0" for s in seen)
-        assert len(seen) >= 2  # tasks on other threads stopped at a checkpoint
+        assert sorted(seen) == ["task1", "task2", "task3"]  # each stopped at its checkpoint
         assert group_row(engine, "g")["memory_used_bytes"] == 0
 
 

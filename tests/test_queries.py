@@ -5,13 +5,15 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 
 import pytest
+from waiting import wait_until
 
 import resgroups
 import resgroups.query
+from resgroups.clock import ManualClock
 from resgroups.query import Task
 
 
@@ -24,14 +26,6 @@ def wide() -> Iterator[resgroups.Engine]:
 
 def row(engine: resgroups.Engine, name: str) -> dict[str, object]:
     return next(r for r in engine.resource_groups() if r["name"] == name)
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.002)
 
 
 def _queued_is(engine: resgroups.Engine, group: str, n: int) -> bool:
@@ -254,8 +248,9 @@ def test_alter_online_lowering_and_raising_the_limit(wide: resgroups.Engine) -> 
     wait_until(lambda: row(wide, "g")["queued_queries"] == 1)
     holders[0].__exit__(None, None, None)
     holders[1].__exit__(None, None, None)
-    time.sleep(0.05)
-    assert not admitted.is_set()  # 1 active is not below the new limit of 1
+    # a negative can only be watched for a while: it stays queued
+    assert not admitted.wait(0.1)  # 1 active is not below the new limit of 1
+    assert row(wide, "g")["queued_queries"] == 1
     admin.execute("ALTER RESOURCE GROUP g SET (max_active_queries = 2)")
     assert admitted.wait(10)
     t.join(10)
@@ -337,34 +332,46 @@ def test_cancel_a_queued_query_leaves_the_queue_at_once(wide: resgroups.Engine) 
 
 def test_cancel_a_running_query_from_another_thread(engine: resgroups.Engine) -> None:
     session = engine.connect()
+    spinning = threading.Event()
 
     def spin(q: resgroups.query.Query) -> None:
-        while True:
+        deadline = time.monotonic() + 10  # a broken cancel fails, never hangs
+        while time.monotonic() < deadline:
             q.checkpoint()
+            spinning.set()
             time.sleep(0.001)
+        raise AssertionError("cancel() from another thread never reached the checkpoint")
+
+    def cancel_once_spinning(q: resgroups.query.Query) -> None:
+        if spinning.wait(10):
+            q.cancel()
 
     with session.query() as q:
-        threading.Timer(0.05, q.cancel).start()
+        threading.Thread(target=cancel_once_spinning, args=(q,), daemon=True).start()
         with pytest.raises(resgroups.QueryCancelled):
             spin(q)
 
 
 def test_query_timeout_surfaces_at_a_checkpoint() -> None:
-    with resgroups.Engine(query_timeout=0.05) as engine, engine.connect().query() as q:
-        time.sleep(0.08)
+    clock = ManualClock()
+    engine = resgroups.Engine(query_timeout=0.05, clock=clock)
+    with engine, engine.connect().query() as q:
+        q.checkpoint()  # not yet
+        clock.advance(0.08)
         with pytest.raises(resgroups.QueryTimeout, match="query timeout"):
             q.checkpoint()
 
 
 def test_unmanaged_kind_takes_nothing_but_observes_cancel_and_timeout() -> None:
-    with resgroups.Engine(workers=1, query_timeout=0.05) as engine:
+    clock = ManualClock()
+    with resgroups.Engine(workers=1, query_timeout=0.05, clock=clock) as engine:
         engine.connect().execute("CREATE RESOURCE GROUP g WITH (max_active_queries = 1)")
         holder = in_group(engine, "g").query()
         holder.__enter__()  # the only worker and the only slot
         with in_group(engine, "g").query(kind="other") as q:
             assert q.group is None
             assert row(engine, "g")["active_queries"] == 1
-            time.sleep(0.06)
+            clock.advance(0.06)
             with pytest.raises(resgroups.QueryTimeout):
                 q.checkpoint()
         with in_group(engine, "g").query(kind="other") as q:

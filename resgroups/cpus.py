@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import psutil
+
 
 def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     """cpu.max of this process's cgroup v2 (and its ancestors), in cores."""
@@ -31,15 +33,21 @@ def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     return quota
 
 
+def _affinity() -> int:
+    """CPUs this process may run on (psutil knows it on Linux, Windows and the
+    BSDs; 0 where the platform does not say)."""
+    try:
+        return len(psutil.Process().cpu_affinity() or [])
+    except (AttributeError, psutil.Error, OSError):
+        return 0
+
+
 def available_cpus() -> float:
     """CPUs available to the process: affinity, capped by a cgroup ``cpu.max`` quota.
 
     A fractional quota (``150000 100000``) gives a fractional count (1.5).
     """
-    try:
-        count: float = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        count = os.cpu_count() or 1
+    count: float = _affinity() or psutil.cpu_count() or os.cpu_count() or 1
     quota = _cgroup_quota()
     if quota is not None and quota < count:
         return quota

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Final
 
+import psutil
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -81,6 +82,11 @@ class _Collector(Collector):
             value=engine.memory_ledger.process.used,
         )
         yield GaugeMetricFamily(
+            INSTANCE + "process_rss_bytes",
+            "Resident memory of the whole process (psutil), beside the tracked query memory.",
+            value=_rss(),
+        )
+        yield GaugeMetricFamily(
             INSTANCE + "cpu_managed_dispatch",
             "1 while CPU scheduling is engaged.",
             value=int(engine.cpu_managed_dispatch),
@@ -90,6 +96,13 @@ class _Collector(Collector):
             "1 after an internal CPU scheduler fault, until the engine restarts.",
             value=int(engine.cpu_scheduler_degraded),
         )
+
+
+def _rss() -> int:
+    try:
+        return int(psutil.Process().memory_info().rss)
+    except psutil.Error:
+        return 0
 
 
 class EngineMetrics:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 
+import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -386,3 +389,30 @@ def test_set_memory_limit_takes_a_bare_size() -> None:
 def test_a_bare_quantity_in_the_wrong_place_names_what_is_allowed(sql: str, needle: str) -> None:
     with pytest.raises(resgroups.InvalidParameter, match=needle):
         resgroups.Engine().connect().execute(sql)
+
+
+# ---- psutil: what the process really holds, and where it may run ----------------------------
+
+
+def test_metrics_show_the_process_rss_beside_tracked_memory() -> None:
+    with resgroups.Engine() as engine:
+        lines = engine.metrics_text().splitlines()
+        (sample,) = [
+            line
+            for line in lines
+            if line.startswith("resgroups_resource_groups_process_rss_bytes ")
+        ]
+        rss = float(sample.split()[1])
+        now = psutil.Process().memory_info().rss
+        assert 0.5 * now <= rss <= 2 * now
+
+
+def test_available_cpus_follow_the_process_affinity() -> None:
+    code = (
+        "import os, resgroups; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "print(resgroups.Engine().cpus)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert float(out) == 1.0

@@ -36,8 +36,15 @@ Fair order
     minimising (held(u), last_admitted(u), oldest enqueue of u), where
     held(u) counts u's active tickets and last_admitted(u) is the time of u's
     last admission in this group (-inf if never), so with L = 1 users take
-    turns. Complexity: O(|Q|) per admission; queues are short in practice
-    (bounded by max_queued_queries), and the fifo path is O(1).
+    turns. Complexity: O(|Q|) per fair admission; the fifo path is O(log |Q|).
+
+The queue
+    Q is kept twice, in two ``SortedKeyList``s (sortedcontainers): by arrival
+    (a per-gate counter taken at enqueue) and by first deadline
+    min(queue deadline, query deadline). Withdrawing a cancelled ticket is
+    O(log |Q|), and ``expire`` pops only the tickets that are due instead of
+    scanning the whole queue every time a waiter wakes. A ticket's keys never
+    change while it is queued.
 
 ALTER
     ``configure`` applies new settings online: held slots are kept, queued
@@ -50,11 +57,12 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
+
+from sortedcontainers import SortedKeyList
 
 from resgroups.errors import (
     AdmissionRejected,
@@ -83,6 +91,7 @@ class Ticket:
     """One pass of one query through a gate (a resumed cursor takes a new ticket)."""
 
     __slots__ = (
+        "arrival",
         "enqueued_at",
         "error",
         "query_deadline",
@@ -100,6 +109,7 @@ class Ticket:
         self.state = TicketState.NEW
         self.enqueued_at = 0.0
         self.queue_deadline = math.inf
+        self.arrival = 0  # the gate's enqueue counter: the queue's order
         self.error: Error | None = None  # why the wait ended, when not in a slot
         self.wake: threading.Event | None = None  # set by GateRuntime on a change
 
@@ -118,13 +128,27 @@ class GateConfig:
     policy: str = "fifo"
 
 
+def _by_arrival(ticket: Ticket) -> int:
+    return ticket.arrival
+
+
+def _first_deadline(ticket: Ticket) -> float:
+    return min(ticket.queue_deadline, ticket.query_deadline)
+
+
+def _by_deadline(ticket: Ticket) -> tuple[float, int]:
+    return (_first_deadline(ticket), ticket.arrival)
+
+
 class Gate:
     """The admission state machine of one group. Not thread-safe: see GateRuntime."""
 
     def __init__(self, config: GateConfig) -> None:
         self.config = config
         self._active: set[Ticket] = set()
-        self._queue: deque[Ticket] = deque()
+        self._queue: SortedKeyList = SortedKeyList(key=_by_arrival)
+        self._deadlines: SortedKeyList = SortedKeyList(key=_by_deadline)
+        self._arrivals = itertools.count()
         self._held: dict[str, int] = {}  # user -> active tickets
         self._last_admitted: dict[str, float] = {}  # user -> time of last admission
         self._grandfathered = 0
@@ -147,12 +171,21 @@ class Gate:
         return list(self._queue)
 
     def oldest_wait(self, now: float) -> float:
-        """Seconds the longest-waiting ticket has waited (0 when none waits)."""
-        return max(0.0, now - min(t.enqueued_at for t in self._queue)) if self._queue else 0.0
+        """Seconds the longest-waiting ticket has waited (0 when none waits). O(1)."""
+        return max(0.0, now - self._queue[0].enqueued_at) if self._queue else 0.0
 
     def next_deadline(self) -> float:
-        """The earliest deadline of a queued ticket (inf when none waits)."""
-        return min((min(t.queue_deadline, t.query_deadline) for t in self._queue), default=math.inf)
+        """The earliest deadline of a queued ticket (inf when none waits). O(1)."""
+        return _first_deadline(self._deadlines[0]) if self._deadlines else math.inf
+
+    def _enqueue(self, ticket: Ticket) -> None:
+        ticket.arrival = next(self._arrivals)
+        self._queue.add(ticket)
+        self._deadlines.add(ticket)
+
+    def _dequeue(self, ticket: Ticket) -> None:
+        self._queue.remove(ticket)
+        self._deadlines.remove(ticket)
 
     def _limit(self) -> float:
         limit = self.config.max_active
@@ -188,7 +221,7 @@ class Gate:
         ticket.state = TicketState.QUEUED
         ticket.enqueued_at = now
         ticket.queue_deadline = now + self.config.queue_timeout_ms / 1000
-        self._queue.append(ticket)
+        self._enqueue(ticket)
         return False
 
     def release(self, ticket: Ticket, now: float) -> list[Ticket]:
@@ -211,7 +244,7 @@ class Gate:
         """Take a queued ticket out (cancelled, or the engine closing). False if not queued."""
         if ticket.state is not TicketState.QUEUED:
             return False
-        self._queue.remove(ticket)
+        self._dequeue(ticket)
         self._queue_grandfathered = min(self._queue_grandfathered, len(self._queue))
         ticket.state = TicketState.WITHDRAWN
         ticket.error = error
@@ -219,9 +252,11 @@ class Gate:
 
     def expire(self, now: float) -> list[Ticket]:
         """End the waits whose first deadline has come; each gets its error."""
-        expired = [t for t in self._queue if min(t.queue_deadline, t.query_deadline) <= now]
+        expired = []
+        while self._deadlines and _first_deadline(self._deadlines[0]) <= now:
+            expired.append(self._deadlines[0])
+            self._dequeue(self._deadlines[0])
         for ticket in expired:
-            self._queue.remove(ticket)
             ticket.state = TicketState.EXPIRED
             waited_ms = round((now - ticket.enqueued_at) * 1000)
             if ticket.query_deadline < ticket.queue_deadline:
@@ -266,7 +301,7 @@ class Gate:
         admitted = []
         while self._queue and self._has_room():
             ticket = self._next_fair() if self.config.policy == "fair" else self._queue[0]
-            self._queue.remove(ticket)
+            self._dequeue(ticket)
             self._admit(ticket, now)
             admitted.append(ticket)
         self._queue_grandfathered = min(self._queue_grandfathered, len(self._queue))
@@ -295,6 +330,8 @@ class Gate:
         queued = set(self._queue)
         if len(queued) != len(self._queue):
             problems.append("a ticket is queued twice")
+        if queued != set(self._deadlines) or len(self._deadlines) != len(self._queue):
+            problems.append("the deadline view and the arrival view of the queue differ")
         if queued & self._active:
             problems.append("a ticket is both active and queued")
         if any(t.state is not TicketState.ACTIVE for t in self._active):

@@ -9,10 +9,12 @@ and an error does not stop the script (the exit status is 1 if any failed).
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -124,13 +126,10 @@ class ShellRunner:
             finally:
                 finished.set()
 
-        threading.Thread(target=work, name="resgroups-shell-statement", daemon=True).start()
-        while not finished.is_set():
-            try:
-                finished.wait(0.05)  # a timed wait lets the interrupt in at once
-            except KeyboardInterrupt:
-                self.session.cancel()
-                self.write("Cancel request sent\n")
+        with self._ctrl_c_cancels():
+            threading.Thread(target=work, name="resgroups-shell-statement", daemon=True).start()
+            while not finished.wait(0.05):  # a timed wait lets the handler run at once
+                pass
         (done,) = outcome
         if isinstance(done, Error):
             self.failures += 1
@@ -142,6 +141,26 @@ class ShellRunner:
             self.write(format_result(result) + "\n")
         if self.timing:
             self.write(f"Time: {(time.perf_counter() - started) * 1000:.3f} ms\n")
+
+    @contextlib.contextmanager
+    def _ctrl_c_cancels(self) -> Iterator[None]:
+        """While a statement runs, SIGINT (Ctrl-C) cancels it instead of raising
+        KeyboardInterrupt: a handler that only records the request cannot land
+        half-way through the shell's own code. Off the main thread, where no
+        handler can be set, the default behaviour stays."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def cancel(signum: int, frame: object) -> None:
+            self.session.cancel()
+            self.write("Cancel request sent\n")
+
+        previous = signal.signal(signal.SIGINT, cancel)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def command(self, text: str) -> None:
         name = text.split()[0]

@@ -173,7 +173,8 @@ def _interrupt_when_running(session: resgroups.Session) -> threading.Thread:
         deadline = time.monotonic() + 20
         while not session._running and time.monotonic() < deadline:
             time.sleep(0.005)
-        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+        if session._running:  # never interrupt anything but the statement
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
     thread = threading.Thread(target=interrupt, daemon=True)
     thread.start()

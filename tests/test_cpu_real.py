@@ -81,6 +81,28 @@ def run(
     assert not errors, errors
 
 
+def free_cores(threads: int, seconds: float = 1.0) -> float:
+    """Cores ``threads`` plain threads get right now without resgroups (the
+    baseline side by side: on a loaded machine it is below the CPU count)."""
+    used: list[int] = []
+    stop = time.monotonic() + seconds
+
+    def burn() -> None:
+        a = np.random.rand(N)
+        b = np.empty_like(a)
+        start = time.thread_time_ns()
+        while time.monotonic() < stop:
+            burn_step(a, b)
+        used.append(time.thread_time_ns() - start)
+
+    workers = [threading.Thread(target=burn) for _ in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(seconds + 30)
+    return sum(used) / 1e9 / seconds
+
+
 def cpu_of(engine: resgroups.Engine, group: str) -> int:
     row = next(r for r in engine.resource_groups() if r["name"] == group)
     value = row["cpu_nanos_total"]
@@ -104,8 +126,8 @@ def test_weights_split_cpu_two_to_one(heavy: int, light: int) -> None:
         # the scheduler charged what the bodies used (plus bookkeeping around them)
         total_body = load.body_cpu["a"] + load.body_cpu["b"]
         assert cpu_of(engine, "a") + cpu_of(engine, "b") == pytest.approx(total_body, rel=0.1)
-        # and the machine stayed busy: about two cores for four seconds
-        assert total_body / 4e9 > 1.5
+        # and the machine stayed as busy as free threads keep it, right now
+        assert total_body / 4e9 > 0.75 * free_cores(6)
 
 
 def test_a_lone_group_with_a_tiny_weight_uses_what_default_alone_would() -> None:
@@ -143,7 +165,9 @@ def test_a_whole_core_limit_never_holds_more_workers_than_its_cores() -> None:
         load = Load()
         run(engine, [("one", "u")] * 3, 2.0, load)
         assert load.peak["one"] == 1
-        assert load.body_cpu["one"] / 2e9 == pytest.approx(1.0, abs=0.15)
+        used = load.body_cpu["one"] / 2e9
+        assert used <= 1.0 + 0.1  # a ceiling, however idle the machine
+        assert used >= 0.85 * min(1.0, free_cores(1))  # and the core is used
 
 
 def test_fair_splits_a_group_evenly_between_busy_users() -> None:
@@ -159,10 +183,13 @@ def test_no_banking_after_two_seconds_idle() -> None:
     with resgroups.Engine(workers=2) as engine:
         engine.connect().execute_script("CREATE RESOURCE GROUP a; CREATE RESOURCE GROUP b;")
         load_a = Load()
-        stop_a = threading.Thread(target=run, args=(engine, [("a", "u")] * 3, 6.0, load_a))
+        # a runs for longer than b's whole window, however loaded the machine
+        stop_a = threading.Thread(target=run, args=(engine, [("a", "u")] * 3, 8.0, load_a))
         stop_a.start()
-        # b idle while a uses both cores for two seconds or so (4 s of CPU)
-        wait_until(lambda: cpu_of(engine, "a") >= 3.5e9, timeout=30)
+        wait_until(lambda: cpu_of(engine, "a") > 0, timeout=30)  # a is running
+        idle_until = time.monotonic() + 2.0
+        # b stays idle for two seconds of wall time while a uses the cores
+        wait_until(lambda: time.monotonic() >= idle_until, timeout=30)
         before = cpu_of(engine, "a")
         load_b = Load()
         run(engine, [("b", "u")] * 3, 3.0, load_b)
@@ -171,7 +198,9 @@ def test_no_banking_after_two_seconds_idle() -> None:
         stop_a.join(30)
         # b gets its share, not two seconds of catch-up: about 1:1 while both run
         assert b_during / a_during == pytest.approx(1.0, abs=0.3)
-        assert load_b.body_cpu["b"] / 3e9 == pytest.approx(1.0, abs=0.3)
+        assert load_b.body_cpu["b"] / 3e9 == pytest.approx(
+            free_cores(6) / 2, abs=0.3
+        )  # half of what the machine gives, right now
 
 
 def test_dashboards_get_a_worker_within_two_slices_while_scans_hold_every_worker() -> None:

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from resgroups.errors import DatatypeMismatch, DivisionByZero, NumericOverflow, UndefinedFunction
+from resgroups.errors import DatatypeMismatch, DivisionByZero, UndefinedFunction
 from resgroups.sql import ast
 from resgroups.sql.expr import CONTEXT_FUNCTIONS, EvalContext, Scope
 from resgroups.sql.semantics import (
@@ -55,15 +55,11 @@ def _both_int(a: Array, b: Array) -> bool:
     return _kind(a) == _kind(b) == INT
 
 
-def _overflow(op: str) -> NumericOverflow:
-    return overflow(op)
-
-
 def _add(a: Array, b: Array) -> Array:
     if _both_int(a, b):
         r = a + b  # wraps silently; same-sign inputs with a flipped sign overflowed
         if np.any(((a >= 0) == (b >= 0)) & ((r >= 0) != (a >= 0))):
-            raise _overflow("+")
+            raise overflow("+")
         return r
     return a.astype(np.float64) + b.astype(np.float64)
 
@@ -72,7 +68,7 @@ def _sub(a: Array, b: Array) -> Array:
     if _both_int(a, b):
         r = a - b
         if np.any(((a >= 0) != (b >= 0)) & ((r >= 0) != (a >= 0))):
-            raise _overflow("-")
+            raise overflow("-")
         return r
     return a.astype(np.float64) - b.astype(np.float64)
 
@@ -87,7 +83,7 @@ def _mul(a: Array, b: Array) -> Array:
             back_ok = np.where(nonzero, (r // safe_a == b) & (r % safe_a == 0), True)
         edge = (a == -1) & (b == INT64_MIN) | (b == -1) & (a == INT64_MIN)
         if not np.all(back_ok) or np.any(edge):
-            raise _overflow("*")
+            raise overflow("*")
         return r
     return a.astype(np.float64) * b.astype(np.float64)
 
@@ -97,7 +93,7 @@ def _div(a: Array, b: Array) -> Array:
         raise DivisionByZero("division by zero")
     if _both_int(a, b):
         if np.any((a == INT64_MIN) & (b == -1)):
-            raise _overflow("/")
+            raise overflow("/")
         q: Array = a // b
         # floor division rounds toward -inf; SQL truncates toward zero
         q += (a % b != 0) & ((a < 0) != (b < 0))
@@ -130,7 +126,7 @@ BINARY: Final[dict[str, Callable[[Array, Array], Array]]] = {
 
 def _abs(a: Array) -> Array:
     if _kind(a) == INT and np.any(a == INT64_MIN):
-        raise _overflow("abs")
+        raise overflow("abs")
     return np.abs(a)
 
 
@@ -208,7 +204,7 @@ def evaluate(expr: ast.Expr, m: Morsel) -> Array:
         case ast.Unary(op="-", operand=operand):
             a = evaluate(operand, m)
             if _kind(a) == INT and np.any(a == INT64_MIN):
-                raise _overflow("unary -")
+                raise overflow("unary -")
             return -a
         case ast.Unary(op="not", operand=operand):
             return ~evaluate(operand, m)

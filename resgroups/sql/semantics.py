@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from resgroups.errors import (
     DatatypeMismatch,
@@ -347,6 +347,3 @@ def check_select_list(
         boolean_operand("where", infer(where, column_type, where="in WHERE"))
     over_aggregates = any(find_aggregates(e) for e in items)
     return [infer(e, column_type, over_aggregates=over_aggregates) for e in items]
-
-
-Row = Sequence[Any]

@@ -126,8 +126,9 @@ def test_weights_split_cpu_two_to_one(heavy: int, light: int) -> None:
         # the scheduler charged what the bodies used (plus bookkeeping around them)
         total_body = load.body_cpu["a"] + load.body_cpu["b"]
         assert cpu_of(engine, "a") + cpu_of(engine, "b") == pytest.approx(total_body, rel=0.1)
-        # and the machine stayed as busy as free threads keep it, right now
-        assert total_body / 4e9 > 0.75 * free_cores(6)
+        # and the workers stayed as busy as two free threads are, right now (on a
+        # loaded machine the OS gives six free threads more than two workers)
+        assert total_body / 4e9 > 0.75 * free_cores(2)
 
 
 def test_a_lone_group_with_a_tiny_weight_uses_what_default_alone_would() -> None:
@@ -198,9 +199,8 @@ def test_no_banking_after_two_seconds_idle() -> None:
         stop_a.join(30)
         # b gets its share, not two seconds of catch-up: about 1:1 while both run
         assert b_during / a_during == pytest.approx(1.0, abs=0.3)
-        assert load_b.body_cpu["b"] / 3e9 == pytest.approx(
-            free_cores(6) / 2, abs=0.3
-        )  # half of what the machine gives, right now
+        # half of what the two workers can get, right now
+        assert load_b.body_cpu["b"] / 3e9 == pytest.approx(free_cores(2) / 2, abs=0.3)
 
 
 def test_dashboards_get_a_worker_within_two_slices_while_scans_hold_every_worker() -> None:

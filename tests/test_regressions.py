@@ -141,6 +141,17 @@ def _admin_engine() -> resgroups.Engine:
     return resgroups.Engine(access_control=True)
 
 
+def _ann_chose_g(engine: resgroups.Engine) -> tuple[resgroups.Session, resgroups.Session]:
+    """The admin's session, and ann's, which chose group g (with USE on it)."""
+    admin = engine.connect()
+    admin.execute_script(
+        "CREATE USER ann; CREATE RESOURCE GROUP g; GRANT USE ON RESOURCE GROUP g TO ann"
+    )
+    ann = engine.connect("ann")
+    ann.execute("SET RESOURCE GROUP g")
+    return admin, ann
+
+
 @pytest.mark.parametrize(
     ("change", "managed_error", "match"),
     [
@@ -152,12 +163,7 @@ def test_unmanaged_queries_resolve_nothing_so_a_lost_choice_cannot_fail_them(
     change: str, managed_error: type[resgroups.Error], match: str
 ) -> None:
     with _admin_engine() as engine:
-        admin = engine.connect()
-        admin.execute_script(
-            "CREATE USER ann; CREATE RESOURCE GROUP g; GRANT USE ON RESOURCE GROUP g TO ann"
-        )
-        ann = engine.connect("ann")
-        ann.execute("SET RESOURCE GROUP g")
+        admin, ann = _ann_chose_g(engine)
         admin.execute(change)
         with ann.query(kind="other") as q:
             assert q.group is None
@@ -167,12 +173,7 @@ def test_unmanaged_queries_resolve_nothing_so_a_lost_choice_cannot_fail_them(
 
 def test_errors_about_a_session_choice_name_the_group_as_it_is_now() -> None:
     with _admin_engine() as engine:
-        admin = engine.connect()
-        admin.execute_script(
-            "CREATE USER ann; CREATE RESOURCE GROUP g; GRANT USE ON RESOURCE GROUP g TO ann"
-        )
-        ann = engine.connect("ann")
-        ann.execute("SET RESOURCE GROUP g")
+        admin, ann = _ann_chose_g(engine)
         admin.execute("ALTER RESOURCE GROUP g RENAME TO h")
         assert ann.execute("SELECT current_resource_group()").rows == [("h",)]
         admin.execute("REVOKE USE ON RESOURCE GROUP h FROM ann")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -36,6 +36,7 @@ from resgroups.exec.vector import (
     combine,
     dtype_type,
     evaluate,
+    merge,
     partial,
     supported,
 )
@@ -44,12 +45,13 @@ from resgroups.result import Result
 from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext, Scope, compile_expr, find_aggregates
 from resgroups.sql.select import Relation, output_name, run_select
-from resgroups.sql.semantics import INT, check_select_list, result_type
+from resgroups.sql.semantics import INT, INT64_MAX, check_select_list, result_type
 
 if TYPE_CHECKING:
     from resgroups.session import Session
 
 MORSEL_ROWS: Final = 1_000_000
+MAP_BATCH: Final = 4  # morsels per worker handed to one q.map call
 
 
 # ---- sources ---------------------------------------------------------------------------
@@ -66,8 +68,10 @@ class Source:
 
 
 def long_sequence(n: int) -> Source:
+    # arange(start, stop) + 1, not arange(start + 1, stop + 1): x = n = 2^63 - 1
+    # must not need 2^63 on the way
     return Source(
-        ("x",), (INT,), n, lambda start, stop: [np.arange(start + 1, stop + 1, dtype=np.int64)]
+        ("x",), (INT,), n, lambda start, stop: [np.arange(start, stop, dtype=np.int64) + 1]
     )
 
 
@@ -87,8 +91,10 @@ def source_of(session: Session, stmt: ast.Select) -> Source:
             if len(args) != 1:
                 raise DatatypeMismatch(f"long_sequence() takes 1 argument, got {len(args)}")
             n = compile_expr(args[0], Scope(()), EvalContext())(())
-            if type(n) is not int or n < 0:
-                raise InvalidParameter(f"long_sequence({n!r}): expected an integer >= 0")
+            if type(n) is not int or not 0 <= n <= INT64_MAX:
+                raise InvalidParameter(
+                    f"long_sequence({n!r}): expected an integer 0..{INT64_MAX} (x = 1..n is bigint)"
+                )
             return long_sequence(n)
         case ast.TableName(name=name):
             return table_source(session.engine.tables.get(name))
@@ -132,11 +138,21 @@ class Scan:
         self.cpu_ns = 0
         self._lock = threading.Lock()
 
-    def morsels(self) -> list[tuple[int, int]]:
-        """Row ranges of at most MORSEL_ROWS; an empty source is one empty morsel,
-        so that its columns come out typed."""
+    def batches(self) -> Iterator[list[tuple[int, int]]]:
+        """Row ranges of at most MORSEL_ROWS, a batch of MAP_BATCH per worker at a
+        time, made as they are needed: a scan of 2^62 rows costs nothing before
+        its first morsel, and the query's checkpoints (timeout, cancel) hold
+        from its first instant. An empty source is one empty morsel, so that
+        its columns come out typed."""
         rows = self.source.rows
-        return [(s, min(s + MORSEL_ROWS, rows)) for s in range(0, rows, MORSEL_ROWS)] or [(0, 0)]
+        if rows == 0:
+            yield [(0, 0)]
+            return
+        step = MAP_BATCH * max(1, self.session.engine.workers)
+        starts = range(0, rows, MORSEL_ROWS)
+        for first in range(0, len(starts), step):
+            self.q.checkpoint()
+            yield [(s, min(s + MORSEL_ROWS, rows)) for s in starts[first : first + step]]
 
     def _filtered(self, task: Task, start: int, stop: int) -> Morsel:
         arrays = self.source.morsel(start, stop)
@@ -169,10 +185,16 @@ class Scan:
         def body(m: Morsel) -> list[Partial]:
             return [partial(call, m) for call in self.aggregates]
 
-        parts = self.q.map(lambda task, ms: self._run(task, ms, body), self.morsels())
-        values = tuple(
-            combine(call, [p[i] for p in parts]) for i, call in enumerate(self.aggregates)
-        )
+        merged: list[Partial] | None = None  # one running partial per aggregate
+        for batch in self.batches():
+            for parts in self.q.map(lambda task, ms: self._run(task, ms, body), batch):
+                merged = (
+                    parts
+                    if merged is None
+                    else [merge(a, b) for a, b in zip(merged, parts, strict=True)]
+                )
+        assert merged is not None  # batches() yields at least one morsel
+        values = tuple(combine(call, [merged[i]]) for i, call in enumerate(self.aggregates))
         slots = {call: i for i, call in enumerate(self.aggregates)}
         row = tuple(
             compile_expr(i.expr, self.scope, self.ctx, aggregate_slots=slots)(values)
@@ -190,16 +212,13 @@ class Scan:
             out = [np.array(evaluate(e, m), copy=True) for e in exprs]
             return [np.broadcast_to(a, (m.n,)).copy() if a.shape != (m.n,) else a for a in out]
 
-        morsels = self.morsels()
         chunks: list[list[Array]] = []
-        # with a LIMIT and no ORDER BY, stop as soon as enough rows are in
-        step = len(morsels) if limit is None else max(1, self.session.engine.workers)
         rows = 0
-        for i in range(0, len(morsels), step):
-            batch = self.q.map(lambda task, ms: self._run(task, ms, body), morsels[i : i + step])
+        for morsels in self.batches():
+            batch = self.q.map(lambda task, ms: self._run(task, ms, body), morsels)
             chunks.extend(batch)
             rows += sum(len(c[0]) if c else 0 for c in batch)
-            if limit is not None and rows >= limit:
+            if limit is not None and rows >= limit:  # no ORDER BY: enough rows are in
                 break
         return [np.concatenate([c[j] for c in chunks]) for j in range(len(exprs))]
 

@@ -272,6 +272,19 @@ def partial(call: ast.Call, m: Morsel) -> Partial:
     return p
 
 
+def merge(a: Partial, b: Partial) -> Partial:
+    """Two partials of one aggregate as one (exact: integer totals are Python ints)."""
+    lows = [v for v in (a.low, b.low) if v is not None]
+    highs = [v for v in (a.high, b.high) if v is not None]
+    return Partial(
+        count=a.count + b.count,
+        total=a.total + b.total,
+        low=min(lows) if lows else None,
+        high=max(highs) if highs else None,
+        integer=a.integer and b.integer,
+    )
+
+
 def combine(call: ast.Call, parts: list[Partial]) -> Any:
     """The aggregate's value from its morsel partials (exact for integers)."""
     count = sum(p.count for p in parts)

@@ -17,11 +17,11 @@ and, for users, from their ACL groups too.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
-from resgroups.auth import verify_password
+from resgroups.auth import hash_password, verify_password
 from resgroups.catalog.model import GroupDef, Principal, Snapshot
 from resgroups.catalog.names import Ident, PrincipalKind
 from resgroups.errors import AuthenticationFailed, CatalogError, PermissionDenied, did_you_mean
@@ -64,6 +64,26 @@ def holds(snap: Snapshot, principal: Principal, grant: Callable[[Principal], boo
     return principal.kind is PrincipalKind.USER and any(
         grant(acl) for acl in snap.acl_groups_of(principal.id)
     )
+
+
+def may_assume(snap: Snapshot, who: Identity, account: Principal) -> bool:
+    """May ``who`` act as service account ``account``? The admin may; a user needs
+    GRANT ASSUME SERVICE ACCOUNT, to itself or to one of its ACL groups."""
+    if who.is_admin:
+        return True
+    login = snap.principal(who.login_id) if who.login_id is not None else None
+    if login is None or login.kind is not PrincipalKind.USER:
+        return False
+    return holds(snap, login, lambda p: (account.id, p.id) in snap.assume_grants)
+
+
+def still_assumed(snap: Snapshot, who: Identity) -> bool:
+    """Does the session's assumption (if any) still stand? A REVOKE ASSUME or a
+    dropped account ends it at the session's next statement or query."""
+    if who.assumed_id is None:
+        return True
+    account = snap.principal(who.assumed_id)
+    return account is not None and may_assume(snap, who, account)
 
 
 def own_group(snap: Snapshot, principal: Principal | None) -> GroupDef:
@@ -169,39 +189,45 @@ def memory_limits(snap: Snapshot, who: Identity) -> tuple[int | None, list[int]]
 
 class Authenticator:
     """Who may open a session (SPEC §2): the admin, or a catalog user or service
-    account, each checked against its password when it has one."""
+    account, each checked against its password when it has one.
+
+    Every attempt fails alike, whatever went wrong (an unknown name, an ACL
+    group's name, a wrong, missing or unencodable password): one
+    AuthenticationFailed 28P01 with one message, after one password hash
+    (an attempt that has nothing to check hashes a dummy), so neither the
+    answer nor its timing tells whether a principal exists.
+    """
 
     def __init__(
         self, *, access_control: bool, admin_user: str, admin_password: str | None
     ) -> None:
         self.access_control = access_control
         self.admin_user = admin_user
-        self._admin_password = admin_password
+        self._admin_hash = None if admin_password is None else hash_password(admin_password)
 
     def login(self, snap: Snapshot, name: str, password: str | None) -> Identity:
         """The identity ``name`` logs in as; AuthenticationFailed otherwise."""
         if not self.access_control:
             return Identity(name)
         if name == self.admin_user:
-            self._check_admin_password(name, password)
-            return Identity(name, is_admin=True)
-        principal = snap.find_principal(Ident(name))
-        if principal is None or principal.kind is PrincipalKind.GROUP:
-            what = "is a group and cannot log in" if principal else "does not exist"
-            raise AuthenticationFailed(f"authentication failed: principal {name} {what}")
-        if principal.password_hash is not None and (
-            password is None or not verify_password(password, principal.password_hash)
-        ):
-            raise AuthenticationFailed(
-                f"password authentication failed for {name}", sqlstate="28P01"
-            )
-        return Identity(principal.name, login_id=principal.id)
+            if self._passes(password, self._admin_hash):
+                return Identity(name, is_admin=True)
+        else:
+            principal = snap.find_principal(Ident(name))
+            can_log_in = principal is not None and principal.kind is not PrincipalKind.GROUP
+            stored = principal.password_hash if principal is not None else None
+            if self._passes(password, stored) and can_log_in:
+                assert principal is not None
+                return Identity(principal.name, login_id=principal.id)
+        raise AuthenticationFailed(f"password authentication failed for user {name!r}")
 
-    def _check_admin_password(self, name: str, given: str | None) -> None:
-        expected = self._admin_password
-        if expected is None:
-            return
-        if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
-            raise AuthenticationFailed(
-                f"password authentication failed for {name}", sqlstate="28P01"
-            )
+    @staticmethod
+    def _passes(given: str | None, stored: str | None) -> bool:
+        """Does ``given`` match ``stored`` (None: no password needed)? Always one hash."""
+        if stored is None:
+            verify_password("", _DUMMY_HASH)  # the same work as a real check
+            return True
+        return given is not None and verify_password(given, stored)
+
+
+_DUMMY_HASH: Final = hash_password("resgroups: the hash an attempt with nothing to check pays")

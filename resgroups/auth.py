@@ -7,12 +7,25 @@ import hmac
 import secrets
 from typing import Final
 
+from resgroups.errors import InvalidParameter
+
 _ITERATIONS: Final = 60_000
+
+
+def encode_password(password: str) -> bytes:
+    """UTF-8 bytes of a password; InvalidParameter (never UnicodeEncodeError, and
+    never the password itself) when it is not valid text, e.g. a lone surrogate."""
+    try:
+        return password.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidParameter(
+            "a password must be valid UTF-8 text (it holds a lone surrogate)"
+        ) from None
 
 
 def hash_password(password: str, *, salt: bytes | None = None) -> str:
     salt = salt if salt is not None else secrets.token_bytes(16)
-    digest = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), salt, _ITERATIONS)
+    digest = hashlib.pbkdf2_hmac("sha256", encode_password(password), salt, _ITERATIONS)
     return f"pbkdf2_sha256${_ITERATIONS}${salt.hex()}${digest.hex()}"
 
 
@@ -23,7 +36,9 @@ def verify_password(password: str, stored: str) -> bool:
         return False
     if scheme != "pbkdf2_sha256":
         return False
-    digest = hashlib.pbkdf2_hmac(
-        "sha256", password.encode("utf-8"), bytes.fromhex(salt_hex), int(iterations)
-    )
+    try:
+        given = password.encode("utf-8")
+    except UnicodeEncodeError:  # cannot match; still pay for the hash
+        given, digest_hex = b"", ""
+    digest = hashlib.pbkdf2_hmac("sha256", given, bytes.fromhex(salt_hex), int(iterations))
     return hmac.compare_digest(digest.hex(), digest_hex)

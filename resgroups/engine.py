@@ -62,6 +62,22 @@ def _positive(name: str, value: float | None, *, allow_none: bool = True) -> Non
         raise InvalidParameter(f"Engine({name}={value!r}): expected a positive number")
 
 
+_MAX_THREADS = 4096
+
+
+def _count(name: str, value: object, *, allow_none: bool = True) -> None:
+    """A number of threads: an integer 1..4096 (1.0 is accepted as 1, 0.5 is not)."""
+    if value is None and allow_none:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 1 <= value <= _MAX_THREADS
+        or value != int(value)
+    ):
+        raise InvalidParameter(f"Engine({name}={value!r}): expected an integer 1..{_MAX_THREADS}")
+
+
 class Engine:
     """Resource groups for one process (SPEC §2).
 
@@ -106,7 +122,7 @@ class Engine:
                 "a catalog in PostgreSQL (SPEC §10) is not available yet; "
                 "use a directory path or None"
             )
-        _positive("workers", workers)
+        _count("workers", workers)
         _positive("slice_ms", slice_ms, allow_none=False)
         _positive("granularity_ms", granularity_ms, allow_none=False)
         _positive("query_timeout", query_timeout)
@@ -116,7 +132,7 @@ class Engine:
                 f"Engine(process_memory_limit={process_memory_limit!r}): expected bytes >= 0"
             )
         for pool, size in (pools or {}).items():
-            _positive(f"pools[{pool!r}]", size, allow_none=False)
+            _count(f"pools[{pool!r}]", size, allow_none=False)
         if not admin_user:
             raise InvalidParameter("Engine(admin_user=''): the admin needs a name")
 
@@ -245,8 +261,9 @@ class Engine:
         """A session for ``user`` (default: the admin name).
 
         With access control on, ``user`` names a user, a service account or the
-        admin; unknown names raise AuthenticationFailed (28000) and a wrong or
-        missing password 28P01 when the principal has one.
+        admin; an unknown name and a wrong or missing password (checked when
+        the principal has one) fail alike, with AuthenticationFailed (28P01)
+        and in the same time.
         """
         self._check_open()
         name = user if user is not None else self.admin_user

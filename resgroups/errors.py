@@ -131,9 +131,10 @@ class PermissionDenied(Error):
 
 
 class AuthenticationFailed(Error):
-    """Unknown principal (28000) or wrong password (28P01)."""
+    """A login that failed, whatever the reason (28P01): an unknown principal and a
+    wrong password are indistinguishable (SPEC §2)."""
 
-    sqlstate = "28000"
+    sqlstate = "28P01"
 
 
 class FeatureNotSupported(Error):

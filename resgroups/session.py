@@ -6,7 +6,7 @@ import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from resgroups.access import Identity, login_principal, resolve
+from resgroups.access import Identity, login_principal, resolve, still_assumed
 from resgroups.catalog.model import GroupDef
 from resgroups.errors import QueryCancelled
 from resgroups.query import Query
@@ -75,6 +75,14 @@ class Session:
     def assume(self, account_id: int | None) -> None:
         self._identity = replace(self._identity, assumed_id=account_id)
 
+    def _refresh_identity(self) -> None:
+        """Before each statement and managed query: the login must still exist,
+        and an assumption whose grant was revoked ends (SPEC §5)."""
+        snap = self.engine.snapshot
+        login_principal(snap, self._identity)  # dropped since login?
+        if not still_assumed(snap, self._identity):
+            self.assume(None)
+
     def managed_group_def(self, *, export: bool = False) -> GroupDef | None:
         """Resolve the group a managed query starting now runs in (SPEC §5).
 
@@ -84,6 +92,7 @@ class Session:
         engine = self.engine
         if not engine.enabled:
             return None
+        self._refresh_identity()
         chosen = None if export else self._chosen
         return resolve(
             engine.snapshot, self._identity, chosen, access_control=engine.access_control
@@ -116,6 +125,6 @@ class Session:
         for stmt in statements:
             if self._cancel_requested:
                 raise QueryCancelled("canceling statement due to user request")
-            login_principal(self.engine.snapshot, self._identity)  # dropped since login?
+            self._refresh_identity()
             results.append(execute_statement(self, stmt))
         return results

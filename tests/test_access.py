@@ -254,16 +254,12 @@ def test_authentication(admin: resgroups.Session) -> None:
     admin.execute_script(
         "CREATE USER pw WITH PASSWORD 's3cret'; CREATE USER open; CREATE GROUP team"
     )
-    with pytest.raises(resgroups.AuthenticationFailed) as unknown:
-        engine.connect("nobody")
-    assert unknown.value.sqlstate == "28000"
-    with pytest.raises(resgroups.AuthenticationFailed) as group:
-        engine.connect("team")
-    assert group.value.sqlstate == "28000"
-    for wrong in (None, "guess"):
-        with pytest.raises(resgroups.AuthenticationFailed) as bad:
-            engine.connect("pw", wrong)
-        assert bad.value.sqlstate == "28P01"
+    # an unknown name, an ACL group and a wrong or missing password fail alike
+    for name, password in (("nobody", "guess"), ("team", None), ("pw", None), ("pw", "guess")):
+        with pytest.raises(resgroups.AuthenticationFailed) as failed:
+            engine.connect(name, password)
+        assert failed.value.sqlstate == "28P01"
+        assert failed.value.message == f"password authentication failed for user {name!r}"
     assert engine.connect("pw", "s3cret").user == "pw"
     assert engine.connect("open").user == "open"
     assert engine.connect("PW", "s3cret").user == "pw"  # unquoted names fold

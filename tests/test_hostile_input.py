@@ -83,3 +83,31 @@ def test_the_last_morsel_of_the_largest_sequence_ends_at_int64_max() -> None:
 def test_a_sequence_length_outside_bigint_is_refused(n: str, error: type[Exception]) -> None:
     with pytest.raises(error):
         resgroups.Engine().connect().execute(f"SELECT x FROM long_sequence({n})")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"workers": 0.5},
+        {"workers": 0},
+        {"workers": -2},
+        {"workers": float("nan")},
+        {"workers": float("inf")},
+        {"workers": "2"},
+        {"workers": True},
+        {"workers": 10**9},
+        {"pools": {"x": 0.4}},
+        {"pools": {"x": 0}},
+        {"pools": {"x": 2.5}},
+    ],
+)
+def test_thread_counts_that_are_not_positive_integers_are_refused(
+    kwargs: dict[str, object],
+) -> None:
+    with pytest.raises(resgroups.InvalidParameter, match=r"expected an integer 1\.\.4096"):
+        resgroups.Engine(**kwargs)  # type: ignore[arg-type]
+
+
+def test_whole_float_thread_counts_are_accepted() -> None:
+    with resgroups.Engine(workers=2.0, pools={"export": 3.0}) as engine:  # type: ignore[arg-type]
+        assert engine.pools == {"default": 2, "export": 3}

@@ -33,7 +33,7 @@ def test_error_sqlstates() -> None:
         "InvalidParameter": "22023",
         "CatalogError": "42704",
         "PermissionDenied": "42501",
-        "AuthenticationFailed": "28000",
+        "AuthenticationFailed": "28P01",
         "FeatureNotSupported": "0A000",
         "ReadOnlyReplica": "25006",
         "CatalogLocked": "55006",

@@ -12,6 +12,7 @@ reduced, so a bad value fails the parse with :class:`InvalidParameter`.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from functools import cache
 from importlib import resources
@@ -442,12 +443,32 @@ def _syntax_error(text: str, message: str, pos: int, expected: list[str]) -> Sql
     )
 
 
-def _describe(token: Token) -> str:
+# a password literal, possibly unterminated: its text must never reach an error
+_PASSWORD_LITERAL: Final = re.compile(r"\bpassword(\s+)'((?:[^']|'')*)", re.IGNORECASE)
+
+
+def redact_passwords(text: str) -> str:
+    """``text`` with every password literal's characters masked (same length and
+    lines, so positions, lines and carets stay true)."""
+
+    def mask(match: re.Match[str]) -> str:
+        secret = match.group(2)
+        return match.group(0)[: match.start(2) - match.start(0)] + re.sub(r"[^\n]", "*", secret)
+
+    return _PASSWORD_LITERAL.sub(mask, text)
+
+
+def _describe(token: Token, text: str) -> str:
     name = _display_names().get(token.type, token.type)
     if token.type == "$END":
         return "end of input"
     if token.type in ("NAME", "QUOTED_NAME", "STRING", "NUMBER"):
-        return f"{name} {token!s}"
+        shown = (
+            text[token.start_pos : token.end_pos]
+            if token.start_pos is not None and token.end_pos is not None
+            else str(token)
+        )
+        return f"{name} {shown}"
     return f"keyword {name}" if name.isalpha() else f"{name}"
 
 
@@ -458,7 +479,7 @@ def _translate(text: str, exc: UnexpectedInput) -> SqlSyntaxError:
             return _syntax_error(
                 text, "unexpected end of input", len(text.rstrip()), _expected(exc.expected)
             )
-        message = f"unexpected {_describe(token)}"
+        message = f"unexpected {_describe(token, text)}"
         if "NAME" in exc.expected and str(token).isidentifier():
             message += f' (keywords are reserved: write "{token}" to use it as a name)'
         pos = token.start_pos if token.start_pos is not None else len(text)
@@ -483,11 +504,11 @@ def parse_script(text: str) -> list[ast.Statement]:
     """
     try:
         result: list[ast.Statement] = _parser().parse(text)  # type: ignore[assignment]
-    except UnexpectedInput as exc:
-        raise _translate(text, exc) from None
+    except UnexpectedInput as exc:  # errors are drawn on the text with passwords masked
+        raise _translate(redact_passwords(text), exc) from None
     except _PositionedError as exc:
         pos = exc.token.start_pos if exc.token.start_pos is not None else 0
-        raise _syntax_error(text, exc.message, pos, []) from None
+        raise _syntax_error(redact_passwords(text), exc.message, pos, []) from None
     return result
 
 
@@ -495,7 +516,12 @@ def parse_one(text: str) -> ast.Statement:
     """Exactly one statement, or SqlSyntaxError."""
     statements = parse_script(text)
     if len(statements) != 1:
-        raise _syntax_error(text, f"expected exactly one statement, found {len(statements)}", 0, [])
+        raise _syntax_error(
+            redact_passwords(text),
+            f"expected exactly one statement, found {len(statements)}",
+            0,
+            [],
+        )
     return statements[0]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resgroups.access import find_group, holds
+from resgroups.access import find_group, may_assume
 from resgroups.auth import hash_password
 from resgroups.catalog import Principal, Snapshot
 from resgroups.errors import CatalogError, PermissionDenied, did_you_mean
@@ -135,10 +135,10 @@ def assume_service_account(session: Session, stmt: ast.AssumeServiceAccount) -> 
             raise PermissionDenied(
                 f"Access denied for {who.login_name}: only users assume service accounts"
             )
-        if not holds(snap, login, lambda p: (account.id, p.id) in snap.assume_grants):
-            raise PermissionDenied(
-                f"Access denied for {who.login_name} [ASSUME SERVICE ACCOUNT {account.name}]"
-            )
+    if not may_assume(snap, who, account):
+        raise PermissionDenied(
+            f"Access denied for {who.login_name} [ASSUME SERVICE ACCOUNT {account.name}]"
+        )
     session.assume(account.id)
     return Result.command("ASSUME SERVICE ACCOUNT")
 

@@ -181,6 +181,13 @@ class NumericOverflow(Error):
     sqlstate = "22003"
 
 
+class ProgramLimitExceeded(Error):
+    """A statement beyond a stated limit of the SQL front end (its length, its
+    nesting depth, a literal's size): refused in bounded time (54000)."""
+
+    sqlstate = "54000"
+
+
 class EngineClosed(Error):
     """The engine was closed; it takes no new sessions or statements."""
 

@@ -29,6 +29,7 @@ from resgroups.errors import InvalidParameter, did_you_mean
 
 INT64_MAX: Final = 2**63 - 1
 INT32_MAX: Final = 2**31 - 1
+_MAX_DIGITS: Final = 30  # more digits than any value in range has, with room to spare
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ class RawValue:
     text: str
 
     def __str__(self) -> str:
-        return f"'{self.text}'" if self.kind == "string" else self.text
+        text = self.text if len(self.text) <= 40 else self.text[:37] + "..."  # messages stay short
+        return f"'{text}'" if self.kind == "string" else text
 
 
 ParamValue = int | str | None
@@ -52,7 +54,9 @@ def _integer(raw: RawValue, param: str, allowed: str) -> int:
             value = Decimal(raw.text)
         except InvalidOperation:
             value = Decimal("NaN")
-        if value.is_finite() and value == value.to_integral_value():
+        # beyond 10^19 nothing is in range: refuse before int() builds a huge number
+        small = value.is_finite() and (value.is_zero() or value.adjusted() < 19)
+        if small and value == value.to_integral_value():
             return int(value)
     raise InvalidParameter(f"invalid value {raw} for {param}: expected {allowed}")
 
@@ -109,6 +113,8 @@ def parse_duration_ms(raw: RawValue, param: str = "queue_timeout") -> int:
         match = _DURATION_RE.match(raw.text) if raw.kind in ("string", "quantity") else None
         if match is None:
             raise InvalidParameter(f"invalid value {raw} for {param}: expected {_TIMEOUT_ALLOWED}")
+        if len(match.group(1)) > _MAX_DIGITS:  # far out of range: no huge int()
+            raise InvalidParameter(f"invalid value {raw} for {param}: expected {_TIMEOUT_ALLOWED}")
         millis = int(match.group(1)) * _DURATION_UNITS[(match.group(2) or "ms").lower()]
     if not 1 <= millis <= INT32_MAX:
         raise InvalidParameter(f"invalid value {raw} for {param}: expected {_TIMEOUT_ALLOWED}")
@@ -132,6 +138,8 @@ def parse_size(raw: RawValue, param: str = "memory_limit") -> int:
     else:
         match = _SIZE_RE.match(raw.text) if raw.kind in ("string", "quantity") else None
         if match is None:
+            raise InvalidParameter(f"invalid value {raw} for {param}: expected {_SIZE_ALLOWED}")
+        if len(match.group(1)) > _MAX_DIGITS:  # far out of range: no huge int()
             raise InvalidParameter(f"invalid value {raw} for {param}: expected {_SIZE_ALLOWED}")
         size = int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
     if not 0 <= size <= INT64_MAX:

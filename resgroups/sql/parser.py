@@ -11,6 +11,7 @@ reduced, so a bad value fails the parse with :class:`InvalidParameter`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterator
@@ -23,10 +24,39 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from lark.lexer import PatternStr
 
 from resgroups.catalog.params import INT32_MAX, RawValue, lookup, parse_param, parse_size
-from resgroups.errors import InvalidParameter, NumericOverflow, SqlSyntaxError
+from resgroups.errors import (
+    InvalidParameter,
+    NumericOverflow,
+    ProgramLimitExceeded,
+    SqlSyntaxError,
+)
 from resgroups.sql import ast
 
-__all__ = ["is_complete", "keywords", "parse_one", "parse_script", "split_statements"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_LITERAL_CHARS",
+    "MAX_SCRIPT_CHARS",
+    "is_complete",
+    "keywords",
+    "parse_one",
+    "parse_script",
+    "split_statements",
+]
+
+# The front end's limits (docs/sql.md): every statement is answered in bounded
+# time and memory, and everything after the parse (typing, evaluation,
+# formatting) may recurse over a tree no deeper than MAX_DEPTH.
+MAX_SCRIPT_CHARS: Final = 1_000_000  # the text given to one execute()
+MAX_LITERAL_CHARS: Final = 100  # a numeric literal, as written
+MAX_DEPTH: Final = 200  # nesting of expressions (parentheses, operators, calls)
+
+
+def _check_literal(tok: Token) -> None:
+    if len(tok) > MAX_LITERAL_CHARS:
+        raise _PositionedLimit(
+            f"numeric literal of {len(tok)} characters exceeds the limit of {MAX_LITERAL_CHARS}",
+            tok,
+        )
 
 
 class _PositionedError(Exception):
@@ -36,6 +66,10 @@ class _PositionedError(Exception):
         super().__init__(message)
         self.message = message
         self.token = token
+
+
+class _PositionedLimit(_PositionedError):
+    """A limit of MAX_* exceeded: ProgramLimitExceeded, with its position."""
 
 
 def _unquote(text: str, quote: str) -> str:
@@ -66,13 +100,16 @@ class _ToAst(Transformer[Token, Any]):
 
     # ---- parameter values
     def number_value(self, tok: Token) -> RawValue:
+        _check_literal(tok)
         return RawValue("number", str(tok))
 
     def quantity_value(self, number: Token, unit: Token) -> RawValue:
         """A size or a duration written bare, as QuestDB users type them (2G, 15s)."""
+        _check_literal(number)
         return RawValue("quantity", f"{number}{unit}")
 
     def negative_value(self, tok: Token) -> RawValue:
+        _check_literal(tok)
         return RawValue("number", "-" + tok)
 
     def string_value(self, tok: Token) -> RawValue:
@@ -287,12 +324,14 @@ class _ToAst(Transformer[Token, Any]):
         return True
 
     def limit_clause(self, tok: Token) -> int:
+        _check_literal(tok)
         if not tok.isdigit():
             raise _PositionedError(f"LIMIT takes a non-negative integer, not {tok}", tok)
         return int(tok)
 
     # ---- expressions
     def number(self, tok: Token) -> ast.Literal:
+        _check_literal(tok)
         if tok.isdigit():
             return ast.Literal(int(tok))
         value = float(tok)
@@ -425,15 +464,23 @@ def _expected(names: set[str] | frozenset[str]) -> list[str]:
     return sorted({display.get(n, n) for n in names})
 
 
+_CONTEXT_CHARS: Final = 60  # shown on each side of the caret: a long line is cut
+
+
 def _caret(text: str, pos: int) -> tuple[int, int, str]:
-    """1-based line and column of ``pos``, and that line with a caret under it."""
+    """1-based line and column of ``pos``, and that line (cut to a window around
+    ``pos`` when long, so an error never echoes a huge statement) with a caret."""
     pos = max(0, min(pos, len(text)))
     line = text.count("\n", 0, pos) + 1
     start = text.rfind("\n", 0, pos) + 1
     end = text.find("\n", pos)
     source_line = text[start : end if end >= 0 else len(text)]
     column = pos - start + 1
-    return line, column, f"{source_line}\n{' ' * (column - 1)}^"
+    left = max(0, column - 1 - _CONTEXT_CHARS)
+    right = min(len(source_line), column - 1 + _CONTEXT_CHARS)
+    prefix = "..." if left else ""
+    shown = prefix + source_line[left:right] + ("..." if right < len(source_line) else "")
+    return line, column, f"{shown}\n{' ' * (len(prefix) + column - 1 - left)}^"
 
 
 def _syntax_error(text: str, message: str, pos: int, expected: list[str]) -> SqlSyntaxError:
@@ -502,14 +549,41 @@ def parse_script(text: str) -> list[ast.Statement]:
     Raises :class:`SqlSyntaxError` (with line, column, expected tokens and a
     caret) or :class:`InvalidParameter` for a bad parameter value.
     """
+    if len(text) > MAX_SCRIPT_CHARS:
+        raise ProgramLimitExceeded(
+            f"statement text of {len(text):,} characters exceeds the limit of {MAX_SCRIPT_CHARS:,}"
+        )
     try:
         result: list[ast.Statement] = _parser().parse(text)  # type: ignore[assignment]
     except UnexpectedInput as exc:  # errors are drawn on the text with passwords masked
         raise _translate(redact_passwords(text), exc) from None
     except _PositionedError as exc:
         pos = exc.token.start_pos if exc.token.start_pos is not None else 0
-        raise _syntax_error(redact_passwords(text), exc.message, pos, []) from None
+        error = _syntax_error(redact_passwords(text), exc.message, pos, [])
+        if isinstance(exc, _PositionedLimit):
+            raise ProgramLimitExceeded(str(error)) from None
+        raise error from None
+    if len(text) > MAX_DEPTH // 2:  # shorter text cannot nest that deep
+        for stmt in result:
+            _check_depth(stmt)
     return result
+
+
+def _check_depth(stmt: ast.Statement) -> None:
+    """ProgramLimitExceeded if ``stmt`` nests deeper than MAX_DEPTH (an explicit
+    stack: the check itself never recurses)."""
+    stack: list[tuple[object, int]] = [(stmt, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ProgramLimitExceeded(
+                f"expression nesting depth exceeds the limit of {MAX_DEPTH} "
+                "(parentheses, operators and calls nested inside each other)"
+            )
+        if isinstance(node, tuple | list):
+            stack.extend((child, depth) for child in node)
+        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+            stack.extend((getattr(node, f.name), depth + 1) for f in dataclasses.fields(node))
 
 
 def parse_one(text: str) -> ast.Statement:

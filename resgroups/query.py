@@ -285,6 +285,9 @@ class Query:
         if self.state is not QueryState.NEW:
             raise InternalError("a query is entered once")
         engine = self.session.engine
+        if self._cancelled:  # cancelled before it started: honoured for every kind
+            self.state = QueryState.DONE
+            raise QueryCancelled(f"query cancelled before it started [user={self.user}]")
         self.state = QueryState.ADMITTING
         submitted = self._now()
         if self._timeout is not None:

@@ -177,7 +177,9 @@ class ShellRunner:
 
 
 def run_text(runner: ShellRunner, text: str) -> None:
-    for line in text.splitlines():
+    # lines end at \n only: str.splitlines() would also cut at U+2028, U+0085 and
+    # the like, which belong to a quoted string as typed
+    for line in text.replace("\r\n", "\n").split("\n"):
         if runner.quit:
             return
         runner.feed_line(line)

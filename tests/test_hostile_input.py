@@ -204,3 +204,16 @@ def test_any_nesting_is_answered_without_recursion_errors(expr: str) -> None:
         # a clear error is an answer; a RecursionError would escape here
         with contextlib.suppress(resgroups.Error):
             session.execute(sql)
+
+
+@pytest.mark.parametrize("kind", ["select", "ctas", "insert_select", "export", "other"])
+def test_a_cancel_before_enter_is_honoured_for_every_kind(kind: str) -> None:
+    with resgroups.Engine(workers=1) as engine:
+        session = engine.connect()
+        q = session.query(kind=kind)
+        q.cancel()
+        with pytest.raises(resgroups.QueryCancelled, match="before it started"), q:
+            pass
+        with session.query(kind=kind) as again:  # nothing was taken: the worker is free
+            again.checkpoint()
+        assert engine.resource_groups()[0]["active_queries"] == 0

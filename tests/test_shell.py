@@ -226,3 +226,14 @@ def test_ctrl_c_in_a_real_shell_process_cancels_and_continues(tmp_path: Path) ->
     assert "query cancelled" in out, out + err
     assert "42" in out  # the next statement ran
     assert child.returncode == 1  # one statement failed
+
+
+def test_text_inside_quotes_is_kept_exactly_as_typed() -> None:
+    session = resgroups.Engine().connect()
+    out: list[str] = []
+    runner = shell.ShellRunner(session, out.append)
+    typed = "a\u2028b\u2029c\x85d\x0be"  # separators str.splitlines() would cut at
+    shell.run_text(runner, f"SELECT '{typed}' AS t;\nSELECT 2 AS two;")
+    assert runner.failures == 0, out
+    assert typed in "".join(out)
+    assert "(1 row)" in out[-1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -291,3 +292,54 @@ def test_record_encoding_round_trips() -> None:
     assert Record.decode(record.encode()) == record
     with pytest.raises(ValueError, match="unknown catalog record op"):
         Record.decode(b'{"v": 1, "op": "explode"}')
+
+
+# ---- opening a catalog: every failure is a CatalogError naming the path and the cause ----
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("", "is empty"),
+        ("   ", "is empty"),
+        ("cat\0alog", "NUL byte"),
+        (b"/tmp/x", "expected a directory path"),
+        (123, "expected a directory path"),
+    ],
+)
+def test_bad_catalog_paths_are_refused(spec: object, needle: str) -> None:
+    with pytest.raises(resgroups.CatalogError, match=needle):
+        resgroups.Engine(catalog=spec)  # type: ignore[arg-type]
+
+
+def test_a_catalog_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("not a directory")
+    with pytest.raises(resgroups.CatalogError, match="plain") as failed:
+        resgroups.Engine(catalog=tmp_path / "plain")
+    assert failed.value.__cause__ is not None  # the OS error, as the cause
+
+
+@pytest.mark.parametrize("name", ["catalog.log", "catalog.lock"])
+def test_a_directory_where_a_catalog_file_belongs_is_refused(tmp_path: Path, name: str) -> None:
+    (tmp_path / name).mkdir()
+    with pytest.raises(resgroups.CatalogError, match=name):
+        resgroups.Engine(catalog=tmp_path)
+
+
+def test_a_read_only_file_system_is_a_catalog_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "ftruncate", refuse)  # the header of a new log is a repair
+    with pytest.raises(resgroups.CatalogError, match="Read-only file system"):
+        resgroups.Engine(catalog=tmp_path / "ro")
+
+
+def test_catalog_files_are_the_owners_alone(tmp_path: Path) -> None:
+    with resgroups.Engine(catalog=tmp_path / "c", access_control=True) as engine:
+        engine.connect().execute("CREATE USER u WITH PASSWORD 'pw'")
+    for name in ("catalog.log", "catalog.lock"):
+        assert (tmp_path / "c" / name).stat().st_mode & 0o077 == 0, name
+    assert (tmp_path / "c").stat().st_mode & 0o077 == 0

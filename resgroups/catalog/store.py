@@ -42,6 +42,8 @@ MAGIC: Final = b"RGCATLG\x01"
 FRAME: Final = struct.Struct(">II")
 MAX_RECORD: Final = 64 * 1024 * 1024
 IO_ERROR: Final = "58030"
+BAD_PATH: Final = "22023"
+FILE_MODE: Final = 0o600  # catalog.log holds password hashes
 
 
 class CatalogLog(Protocol):
@@ -127,9 +129,27 @@ class DirectoryLog:
     """``catalog.log`` and ``catalog.lock`` in a directory (created if missing)."""
 
     def __init__(self, directory: str | os.PathLike[str], *, lock: bool = True) -> None:
-        self.directory = Path(directory)
+        text = os.fspath(directory) if isinstance(directory, str | os.PathLike) else directory
+        if not isinstance(text, str):
+            raise CatalogError(
+                f"catalog={directory!r}: expected a directory path (str or os.PathLike), "
+                "or None for a catalog in memory",
+                sqlstate=BAD_PATH,
+            )
+        if not text.strip():
+            raise CatalogError(
+                f"catalog directory path {text!r} is empty: give a directory, "
+                "or catalog=None for a catalog in memory",
+                sqlstate=BAD_PATH,
+            )
+        if "\0" in text:
+            raise CatalogError(
+                f"catalog directory path {text!r} contains a NUL byte", sqlstate=BAD_PATH
+            )
+        self.directory = Path(text)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            # the catalog holds password hashes: its files are the owner's alone
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise CatalogError(
                 f"cannot create catalog directory {self.directory}: {exc}", sqlstate=IO_ERROR
@@ -140,7 +160,7 @@ class DirectoryLog:
         if lock:
             self._take_lock()
         try:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         except OSError as exc:
             self._release_lock()
             raise CatalogError(f"cannot open {self.path}: {exc}", sqlstate=IO_ERROR) from exc
@@ -148,7 +168,10 @@ class DirectoryLog:
 
     def _take_lock(self) -> None:
         lock_path = self.directory / "catalog.lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        except OSError as exc:
+            raise CatalogError(f"cannot open {lock_path}: {exc}", sqlstate=IO_ERROR) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -174,6 +197,14 @@ class DirectoryLog:
 
     def read_all(self) -> list[Record]:
         """Every whole record; as the writer, also cut a torn tail and fix the header."""
+        try:
+            return self._read_all()
+        except OSError as exc:  # unreadable, or a read-only file system refusing a repair
+            raise CatalogError(
+                f"cannot read or repair {self.path}: {exc}", sqlstate=IO_ERROR
+            ) from exc
+
+    def _read_all(self) -> list[Record]:
         with self._mutex:
             data = self._read_image()
             records, end = scan(data)

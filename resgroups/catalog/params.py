@@ -98,6 +98,21 @@ def parse_cpu_limit(raw: RawValue) -> int | None:
     raise InvalidParameter(f"invalid value {raw} for cpu_limit: expected {_CPU_LIMIT_ALLOWED}")
 
 
+def _with_unit(
+    raw: RawValue,
+    param: str,
+    pattern: re.Pattern[str],
+    units: Mapping[str, int],
+    default_unit: str,
+    allowed: str,
+) -> int:
+    """A quoted or bare ``<digits><unit>`` value (15s, '2G') in the base unit."""
+    match = pattern.match(raw.text) if raw.kind in ("string", "quantity") else None
+    if match is None or len(match.group(1)) > _MAX_DIGITS:  # far out of range: no huge int()
+        raise InvalidParameter(f"invalid value {raw} for {param}: expected {allowed}")
+    return int(match.group(1)) * units[(match.group(2) or default_unit).lower()]
+
+
 _DURATION_UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _DURATION_RE: Final = re.compile(r"^\s*(\d+)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
 _TIMEOUT_ALLOWED: Final = (
@@ -110,12 +125,7 @@ def parse_duration_ms(raw: RawValue, param: str = "queue_timeout") -> int:
     if raw.kind == "number":
         millis = _integer(raw, param, _TIMEOUT_ALLOWED)
     else:
-        match = _DURATION_RE.match(raw.text) if raw.kind in ("string", "quantity") else None
-        if match is None:
-            raise InvalidParameter(f"invalid value {raw} for {param}: expected {_TIMEOUT_ALLOWED}")
-        if len(match.group(1)) > _MAX_DIGITS:  # far out of range: no huge int()
-            raise InvalidParameter(f"invalid value {raw} for {param}: expected {_TIMEOUT_ALLOWED}")
-        millis = int(match.group(1)) * _DURATION_UNITS[(match.group(2) or "ms").lower()]
+        millis = _with_unit(raw, param, _DURATION_RE, _DURATION_UNITS, "ms", _TIMEOUT_ALLOWED)
     if not 1 <= millis <= INT32_MAX:
         raise InvalidParameter(f"invalid value {raw} for {param}: expected {_TIMEOUT_ALLOWED}")
     return millis
@@ -136,12 +146,7 @@ def parse_size(raw: RawValue, param: str = "memory_limit") -> int:
     if raw.kind == "number":
         size = _integer(raw, param, _SIZE_ALLOWED)
     else:
-        match = _SIZE_RE.match(raw.text) if raw.kind in ("string", "quantity") else None
-        if match is None:
-            raise InvalidParameter(f"invalid value {raw} for {param}: expected {_SIZE_ALLOWED}")
-        if len(match.group(1)) > _MAX_DIGITS:  # far out of range: no huge int()
-            raise InvalidParameter(f"invalid value {raw} for {param}: expected {_SIZE_ALLOWED}")
-        size = int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+        size = _with_unit(raw, param, _SIZE_RE, _SIZE_UNITS, "", _SIZE_ALLOWED)
     if not 0 <= size <= INT64_MAX:
         raise InvalidParameter(f"invalid value {raw} for {param}: expected {_SIZE_ALLOWED}")
     return size

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from typing import Final
 
@@ -21,6 +22,17 @@ def encode_password(password: str) -> bytes:
         raise InvalidParameter(
             "a password must be valid UTF-8 text (it holds a lone surrogate)"
         ) from None
+
+
+_HASH_SHAPE: Final = re.compile(
+    r"pbkdf2_sha256\$[1-9][0-9]{0,6}\$(?:[0-9a-f]{2}){1,64}\$[0-9a-f]{64}\Z"
+)
+
+
+def is_password_hash(value: object) -> bool:
+    """Is ``value`` a hash :func:`hash_password` could have made (as a catalog
+    record must carry)?"""
+    return isinstance(value, str) and _HASH_SHAPE.match(value) is not None
 
 
 def hash_password(password: str, *, salt: bytes | None = None) -> str:

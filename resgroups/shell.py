@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from resgroups.errors import Error, SqlSyntaxError
 from resgroups.result import Result
-from resgroups.sql.parser import is_complete, keywords, split_statements
+from resgroups.sql.parser import keywords
+from resgroups.sql.split import Splitter, is_complete
 
 if TYPE_CHECKING:
     from resgroups.session import Session
@@ -73,42 +74,27 @@ class ShellRunner:
     timing: bool = False
     failures: int = 0
     quit: bool = False
-    _buffer: str = ""
-    _buffer_line: int = 1
+    _splitter: Splitter = field(default_factory=Splitter)
     _line: int = field(default=0)
 
     def feed_line(self, line: str) -> None:
-        """One line of input: a shell command, or part of one or more statements."""
+        """One line of input: a shell command, or part of one or more statements.
+
+        Each line is scanned once (:class:`~resgroups.sql.split.Splitter`), so
+        a statement of L lines costs O(L) to read, however long it is."""
         self._line += 1
-        if not self._buffer.strip() and line.lstrip().startswith("\\"):
-            self._buffer = ""
+        if self._splitter.idle and line.lstrip().startswith("\\"):
+            self._splitter.reset(line=self._line + 1)
             self.command(line.strip())
             return
-        if not self._buffer.strip():
-            self._buffer, self._buffer_line = "", self._line
-        self._buffer += line if line.endswith("\n") else line + "\n"
-        self._run_complete()
-
-    def _run_complete(self) -> None:
-        pieces = list(split_statements(self._buffer))
-        done = [(offset, text) for offset, text in pieces if is_complete(text)]
-        consumed = 0
-        for offset, text in done:
-            line = self._buffer_line + self._buffer.count("\n", 0, offset)
-            self.run(text, line)
-            consumed = offset + len(text)
-        if done:
-            rest = self._buffer[consumed:]
-            self._buffer_line += self._buffer.count("\n", 0, consumed)
-            self._buffer = rest if rest.strip() else ""
+        for piece in self._splitter.feed(line if line.endswith("\n") else line + "\n"):
+            self.run(piece.text, piece.line)
 
     def finish(self) -> None:
         """End of input: run what is left even without a closing ``;``."""
-        if self._buffer.strip():
-            text, self._buffer = self._buffer, ""
-            for offset, piece in split_statements(text):
-                line = self._buffer_line + text.count("\n", 0, offset)
-                self.run(piece, line)
+        rest = self._splitter.finish()
+        if rest is not None:
+            self.run(rest.text, rest.line)
 
     def run(self, sql: str, first_line: int = 1) -> None:
         """Run ``sql`` and print its results. Ctrl-C cancels it, as in psql: the
@@ -190,8 +176,7 @@ def statement_complete(text: str) -> bool:
     stripped = text.strip()
     if not stripped or stripped.startswith("\\"):
         return True
-    pieces = list(split_statements(text))
-    return bool(pieces) and is_complete(pieces[-1][1])
+    return is_complete(text)
 
 
 def interactive(runner: ShellRunner, *, input: Any = None, output: Any = None) -> None:

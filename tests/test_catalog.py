@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import pytest
@@ -290,8 +292,100 @@ def test_a_group_created_again_is_a_new_group(engine: resgroups.Engine) -> None:
 def test_record_encoding_round_trips() -> None:
     record = Record(7, "alter_group", {"id": 3, "set": {"cpu_weight": 5}, "reset": ["cpu_limit"]})
     assert Record.decode(record.encode()) == record
-    with pytest.raises(ValueError, match="unknown catalog record op"):
-        Record.decode(b'{"v": 1, "op": "explode"}')
+    with pytest.raises(ValueError, match="without an operation"):
+        Record.decode(b'{"v": 1}')
+
+
+# ---- records this version cannot apply: refused with their position, never cut off ----
+
+
+def _append_raw(directory: Path, body: dict[str, object]) -> bytes:
+    """Frame ``body`` as a whole record (valid checksum) at the end of the log."""
+    payload = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    log = directory / "catalog.log"
+    with log.open("ab") as f:
+        f.write(FRAME.pack(len(payload), zlib.crc32(payload)) + payload)
+    return log.read_bytes()
+
+
+NEXT = len(SCRIPT) + 2  # genesis, the script, then one more
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"op": "explode"}, "unknown operation 'explode'"),
+        ({"op": "alter_group", "id": 1, "set": {"cpu_weight": -5}, "reset": []}, "cpu_weight"),
+        ({"op": "alter_group", "id": 1, "set": {"cpu_weight": True}, "reset": []}, "cpu_weight"),
+        ({"op": "alter_group", "id": 1, "set": {"nice": 3}, "reset": []}, "'nice'"),
+        ({"op": "alter_group", "id": 99, "set": {}, "reset": []}, "missing resource group"),
+        ({"op": "alter_group", "id": 1, "set": {}}, "lacks field 'reset'"),
+        ({"op": "alter_group", "id": 1, "set": {"scheduling_policy": "lifo"}, "reset": []}, "lifo"),
+        ({"op": "create_group", "id": 50, "name": "x", "quoted": False, "params": {}}, "id 50"),
+        (
+            {"op": "create_group", "id": 6, "name": "bad name", "quoted": False, "params": {}},
+            "identifier",
+        ),
+        ({"op": "create_group", "id": 6, "name": "", "quoted": True, "params": {}}, "not empty"),
+        (
+            {"op": "create_group", "id": 6, "name": "REPORTING", "quoted": False, "params": {}},
+            "already exists",
+        ),
+        (
+            {
+                "op": "create_principal",
+                "id": 6,
+                "kind": "user",
+                "name": "u",
+                "quoted": False,
+                "password_hash": "x",
+            },
+            "password hash",
+        ),
+        (
+            {"op": "create_principal", "id": 6, "kind": "robot", "name": "u", "quoted": False},
+            "robot",
+        ),
+        ({"op": "add_member", "user": 4, "groups": [3]}, "is a group, not a user"),
+        ({"op": "set_mapping", "principal": 4, "group": 1, "priority": -1}, "priority"),
+        ({"op": "set_admin", "principal": 3, "value": "yes"}, "true or false"),
+        ({"op": "drop_group", "id": 0}, "must stay"),
+    ],
+)
+def test_a_whole_record_this_version_cannot_apply_is_refused(
+    tmp_path: Path, body: dict[str, object], needle: str
+) -> None:
+    snap = _run(tmp_path, SCRIPT)
+    assert snap.find_principal(resgroups.sql.ast.Ident("analyst")).id == 3  # type: ignore[union-attr]
+    image = _append_raw(tmp_path, {"v": NEXT, **body})
+    with pytest.raises(resgroups.CatalogError, match=needle) as refused:
+        resgroups.Engine(catalog=tmp_path)
+    assert f"record {NEXT}" in str(refused.value)
+    assert "catalog.log" in str(refused.value)
+    assert refused.value.sqlstate == "XX001"
+    assert (tmp_path / "catalog.log").read_bytes() == image  # nothing was cut
+
+
+@pytest.mark.parametrize(
+    "payload", [b"not json at all", b'{"v": 16, "op": 7}', b"[1, 2]", b"\xff\xfe"]
+)
+def test_a_whole_frame_that_is_no_record_is_refused_not_cut(tmp_path: Path, payload: bytes) -> None:
+    _run(tmp_path, SCRIPT)
+    log = tmp_path / "catalog.log"
+    with log.open("ab") as f:
+        f.write(FRAME.pack(len(payload), zlib.crc32(payload)) + payload)
+    image = log.read_bytes()
+    with pytest.raises(resgroups.CatalogError, match="checksum holds"):
+        resgroups.Engine(catalog=tmp_path)
+    assert log.read_bytes() == image
+
+
+def test_a_whole_record_out_of_sequence_is_refused(tmp_path: Path) -> None:
+    _run(tmp_path, SCRIPT)
+    image = _append_raw(tmp_path, {"v": NEXT + 5, "op": "create_group", "id": 10})
+    with pytest.raises(resgroups.CatalogError, match=f"version {NEXT} belongs"):
+        resgroups.Engine(catalog=tmp_path)
+    assert (tmp_path / "catalog.log").read_bytes() == image
 
 
 # ---- opening a catalog: every failure is a CatalogError naming the path and the cause ----

@@ -6,33 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from waiting import bounded
 
 import resgroups
 from resgroups.exec.executor import long_sequence
 
 INT64_MAX = 2**63 - 1
-
-
-def bounded(fn: Callable[[], object], seconds: float = 30.0) -> object:
-    """``fn()`` on a helper thread: its result or its exception, within ``seconds``."""
-    outcome: list[object] = []
-
-    def run() -> None:
-        try:
-            outcome.append(fn())
-        except BaseException as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds} s"
-    return outcome[0]
 
 
 @pytest.mark.parametrize("n", [2**40, 2**62, INT64_MAX])

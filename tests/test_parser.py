@@ -10,7 +10,8 @@ from lark import Lark
 from resgroups.errors import InvalidParameter, NumericOverflow, SqlSyntaxError
 from resgroups.sql import ast
 from resgroups.sql.format import format_sql
-from resgroups.sql.parser import keywords, parse_one, parse_script, split_statements
+from resgroups.sql.parser import keywords, parse_one, parse_script
+from resgroups.sql.split import split_statements
 
 
 def test_grammar_has_no_conflicts() -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from resgroups.catalog.model import DEFAULT_GROUP_ID, GroupDef, Principal, Snapshot
 from resgroups.catalog.records import LOG_FORMAT, Record, apply, replay
 from resgroups.catalog.store import CatalogLog, DirectoryLog, MemoryLog
+from resgroups.errors import CatalogError
 
 __all__ = [
     "DEFAULT_GROUP_ID",
@@ -53,7 +54,10 @@ class Catalog:
         self._log = log
         self._lock = threading.Lock()
         self._subscribers: list[Callable[[Snapshot], None]] = []
-        self._snapshot = replay(log.read_all())
+        try:
+            self._snapshot = replay(log.read_all())
+        except CatalogError as exc:
+            raise CatalogError(f"cannot open {log.name}: {exc}", sqlstate=exc.sqlstate) from None
         if writer and not self._snapshot.has_catalog:
             self._append(Record(1, "genesis", {"format": LOG_FORMAT}))
 

@@ -6,9 +6,9 @@ one snapshot keeps a consistent view however the catalog moves on.
 
 Identities: every group and principal has an integer ``id`` that never
 changes and is never reused; mappings, grants, memberships and session
-choices refer to ids, so a rename keeps them all. Groups are kept in creation
-order (DEFAULT, id 0, first), which is also the order of ``resource_groups()``
-and the tie-break between equal mapping priorities.
+choices refer to ids, so a rename keeps them all. Ids grow with creation, so
+listings sorted by id are in creation order (DEFAULT, id 0, first): the order
+of ``resource_groups()`` and the tie-break between equal mapping priorities.
 
 Names: an unquoted reference matches an unquoted name case-insensitively; a
 quoted one matches exactly. A name is displayed as it was created.
@@ -17,11 +17,15 @@ quoted one matches exactly. A name is displayed as it was created.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Final
+from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
+from typing import Any, Final
+
+from immutables import Map
 
 from resgroups.catalog.names import Ident, PrincipalKind
 from resgroups.catalog.params import PARAMETERS, ParamValue
+from resgroups.catalog.relation import EMPTY, Relation
 from resgroups.errors import InternalError
 
 DEFAULT_GROUP_ID: Final = 0
@@ -134,17 +138,67 @@ class Principal:
     use_groups: frozenset[int] = frozenset()  # USE ON RESOURCE GROUP g
 
 
+def _indexed(
+    index: Map[str, tuple[int, ...]], name: str, object_id: int
+) -> Map[str, tuple[int, ...]]:
+    key = name.casefold()
+    return index.set(key, (*index.get(key, ()), object_id))
+
+
+def _unindexed(
+    index: Map[str, tuple[int, ...]], name: str, object_id: int
+) -> Map[str, tuple[int, ...]]:
+    key = name.casefold()
+    ids = tuple(i for i in index.get(key, ()) if i != object_id)
+    return index.set(key, ids) if ids else index.delete(key)
+
+
+_NAMES: Final[Map[str, tuple[int, ...]]] = Map()
+_NO_PRINCIPALS: Final[Map[int, Principal]] = Map()
+_NO_DROPPED: Final[Map[int, str]] = Map()
+_NO_GROUPS: Final[Map[int, GroupDef]] = Map()
+_ONLY_DEFAULT: Final = _NO_GROUPS.set(
+    DEFAULT_GROUP_ID, GroupDef(DEFAULT_GROUP_ID, DEFAULT_GROUP_NAME)
+)
+_DEFAULT_NAMED: Final = _indexed(_NAMES, DEFAULT_GROUP_NAME, DEFAULT_GROUP_ID)
+
+
 @dataclass(frozen=True)
 class Snapshot:
-    """One consistent state of the catalog, as of record ``version``."""
+    """One consistent state of the catalog, as of record ``version``.
+
+    Every collection is persistent (``immutables.Map`` or a
+    :class:`~resgroups.catalog.relation.Relation`): the next snapshot shares
+    all but what a record changed, so applying a record costs O(log n) in the
+    size of the catalog, and lookups by id or by name are O(1)-ish. Listings
+    (:attr:`groups`, :meth:`principals_of`) sort by id, which is creation order.
+    """
 
     version: int = 0
     next_id: int = DEFAULT_GROUP_ID + 1
-    groups: tuple[GroupDef, ...] = (GroupDef(DEFAULT_GROUP_ID, DEFAULT_GROUP_NAME),)
-    principals: Mapping[int, Principal] = field(default_factory=dict)
-    memberships: frozenset[tuple[int, int]] = frozenset()  # (user id, ACL group id)
-    assume_grants: frozenset[tuple[int, int]] = frozenset()  # (account id, user id)
-    dropped_group_names: Mapping[int, str] = field(default_factory=dict)  # last name of each
+    group_by_id: Map[int, GroupDef] = _ONLY_DEFAULT
+    group_names_index: Map[str, tuple[int, ...]] = _DEFAULT_NAMED
+    principals: Map[int, Principal] = _NO_PRINCIPALS
+    principal_names_index: Map[str, tuple[int, ...]] = _NAMES
+    memberships: Relation = EMPTY  # (user id, ACL group id)
+    assume_grants: Relation = EMPTY  # (account id, user or ACL group id)
+    mapped: Relation = EMPTY  # (principal id, group id): Principal.group_id, by group
+    use_grants: Relation = EMPTY  # (principal id, group id): Principal.use_groups, by group
+    dropped_group_names: Map[int, str] = _NO_DROPPED  # last name of each dropped group
+    touched_groups: frozenset[int] = frozenset()  # created, changed or dropped by this version
+
+    def evolve(self, **changes: Any) -> Snapshot:
+        """A copy with ``changes``: ``dataclasses.replace`` without re-running
+        ``__init__``, which made it the largest cost of replaying a long log."""
+        unknown = changes.keys() - _FIELDS
+        if unknown:
+            raise TypeError(f"Snapshot has no fields {sorted(unknown)}")
+        new = object.__new__(Snapshot)
+        state = new.__dict__  # frozen: __setattr__ refuses, the instance dict does not
+        state.update(self.__dict__)
+        state.pop("groups", None)  # the cached listing belongs to self alone
+        state.update(changes)
+        return new
 
     def group_name(self, group_id: int) -> str | None:
         """A group's current name, or the last name of a dropped one."""
@@ -159,13 +213,21 @@ class Snapshot:
     # ---- groups
     @property
     def default_group(self) -> GroupDef:
-        return self.groups[0]
+        return self.group_by_id[DEFAULT_GROUP_ID]
+
+    @cached_property
+    def groups(self) -> tuple[GroupDef, ...]:
+        """Every group in creation order (DEFAULT first): O(n log n), for listings."""
+        return tuple(sorted(self.group_by_id.values(), key=lambda g: g.id))
+
+    def group_count(self) -> int:
+        return len(self.group_by_id)
 
     def group(self, group_id: int) -> GroupDef | None:
-        for g in self.groups:
-            if g.id == group_id:
-                return g
-        return None
+        return self.group_by_id.get(group_id)
+
+    def _groups_named(self, text: str) -> list[GroupDef]:
+        return [self.group_by_id[i] for i in self.group_names_index.get(text.casefold(), ())]
 
     def find_group(self, ref: Ident) -> GroupDef | None:
         """The group a reference names: an exact match first, then case-insensitive.
@@ -174,73 +236,126 @@ class Snapshot:
         may be called so)."""
         if ref.text.casefold() == DEFAULT_GROUP_NAME.casefold():
             return self.default_group
-        for g in self.groups:
-            if g.name == ref.text:
-                return g
-        for g in self.groups:
-            if _matches(g.name, g.quoted, ref):
-                return g
-        return None
+        same = self._groups_named(ref.text)
+        exact = [g for g in same if g.name == ref.text]
+        loose = [g for g in same if _matches(g.name, g.quoted, ref)]
+        return next(iter(exact or loose), None)
 
     def group_name_taken(self, new: Ident) -> GroupDef | None:
         if new.text.casefold() == DEFAULT_GROUP_NAME.casefold():
             return self.default_group
-        for g in self.groups:
-            if _conflicts(g.name, g.quoted, new):
-                return g
-        return None
+        clash = [g for g in self._groups_named(new.text) if _conflicts(g.name, g.quoted, new)]
+        return clash[0] if clash else None
 
     def group_names(self) -> list[str]:
         return [g.name for g in self.groups]
+
+    def with_group(self, group: GroupDef) -> Snapshot:
+        """The snapshot with ``group`` added, or replacing the group of its id."""
+        names = self.group_names_index
+        old = self.group_by_id.get(group.id)
+        if old is not None:
+            names = _unindexed(names, old.name, old.id)
+        return self.evolve(
+            group_by_id=self.group_by_id.set(group.id, group),
+            group_names_index=_indexed(names, group.name, group.id),
+            touched_groups=self.touched_groups | {group.id},
+        )
+
+    def without_group(self, group_id: int) -> Snapshot:
+        """The snapshot with a group dropped: its USE grants go, its name is remembered."""
+        group = self.group_by_id[group_id]
+        snap = self
+        for holder in list(self.use_grants.left_of(group_id)):
+            p = snap.principals[holder]
+            snap = snap.with_principal(replace(p, use_groups=p.use_groups - {group_id}))
+        return snap.evolve(
+            group_by_id=snap.group_by_id.delete(group_id),
+            group_names_index=_unindexed(snap.group_names_index, group.name, group_id),
+            dropped_group_names=snap.dropped_group_names.set(group_id, group.name),
+            touched_groups=snap.touched_groups | {group_id},
+        )
 
     # ---- principals
     def principal(self, principal_id: int) -> Principal | None:
         return self.principals.get(principal_id)
 
     def find_principal(self, ref: Ident, kind: PrincipalKind | None = None) -> Principal | None:
-        candidates = [p for p in self.principals.values() if kind is None or p.kind is kind]
-        for p in candidates:
-            if p.name == ref.text:
-                return p
-        for p in candidates:
-            if _matches(p.name, p.quoted, ref):
-                return p
-        return None
+        named = self.principal_names_index.get(ref.text.casefold(), ())
+        same = [p for p in map(self.principals.__getitem__, named) if kind in (None, p.kind)]
+        exact = [p for p in same if p.name == ref.text]
+        loose = [p for p in same if _matches(p.name, p.quoted, ref)]
+        return next(iter(exact or loose), None)
 
     def principal_name_taken(self, new: Ident) -> Principal | None:
-        for p in self.principals.values():
+        for i in self.principal_names_index.get(new.text.casefold(), ()):
+            p = self.principals[i]
             if _conflicts(p.name, p.quoted, new):
                 return p
         return None
 
     def principals_of(self, kind: PrincipalKind) -> Iterator[Principal]:
-        return (p for p in self.principals.values() if p.kind is kind)
+        """Every principal of ``kind``, in creation order."""
+        return iter(sorted((p for p in self.principals.values() if p.kind is kind), key=_by_id))
 
     def acl_groups_of(self, user_id: int) -> list[Principal]:
         """The ACL groups a user belongs to, in creation order."""
-        return [
-            p
-            for p in self.principals.values()
-            if p.kind is PrincipalKind.GROUP and (user_id, p.id) in self.memberships
-        ]
+        return [self.principals[i] for i in sorted(self.memberships.right_of(user_id))]
 
     def mapped_to(self, group_id: int) -> list[Principal]:
-        return [p for p in self.principals.values() if p.group_id == group_id]
+        """The principals mapped to a group, in creation order."""
+        return [self.principals[i] for i in sorted(self.mapped.left_of(group_id))]
+
+    def with_principal(self, principal: Principal) -> Snapshot:
+        """The snapshot with ``principal`` added, or replacing the one of its id;
+        the name, mapping and USE indexes follow."""
+        pid = principal.id
+        old = self.principals.get(pid)
+        names, mapped, use = self.principal_names_index, self.mapped, self.use_grants
+        if old is not None:
+            names = _unindexed(names, old.name, pid)
+            if old.group_id is not None and old.group_id != principal.group_id:
+                mapped = mapped.remove([(pid, old.group_id)])
+            use = use.remove((pid, g) for g in old.use_groups - principal.use_groups)
+            new_use = principal.use_groups - old.use_groups
+        else:
+            new_use = principal.use_groups
+        if principal.group_id is not None:
+            mapped = mapped.add([(pid, principal.group_id)])
+        return self.evolve(
+            principals=self.principals.set(pid, principal),
+            principal_names_index=_indexed(names, principal.name, pid),
+            mapped=mapped,
+            use_grants=use.add((pid, g) for g in new_use),
+        )
+
+    def without_principal(self, principal_id: int) -> Snapshot:
+        """The snapshot with a principal gone, with its memberships and grants."""
+        p = self.principals[principal_id]
+        return self.evolve(
+            principals=self.principals.delete(principal_id),
+            principal_names_index=_unindexed(self.principal_names_index, p.name, principal_id),
+            memberships=self.memberships.without(principal_id),
+            assume_grants=self.assume_grants.without(principal_id),
+            mapped=self.mapped.without(principal_id),
+            use_grants=self.use_grants.without(principal_id),
+        )
 
     # ---- invariants
     def _check_invariants(self) -> None:
+        """Check the whole snapshot, indexes included: O(n), for replay and tests."""
         problems: list[str] = []
-        ids = [g.id for g in self.groups] + list(self.principals)
+        ids = list(self.group_by_id) + list(self.principals)
         if len(ids) != len(set(ids)):
             problems.append(f"duplicate ids {sorted(ids)}")
         if ids and max(ids) >= self.next_id:
             problems.append(f"next_id {self.next_id} not above every id")
-        if not self.groups or self.groups[0].id != DEFAULT_GROUP_ID:
-            problems.append("DEFAULT is not the first group")
-        if [g.id for g in self.groups] != sorted(g.id for g in self.groups):
-            problems.append("groups not in creation order")
-        group_ids = {g.id for g in self.groups}
-        for g in self.groups:
+        if DEFAULT_GROUP_ID not in self.group_by_id:
+            problems.append("DEFAULT is missing")
+        group_ids = set(self.group_by_id)
+        for gid, g in self.group_by_id.items():
+            if gid != g.id:
+                problems.append(f"group {g.name} filed under {gid}")
             unknown = set(g.params) - set(PARAMETERS)
             if unknown:
                 problems.append(f"group {g.name} has unknown parameters {unknown}")
@@ -251,7 +366,7 @@ class Snapshot:
                 problems.append(f"{p.name} mapped to missing group {p.group_id}")
             if not p.use_groups <= group_ids:
                 problems.append(f"{p.name} holds USE on missing groups")
-        problems += _name_clashes((g.name, g.quoted) for g in self.groups)
+        problems += _name_clashes((g.name, g.quoted) for g in self.group_by_id.values())
         problems += _name_clashes((p.name, p.quoted) for p in self.principals.values())
         for user_id, acl_id in self.memberships:
             user, acl = self.principals.get(user_id), self.principals.get(acl_id)
@@ -265,5 +380,29 @@ class Snapshot:
                 problems.append(f"ASSUME grant of missing account {account_id}")
             if user is None or user.kind is PrincipalKind.SERVICE_ACCOUNT:
                 problems.append(f"ASSUME grant to missing user or group {user_id}")
+        problems += self._index_problems()
         if problems:
             raise InternalError(f"catalog snapshot v{self.version} broken: " + "; ".join(problems))
+
+    def _index_problems(self) -> list[str]:
+        """Do the indexes say exactly what the objects say?"""
+        fresh = Snapshot(group_by_id=Map(), group_names_index=_NAMES, dropped_group_names=Map())
+        for g in self.groups:
+            fresh = fresh.with_group(g)
+        for p in sorted(self.principals.values(), key=_by_id):
+            fresh = fresh.with_principal(p)
+        problems = []
+        if fresh.group_names_index != self.group_names_index:
+            problems.append("group name index out of step")
+        if fresh.principal_names_index != self.principal_names_index:
+            problems.append("principal name index out of step")
+        if fresh.mapped != self.mapped or fresh.use_grants != self.use_grants:
+            problems.append("mapping or USE index out of step")
+        return problems
+
+
+_FIELDS: Final = frozenset(f.name for f in fields(Snapshot))
+
+
+def _by_id(p: Principal) -> int:
+    return p.id

@@ -166,10 +166,24 @@ def parse_policy(raw: RawValue) -> str:
 
 @dataclass(frozen=True)
 class Parameter:
+    """``parse`` turns what a statement wrote into the typed value; ``valid``
+    says whether a typed value (one read back from a catalog log) is one that
+    ``parse`` could have produced."""
+
     name: str
     parse: Callable[[RawValue], ParamValue]
     default: ParamValue
     format: Callable[[ParamValue], str]
+    valid: Callable[[ParamValue], bool]
+
+
+def _int_in(low: int, high: int, *, unlimited: bool = False) -> Callable[[ParamValue], bool]:
+    def valid(value: ParamValue) -> bool:
+        if value is None:
+            return unlimited
+        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+    return valid
 
 
 def _format_int_or_unlimited(value: ParamValue) -> str:
@@ -186,8 +200,16 @@ def _format_cpu_limit(value: ParamValue) -> str:
 PARAMETERS: Final[Mapping[str, Parameter]] = {
     p.name: p
     for p in (
-        Parameter("cpu_weight", _bounded("cpu_weight", 1, 10000, "an integer 1..10000"), 100, str),
-        Parameter("cpu_limit", parse_cpu_limit, None, _format_cpu_limit),
+        Parameter(
+            "cpu_weight",
+            _bounded("cpu_weight", 1, 10000, "an integer 1..10000"),
+            100,
+            str,
+            _int_in(1, 10000),
+        ),
+        Parameter(
+            "cpu_limit", parse_cpu_limit, None, _format_cpu_limit, _int_in(1, 10000, unlimited=True)
+        ),
         Parameter(
             "max_active_queries",
             _or_unlimited(
@@ -195,6 +217,7 @@ PARAMETERS: Final[Mapping[str, Parameter]] = {
             ),
             None,
             _format_int_or_unlimited,
+            _int_in(1, INT32_MAX, unlimited=True),
         ),
         Parameter(
             "max_queued_queries",
@@ -208,10 +231,17 @@ PARAMETERS: Final[Mapping[str, Parameter]] = {
             ),
             None,
             _format_int_or_unlimited,
+            _int_in(0, INT32_MAX, unlimited=True),
         ),
-        Parameter("queue_timeout", parse_duration_ms, 30_000, str),
-        Parameter("memory_limit", parse_size, 0, str),
-        Parameter("scheduling_policy", parse_policy, "fifo", lambda v: f"'{v}'"),
+        Parameter("queue_timeout", parse_duration_ms, 30_000, str, _int_in(1, INT32_MAX)),
+        Parameter("memory_limit", parse_size, 0, str, _int_in(0, INT64_MAX)),
+        Parameter(
+            "scheduling_policy",
+            parse_policy,
+            "fifo",
+            lambda v: f"'{v}'",
+            lambda v: v in POLICIES,
+        ),
     )
 }
 

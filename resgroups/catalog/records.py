@@ -6,9 +6,10 @@ record; ``apply`` is a pure function from (snapshot, record) to the next
 snapshot, so replaying the log from version 1 rebuilds the same snapshot.
 Records carry ids, never names, for everything they refer to.
 
-``apply`` trusts nothing: a record that refers to a missing object or breaks
-an invariant raises :class:`InternalError` (the executor validates first and
-reports user errors; a failure here is a bug or a foreign log).
+``apply`` trusts nothing: a record is validated as the DDL that writes it is
+(types, ranges, names, references), and one that fails raises
+:class:`CatalogError` XX001 (the statements validate first and report user
+errors; a failure here is a bug, or a log from elsewhere).
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from resgroups.auth import is_password_hash
 from resgroups.catalog.model import GroupDef, Principal, Snapshot
-from resgroups.catalog.names import PrincipalKind
-from resgroups.errors import InternalError
+from resgroups.catalog.names import Ident, PrincipalKind, name_problem
+from resgroups.catalog.params import INT32_MAX, INT64_MAX, PARAMETERS, ParamValue
+from resgroups.errors import CatalogError
 
 LOG_FORMAT: Final = 1
+CORRUPT: Final = "XX001"  # data_corrupted: a log this version cannot apply
 
 
 @dataclass(frozen=True)
@@ -40,40 +44,71 @@ class Record:
         body = json.loads(payload.decode("utf-8"))
         if not isinstance(body, dict) or not isinstance(body.get("v"), int):
             raise ValueError("not a catalog record")
-        version, op = body.pop("v"), body.pop("op")
-        if op not in APPLY:
-            raise ValueError(f"unknown catalog record op {op!r}")
+        version, op = body.pop("v"), body.pop("op", None)
+        if not isinstance(op, str):
+            raise ValueError("catalog record without an operation")
         return cls(version, op, body)
 
 
-def _group(snap: Snapshot, group_id: int) -> GroupDef:
-    group = snap.group(group_id)
+class _Invalid(ValueError):
+    """A record that SQL could not have written: refused, never applied."""
+
+
+def _int(a: Mapping[str, Any], key: str, low: int = 0, high: int = INT64_MAX) -> int:
+    value = a[key]
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise _Invalid(f"{key} = {value!r}: expected an integer {low}..{high}")
+    return value
+
+
+def _flag(a: Mapping[str, Any], key: str) -> bool:
+    value = a[key]
+    if not isinstance(value, bool):
+        raise _Invalid(f"{key} = {value!r}: expected true or false")
+    return value
+
+
+def _name(a: Mapping[str, Any]) -> tuple[str, bool]:
+    problem = name_problem(a["name"], a["quoted"])
+    if problem is not None:
+        raise _Invalid(problem)
+    return a["name"], a["quoted"]
+
+
+def _params(a: Mapping[str, Any], key: str) -> dict[str, ParamValue]:
+    params = a[key]
+    if not isinstance(params, dict):
+        raise _Invalid(f"{key} = {params!r}: expected an object of parameters")
+    for name, value in params.items():
+        param = PARAMETERS.get(name)
+        if param is None:
+            raise _Invalid(f"unknown resource group parameter {name!r}")
+        if not param.valid(value):
+            raise _Invalid(f"invalid value {value!r} for {name}")
+    return dict(params)
+
+
+def _group(snap: Snapshot, group_id: object) -> GroupDef:
+    group = snap.group(group_id) if isinstance(group_id, int) else None
     if group is None:
-        raise InternalError(f"catalog record refers to missing resource group id {group_id}")
+        raise _Invalid(f"refers to missing resource group id {group_id!r}")
     return group
 
 
-def _principal(snap: Snapshot, principal_id: int) -> Principal:
-    principal = snap.principal(principal_id)
+def _principal(snap: Snapshot, principal_id: object, *kinds: PrincipalKind) -> Principal:
+    principal = snap.principal(principal_id) if isinstance(principal_id, int) else None
     if principal is None:
-        raise InternalError(f"catalog record refers to missing principal id {principal_id}")
+        raise _Invalid(f"refers to missing principal id {principal_id!r}")
+    if kinds and principal.kind not in kinds:
+        allowed = " or ".join(k.value for k in kinds)
+        raise _Invalid(f"principal {principal.name} is a {principal.kind.value}, not a {allowed}")
     return principal
 
 
-def _new_id(snap: Snapshot, new_id: int) -> int:
-    if new_id != snap.next_id:
-        raise InternalError(f"catalog record assigns id {new_id}, expected {snap.next_id}")
-    return new_id + 1
-
-
-def _replace_group(snap: Snapshot, group: GroupDef) -> tuple[GroupDef, ...]:
-    return tuple(group if g.id == group.id else g for g in snap.groups)
-
-
-def _with_principal(snap: Snapshot, principal: Principal) -> dict[int, Principal]:
-    principals = dict(snap.principals)
-    principals[principal.id] = principal
-    return principals
+def _new_id(snap: Snapshot, a: Mapping[str, Any]) -> int:
+    if a["id"] != snap.next_id or isinstance(a["id"], bool):
+        raise _Invalid(f"assigns id {a['id']!r}, expected {snap.next_id}")
+    return snap.next_id
 
 
 # ---- the operations ---------------------------------------------------------
@@ -81,69 +116,74 @@ def _with_principal(snap: Snapshot, principal: Principal) -> dict[int, Principal
 
 def _genesis(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     if snap.version != 0:
-        raise InternalError("genesis record after the start of the log")
+        raise _Invalid("genesis record after the start of the log")
     if a.get("format") != LOG_FORMAT:
-        raise InternalError(f"catalog log format {a.get('format')} is not {LOG_FORMAT}")
+        raise _Invalid(f"catalog log format {a.get('format')!r} is not {LOG_FORMAT}")
     return snap
 
 
 def _create_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
-    next_id = _new_id(snap, a["id"])
-    group = GroupDef(a["id"], a["name"], a["quoted"], dict(a["params"]))
-    return replace(snap, next_id=next_id, groups=(*snap.groups, group))
+    group_id = _new_id(snap, a)
+    name, quoted = _name(a)
+    if snap.group_name_taken(Ident(name, quoted)) is not None:
+        raise _Invalid(f"resource group {name} already exists")
+    group = GroupDef(group_id, name, quoted, _params(a, "params"))
+    return snap.with_group(group).evolve(next_id=group_id + 1)
 
 
 def _alter_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     group = _group(snap, a["id"])
-    params = {k: v for k, v in group.params.items() if k not in a["reset"]}
-    params.update(a["set"])
-    return replace(snap, groups=_replace_group(snap, replace(group, params=params)))
+    reset, changes = a["reset"], _params(a, "set")
+    if not isinstance(reset, list) or not set(reset) <= set(PARAMETERS):
+        raise _Invalid(f"reset = {reset!r}: expected a list of parameter names")
+    params = {k: v for k, v in group.params.items() if k not in reset}
+    params.update(changes)
+    return snap.with_group(replace(group, params=params))
 
 
 def _rename_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
-    group = replace(_group(snap, a["id"]), name=a["name"], quoted=a["quoted"])
-    return replace(snap, groups=_replace_group(snap, group))
+    group = _group(snap, a["id"])
+    name, quoted = _name(a)
+    taken = snap.group_name_taken(Ident(name, quoted))
+    if group.is_default or (taken is not None and taken.id != group.id):
+        raise _Invalid(f"cannot rename {group.name} to {name}")
+    return snap.with_group(replace(group, name=name, quoted=quoted))
 
 
 def _drop_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     group = _group(snap, a["id"])
     if group.is_default or snap.mapped_to(group.id):
-        raise InternalError(f"catalog record drops {group.name}, which must stay")
-    principals = {
-        pid: replace(p, use_groups=p.use_groups - {group.id}) for pid, p in snap.principals.items()
-    }
-    return replace(
-        snap,
-        groups=tuple(g for g in snap.groups if g.id != group.id),
-        principals=principals,
-        dropped_group_names={**snap.dropped_group_names, group.id: group.name},
-    )
+        raise _Invalid(f"drops {group.name}, which must stay")
+    return snap.without_group(group.id)
 
 
 def _create_principal(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
-    next_id = _new_id(snap, a["id"])
-    principal = Principal(
-        a["id"], PrincipalKind(a["kind"]), a["name"], a["quoted"], a.get("password_hash")
-    )
-    return replace(snap, next_id=next_id, principals=_with_principal(snap, principal))
+    principal_id = _new_id(snap, a)
+    name, quoted = _name(a)
+    if snap.principal_name_taken(Ident(name, quoted)) is not None:
+        raise _Invalid(f"principal {name} already exists")
+    password_hash = a.get("password_hash")
+    if password_hash is not None and not is_password_hash(password_hash):
+        raise _Invalid("password_hash is not a resgroups password hash")
+    kind = PrincipalKind(a["kind"])
+    if password_hash is not None and kind is PrincipalKind.GROUP:
+        raise _Invalid("an ACL group has no password")
+    principal = Principal(principal_id, kind, name, quoted, password_hash)
+    return snap.with_principal(principal).evolve(next_id=principal_id + 1)
 
 
 def _drop_principal(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
-    gone = _principal(snap, a["id"]).id
-    return replace(
-        snap,
-        principals={pid: p for pid, p in snap.principals.items() if pid != gone},
-        memberships=frozenset(m for m in snap.memberships if gone not in m),
-        assume_grants=frozenset(g for g in snap.assume_grants if gone not in g),
-    )
+    return snap.without_principal(_principal(snap, a["id"]).id)
 
 
 def _membership(add: bool) -> Callable[[Snapshot, Mapping[str, Any]], Snapshot]:
     def apply_membership(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
-        user = _principal(snap, a["user"]).id
-        pairs = {(user, _principal(snap, g).id) for g in a["groups"]}
-        members = snap.memberships | pairs if add else snap.memberships - pairs
-        return replace(snap, memberships=frozenset(members))
+        user = _principal(snap, a["user"], PrincipalKind.USER).id
+        if not isinstance(a["groups"], list):
+            raise _Invalid(f"groups = {a['groups']!r}: expected a list of ACL group ids")
+        pairs = [(user, _principal(snap, g, PrincipalKind.GROUP).id) for g in a["groups"]]
+        members = snap.memberships.add(pairs) if add else snap.memberships.remove(pairs)
+        return snap.evolve(memberships=members)
 
     return apply_membership
 
@@ -152,17 +192,19 @@ def _set_mapping(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     principal = _principal(snap, a["principal"])
     if a["group"] is not None:
         _group(snap, a["group"])
-    changed = replace(principal, group_id=a["group"], priority=a.get("priority", 0))
-    return replace(snap, principals=_with_principal(snap, changed))
+    priority = _int(a, "priority", 0, INT32_MAX) if "priority" in a else 0
+    return snap.with_principal(replace(principal, group_id=a["group"], priority=priority))
 
 
-def _principal_field(name: str, value_key: str) -> Callable[..., Snapshot]:
-    def apply_field(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
-        principal = _principal(snap, a["principal"])
-        value = a[value_key]
-        return replace(snap, principals=_with_principal(snap, replace(principal, **{name: value})))
+def _set_memory_limit(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
+    principal = _principal(snap, a["principal"])
+    limit = None if a["limit"] is None else _int(a, "limit")
+    return snap.with_principal(replace(principal, memory_limit=limit))
 
-    return apply_field
+
+def _set_admin(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
+    principal = _principal(snap, a["principal"])
+    return snap.with_principal(replace(principal, admin=_flag(a, "value")))
 
 
 def _use(grant: bool) -> Callable[[Snapshot, Mapping[str, Any]], Snapshot]:
@@ -176,16 +218,17 @@ def _use(grant: bool) -> Callable[[Snapshot, Mapping[str, Any]], Snapshot]:
                 principal.use_groups | {group_id} if grant else principal.use_groups - {group_id}
             )
             changed = replace(principal, use_groups=frozenset(groups))
-        return replace(snap, principals=_with_principal(snap, changed))
+        return snap.with_principal(changed)
 
     return apply_use
 
 
 def _assume(grant: bool) -> Callable[[Snapshot, Mapping[str, Any]], Snapshot]:
     def apply_assume(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
-        pair = (_principal(snap, a["account"]).id, _principal(snap, a["user"]).id)
-        grants = snap.assume_grants | {pair} if grant else snap.assume_grants - {pair}
-        return replace(snap, assume_grants=frozenset(grants))
+        account = _principal(snap, a["account"], PrincipalKind.SERVICE_ACCOUNT).id
+        grantee = _principal(snap, a["user"], PrincipalKind.USER, PrincipalKind.GROUP).id
+        change = snap.assume_grants.add if grant else snap.assume_grants.remove
+        return snap.evolve(assume_grants=change([(account, grantee)]))
 
     return apply_assume
 
@@ -201,8 +244,8 @@ APPLY: Final[dict[str, Callable[[Snapshot, Mapping[str, Any]], Snapshot]]] = {
     "add_member": _membership(add=True),
     "remove_member": _membership(add=False),
     "set_mapping": _set_mapping,
-    "set_memory_limit": _principal_field("memory_limit", "limit"),
-    "set_admin": _principal_field("admin", "value"),
+    "set_memory_limit": _set_memory_limit,
+    "set_admin": _set_admin,
     "grant_use": _use(grant=True),
     "revoke_use": _use(grant=False),
     "grant_assume": _assume(grant=True),
@@ -211,26 +254,37 @@ APPLY: Final[dict[str, Callable[[Snapshot, Mapping[str, Any]], Snapshot]]] = {
 
 
 def apply(snap: Snapshot, record: Record) -> Snapshot:
-    """The snapshot after ``record``; its version must follow ``snap``'s."""
+    """The snapshot after ``record``; its version must follow ``snap``'s.
+
+    Costs O(log n) in the size of the catalog. A record that does not follow,
+    or that SQL could not have written (an unknown operation, a missing or
+    mistyped field, a value out of range, a malformed or taken name, a
+    reference to a missing object), raises CatalogError XX001 and changes
+    nothing.
+    """
+    where = f"catalog record {record.version} ({record.op})"
     if record.version != snap.version + 1:
-        raise InternalError(
-            f"catalog record version {record.version} does not follow {snap.version}"
+        raise CatalogError(f"{where} does not follow version {snap.version}", sqlstate=CORRUPT)
+    handler = APPLY.get(record.op)
+    if handler is None:
+        raise CatalogError(
+            f"{where}: unknown operation {record.op!r}; it was written by another "
+            f"version of resgroups (this one reads {', '.join(APPLY)})",
+            sqlstate=CORRUPT,
         )
     try:
-        handler = APPLY[record.op]
-    except KeyError:
-        raise InternalError(f"unknown catalog record op {record.op!r}") from None
-    try:
-        changed = handler(snap, record.args)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InternalError(f"malformed catalog record {record.encode()!r}: {exc}") from exc
-    new = replace(changed, version=record.version)
-    new._check_invariants()
-    return new
+        changed = handler(snap.evolve(touched_groups=frozenset()), record.args)
+    except KeyError as exc:
+        raise CatalogError(f"{where} lacks field {exc}", sqlstate=CORRUPT) from None
+    except (TypeError, ValueError) as exc:  # _Invalid among them
+        raise CatalogError(f"{where} is invalid: {exc}", sqlstate=CORRUPT) from None
+    return changed.evolve(version=record.version)
 
 
 def replay(records: list[Record], start: Snapshot | None = None) -> Snapshot:
+    """Apply ``records`` in order, then check the whole result once (O(n))."""
     snap = start or Snapshot()
     for record in records:
         snap = apply(snap, record)
+    snap._check_invariants()
     return snap

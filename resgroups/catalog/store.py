@@ -13,11 +13,13 @@ The directory backend (SPEC §10) holds two files:
     locks belong to an open file description, so a second writer is refused
     whether it is another process or another engine in this one.
 
-Recovery on open: a record cut short by a crash, or whose checksum or
-version does not follow, is a torn tail when no intact record follows it;
-the file is truncated back to the last whole record. A damaged record with
-an intact record after it is not a crash artefact, and opening fails rather
-than silently dropping the records behind it.
+Recovery on open: a record cut short by a crash, or whose checksum fails,
+is a torn tail when no intact record follows it; the file is truncated back
+to the last whole record. A damaged record with an intact record after it is
+not a crash artefact, and opening fails rather than silently dropping the
+records behind it. Nor is a whole record with a valid checksum that this
+version cannot read (an unknown operation, a version out of sequence, a
+value SQL could not have written): opening refuses it, with its position.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ FILE_MODE: Final = 0o600  # catalog.log holds password hashes
 class CatalogLog(Protocol):
     """An append-only sequence of records."""
 
+    @property
+    def name(self) -> str:
+        """Where the log lives, for messages."""
+        ...
+
     def read_all(self) -> list[Record]: ...
 
     def append(self, record: Record) -> None: ...
@@ -58,6 +65,8 @@ class CatalogLog(Protocol):
 
 class MemoryLog:
     """The default backend: the log lives and dies with the engine."""
+
+    name = "in-memory catalog"
 
     def __init__(self) -> None:
         self._records: list[Record] = []
@@ -78,7 +87,14 @@ def _frame(record: Record) -> bytes:
 
 
 def _record_at(data: bytes, pos: int, version: int | None) -> tuple[Record, int] | None:
-    """The intact record framed at ``pos`` and the offset after it, or None."""
+    """The intact record framed at ``pos`` and the offset after it, or None when
+    the frame is cut short or fails its checksum (a torn write).
+
+    With ``version`` given, a frame that is whole and passes its checksum but
+    that this version cannot read, or that carries another version, raises
+    CatalogError: it was written whole, so it is no crash artefact, and
+    cutting it (and everything after it) off would lose data.
+    """
     if len(data) - pos < FRAME.size:
         return None
     length, crc = FRAME.unpack_from(data, pos)
@@ -90,10 +106,20 @@ def _record_at(data: bytes, pos: int, version: int | None) -> tuple[Record, int]
         return None
     try:
         record = Record.decode(payload)
-    except ValueError:
-        return None
+    except ValueError as exc:  # JSON or UTF-8 errors among them
+        if version is None:
+            return None
+        raise CatalogError(
+            f"catalog.log record {version} at byte {pos} is whole (its checksum holds) "
+            f"but is not a record this version of resgroups can read: {exc}",
+            sqlstate="XX001",
+        ) from None
     if version is not None and record.version != version:
-        return None
+        raise CatalogError(
+            f"catalog.log record at byte {pos} is whole but carries version "
+            f"{record.version} where version {version} belongs",
+            sqlstate="XX001",
+        )
     return record, end
 
 
@@ -155,6 +181,7 @@ class DirectoryLog:
                 f"cannot create catalog directory {self.directory}: {exc}", sqlstate=IO_ERROR
             ) from exc
         self.path = self.directory / "catalog.log"
+        self.name = str(self.path)
         self._lock_fd: int | None = None
         self._mutex = threading.Lock()
         if lock:

@@ -265,6 +265,10 @@ class GroupCpu:
         return f"<GroupCpu {self.name} v={self.vtime:.0f} held={self.held} b={self.budget_ns:.0f}>"
 
 
+def _group_id(g: GroupCpu) -> int:
+    return g.group_id
+
+
 @dataclass
 class Decision:
     """What a slice end decided: renew in place, or yield (and to whom)."""
@@ -286,11 +290,13 @@ class CpuScheduler:
     ) -> None:
         self.sizes = dict(pools)
         self.free = dict(pools)
-        self.waiting_in = dict.fromkeys(
-            pools, 0
-        )  # runners waiting, per pool        self.slice_s = slice_ms / 1000
+        self.waiting_in = dict.fromkeys(pools, 0)  # runners waiting, per pool
+        self.slice_s = slice_ms / 1000
         self.granularity_ns = granularity_ns
         self.groups: dict[int, GroupCpu] = {}
+        # the groups with work running or waiting: what dispatch looks at, so its
+        # cost follows the work in flight, not the number of groups in the catalog
+        self.busy: set[GroupCpu] = set()
         self.outside = GroupCpu(-1, "(outside)", charged=False)
         self.engaged = False
         self.degraded = False
@@ -335,7 +341,7 @@ class CpuScheduler:
 
     def _place(self, g: GroupCpu) -> None:
         """No banking: an idle group becoming runnable is placed level with the others."""
-        others = [h.vtime for h in self.groups.values() if h is not g and not h.idle and h.charged]
+        others = [h.vtime for h in self.busy if h is not g]
         if others:
             g.vtime = max(g.vtime, min(others))
 
@@ -365,6 +371,7 @@ class CpuScheduler:
         runner.runnable_since = now
         self.waiting_in[runner.pool] += 1
         queue = runner.group.waiting.setdefault(runner.pool, [])
+        self._busy(runner.group)
         # arrival order: a parked runner goes back to its place, not to the end
         index = len(queue)
         while index > 0 and queue[index - 1].seq > runner.seq:
@@ -394,6 +401,15 @@ class CpuScheduler:
         queue = runner.group.waiting.get(runner.pool, [])
         queue.remove(runner)
         self.waiting_in[runner.pool] -= 1
+        self._maybe_idle(runner.group)
+
+    def _busy(self, g: GroupCpu) -> None:
+        if g.charged:
+            self.busy.add(g)
+
+    def _maybe_idle(self, g: GroupCpu) -> None:
+        if g.idle:
+            self.busy.discard(g)
 
     # ---- slices ---------------------------------------------------------------------------
 
@@ -483,7 +499,7 @@ class CpuScheduler:
     def _groups_waiting(self, pool: str) -> list[GroupCpu]:
         if not self.waiting_in[pool]:
             return []
-        gs = [g for g in self.groups.values() if g.waiting.get(pool)]
+        gs = sorted((g for g in self.busy if g.waiting.get(pool)), key=_group_id)
         if self.outside.waiting.get(pool):
             gs.append(self.outside)
         return gs
@@ -560,10 +576,12 @@ class CpuScheduler:
             key = (r.pool, r.query_id)
             g.held_by_query[key] = g.held_by_query.get(key, 0) + 1
         g.running.add(r)
+        self._busy(g)
 
     def _unhold(self, r: Runner) -> None:
         g = r.group
         g.running.discard(r)
+        self._maybe_idle(g)
         self.free[r.pool] += 1
         if r.scheduled:
             g.held -= 1
@@ -574,11 +592,7 @@ class CpuScheduler:
 
     def next_wakeup(self, now: float) -> float:
         """When a waiting runner may next be able to run (a budget refills); inf if never."""
-        times = [
-            g.refill_time(now)
-            for g in self.groups.values()
-            if any(g.waiting.values()) and g.fractional
-        ]
+        times = [g.refill_time(now) for g in self.busy if any(g.waiting.values()) and g.fractional]
         return min(times, default=math.inf)
 
     # ---- invariants ----------------------------------------------------------------------
@@ -619,6 +633,9 @@ class CpuScheduler:
                 problems.append(f"{g.name}: {extra} tasks beyond the cap")
             if g.budget_ns > g.burst + 1e-6:
                 problems.append(f"{g.name}: budget {g.budget_ns} above burst {g.burst}")
+        busy = {g for g in self.groups.values() if g.charged and not g.idle}
+        if busy != self.busy:
+            problems.append(f"busy groups {self.busy} are not those with work {busy}")
         for pool in self.sizes:
             if self.free[pool] > 0 and self._pick(pool, now) is not None:
                 problems.append(f"pool {pool}: a worker is free while a runner may take it")

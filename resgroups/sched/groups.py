@@ -20,7 +20,7 @@ known group) takes no lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from resgroups.catalog.model import GroupDef, Snapshot
 from resgroups.sched.memory import MemoryLedger
@@ -50,6 +50,9 @@ class GroupRuntimes:
         self._enabled = enabled
         self._snapshot = snapshot  # the catalog's current snapshot
         self._runtimes: dict[int, GroupRuntime] = {}
+        self._special: set[int] = set()  # groups with a CPU limit or the fair policy
+        self._dropped: set[int] = set()  # dropped groups whose queries still run
+        self._group_count = 1
         self._lock = threading.Lock()
         self.applied_version = -1
 
@@ -63,46 +66,56 @@ class GroupRuntimes:
     def _configure(self, runtime: GroupRuntime, group: GroupDef) -> None:
         runtime.configure(group, self._cpus)
         self._memory.set_group_limit(group.id, group.name, group.memory_limit)
+        if group.cpu_limit_centi_pct is not None or group.scheduling_policy == "fair":
+            self._special.add(group.id)
+        else:
+            self._special.discard(group.id)
 
     def apply(self, snapshot: Snapshot) -> None:
         """Make the live gates equal ``snapshot``: ALTER online, DROP once idle.
 
         Called in version order under the catalog's write lock; an older
-        snapshot than the last one applied changes nothing.
+        snapshot than the last one applied changes nothing. The snapshot that
+        follows the last one applied touches only the groups its record
+        changed (O(1) in the number of groups); any other is synced in full.
         """
         with self._lock:
             if snapshot.version < self.applied_version:
                 return
+            if snapshot.version == self.applied_version + 1:
+                touched: Iterable[int] = snapshot.touched_groups
+            else:
+                touched = set(self._runtimes) | set(snapshot.group_by_id)
             self.applied_version = snapshot.version
-            current = {g.id: g for g in snapshot.groups}
-            for group_id, runtime in list(self._runtimes.items()):
-                if group_id in current:
-                    self._configure(runtime, current[group_id])
-                else:
-                    runtime.dropped = True
-                    if runtime.idle:
-                        self._forget_locked(runtime)
-            for group in snapshot.groups:
-                if group.id not in self._runtimes:
-                    self._runtimes[group.id] = self._new(group)
-            self._update_engagement(snapshot)
+            for group_id in touched:
+                self._sync_locked(group_id, snapshot.group(group_id))
+            self._group_count = snapshot.group_count()
+            self._update_engagement()
+
+    def _sync_locked(self, group_id: int, group: GroupDef | None) -> None:
+        runtime = self._runtimes.get(group_id)
+        if group is not None and runtime is None:
+            self._runtimes[group_id] = self._new(group)
+        elif group is not None and runtime is not None:
+            self._configure(runtime, group)
+        elif runtime is not None:
+            runtime.dropped = True
+            self._dropped.add(group_id)
+            self._special.discard(group_id)
+            if runtime.idle:
+                self._forget_locked(runtime)
 
     def _forget_locked(self, runtime: GroupRuntime) -> None:
         del self._runtimes[runtime.group_id]
+        self._dropped.discard(runtime.group_id)
+        self._special.discard(runtime.group_id)
         runtime.forget()
         self._memory.forget(runtime.group_id)
 
-    def _update_engagement(self, snapshot: Snapshot) -> None:
+    def _update_engagement(self) -> None:
         """Engaged while two or more groups exist, or any has a CPU limit or the fair
-        policy, or queries of dropped groups still run (SPEC §7). Lock held."""
-        engaged = (
-            len(snapshot.groups) >= 2
-            or any(
-                g.cpu_limit_centi_pct is not None or g.scheduling_policy == "fair"
-                for g in snapshot.groups
-            )
-            or any(r.dropped for r in self._runtimes.values())
-        )
+        policy, or queries of dropped groups still run (SPEC §7). Lock held; O(1)."""
+        engaged = self._group_count >= 2 or bool(self._special) or bool(self._dropped)
         self._dispatcher.set_engaged(engaged and self._enabled)
 
     # ---- the query path ------------------------------------------------------------
@@ -115,10 +128,12 @@ class GroupRuntimes:
         with self._lock:
             runtime = self._runtimes.get(group.id)
             if runtime is None:
-                snapshot = self._snapshot()
                 runtime = self._runtimes[group.id] = self._new(group)
-                runtime.dropped = snapshot.group(group.id) is None
-                self._update_engagement(snapshot)
+                if self._snapshot().group(group.id) is None:
+                    runtime.dropped = True
+                    self._dropped.add(group.id)
+                    self._special.discard(group.id)
+                self._update_engagement()
             return runtime
 
     def query_ended(self, runtime: GroupRuntime) -> None:
@@ -128,7 +143,7 @@ class GroupRuntimes:
         with self._lock:
             if self._runtimes.get(runtime.group_id) is runtime and runtime.idle:
                 self._forget_locked(runtime)
-                self._update_engagement(self._snapshot())
+                self._update_engagement()
 
     # ---- observation ----------------------------------------------------------------
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator
 from functools import cache
 from importlib import resources
 from typing import Any, Final
@@ -36,11 +35,9 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_LITERAL_CHARS",
     "MAX_SCRIPT_CHARS",
-    "is_complete",
     "keywords",
     "parse_one",
     "parse_script",
-    "split_statements",
 ]
 
 # The front end's limits (docs/sql.md): every statement is answered in bounded
@@ -597,42 +594,6 @@ def parse_one(text: str) -> ast.Statement:
             [],
         )
     return statements[0]
-
-
-def split_statements(text: str) -> Iterator[tuple[int, str]]:
-    """Split a script at top-level ``;`` into (offset, statement text) pairs.
-
-    Quotes and comments are respected; blank pieces are skipped. A piece that
-    does not lex (an unterminated string) runs to the end of the text, where
-    parsing it reports the error.
-    """
-    start = 0
-    try:
-        for tok in _parser().lex(text):
-            if tok.type == "SEMICOLON" and tok.start_pos is not None:
-                if _has_code(text[start : tok.start_pos]):
-                    yield start, text[start : tok.start_pos + 1]
-                start = tok.start_pos + 1
-    except UnexpectedInput:
-        pass
-    if _has_code(text[start:]):
-        yield start, text[start:]
-
-
-def is_complete(piece: str) -> bool:
-    """Does ``piece`` end with a ``;`` outside any string, identifier or comment?"""
-    try:
-        tokens = list(_parser().lex(piece))
-    except UnexpectedInput:
-        return False
-    return bool(tokens) and tokens[-1].type == "SEMICOLON"
-
-
-def _has_code(piece: str) -> bool:
-    try:
-        return any(True for _ in _parser().lex(piece))
-    except UnexpectedInput:
-        return bool(piece.strip())
 
 
 def keywords() -> list[str]:

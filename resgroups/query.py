@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -38,6 +39,7 @@ from resgroups.errors import (
     QueryCancelled,
     QueryTimeout,
 )
+from resgroups.interrupts import Hold
 from resgroups.sched.admission import Ticket, TicketState
 from resgroups.sched.cpu import Runner, RunnerState
 from resgroups.sched.memory import MemoryCounter, QueryMemory
@@ -127,6 +129,7 @@ class _MapBatch(Generic[T, R]):
         self._pending = deque(range(len(items)))
         self._unfinished = len(items)
         self._cond = threading.Condition()
+        self.runners: list[Runner] = []  # the task runners offered to the pools
         self.error: BaseException | None = None
         self.failed = False
 
@@ -136,9 +139,15 @@ class _MapBatch(Generic[T, R]):
             if not self._pending:
                 return False
             index = self._pending.popleft()
-            if self.failed:  # skip what a failure made pointless
-                self._finish_locked()
-                return True
+            skip = self.failed  # what a failure made pointless is not run
+        if skip:
+            try:
+                if runner is not None:
+                    self.query._dispatcher.release(runner, 0)
+            finally:
+                with self._cond:
+                    self._finish_locked()
+            return True
         task = Task(self.query, self, runner)
         try:
             try:
@@ -159,14 +168,27 @@ class _MapBatch(Generic[T, R]):
                     self.error = self.error or exc
                     self.failed = True
             finally:
-                with self._cond:
-                    self._finish_locked()
+                try:
+                    if runner is not None:  # the worker is back before map() returns
+                        self.query._dispatcher.release(runner, runner.pending_cpu_ns)
+                finally:
+                    with self._cond:
+                        self._finish_locked()
         return True
 
     def run_task(self, runner: Runner) -> None:
-        """A pool thread, holding ``runner``'s worker: run one pending item."""
+        """A pool thread, holding ``runner``'s worker: run one pending item, and
+        give the worker back before telling the query (so that when ``map``
+        returns, every worker its tasks used is back in the pool)."""
         runner.pending_cpu_ns = 0
-        self.run_one(runner)
+        try:
+            self.run_one(runner)  # gives the worker back itself when it ran an item
+        finally:
+            try:
+                self.query._dispatcher.release(runner, runner.pending_cpu_ns)  # idempotent
+            finally:
+                with self._cond:
+                    self._cond.notify_all()
 
     def _finish_locked(self) -> None:
         self._unfinished -= 1
@@ -174,9 +196,14 @@ class _MapBatch(Generic[T, R]):
             self._cond.notify_all()
 
     def wait(self) -> None:
+        """Until every item has ended and every task runner gave its worker back
+        (or the pools closed under it)."""
+        dispatcher = self.query._dispatcher
         with self._cond:
-            while self._unfinished:
-                self._cond.wait()
+            while self._unfinished or any(r.state is not RunnerState.DONE for r in self.runners):
+                if dispatcher.closed:
+                    return
+                self._cond.wait(0.25)
 
 
 class Query:
@@ -250,12 +277,13 @@ class Query:
             )
         runner = self._runner
         if runner is not None and runner.scheduled and now >= self._slice_end:
-            mark = self._meter()
-            used = mark - self._cpu_mark
-            self.cpu_ns += used
-            # may park this thread until the scheduler gives it a worker again
-            self._dispatcher.slice_end(runner, used, self._wait_error, self._timeout_at)
-            self._cpu_mark = self._meter()
+            with Hold(self._interrupted):
+                mark = self._meter()
+                used = mark - self._cpu_mark
+                self.cpu_ns += used
+                # may park this thread until the scheduler gives it a worker again
+                self._dispatcher.slice_end(runner, used, self._wait_error, self._timeout_at)
+                self._cpu_mark = self._meter()
         self._arm()
 
     def _arm(self) -> None:
@@ -282,8 +310,23 @@ class Query:
     # ---- entering and leaving --------------------------------------------------------
 
     def __enter__(self) -> Query:
+        """Resolve, pass the gate, take a worker. Signals are held off throughout
+        (resgroups.interrupts): an interrupt can only land before anything is
+        taken or once everything is recorded, and one that arrives while the
+        query waits (SIGINT) cancels the wait."""
         if self.state is not QueryState.NEW:
             raise InternalError("a query is entered once")
+        with Hold(self._interrupted) as hold:
+            self._enter()
+            if hold.interrupted:  # a consistent point: let the handlers run now
+                try:
+                    hold.deliver()
+                except BaseException:
+                    self._leave()  # the with block never starts: give everything back
+                    raise
+        return self
+
+    def _enter(self) -> None:
         engine = self.session.engine
         if self._cancelled:  # cancelled before it started: honoured for every kind
             self.state = QueryState.DONE
@@ -312,7 +355,6 @@ class Query:
         except BaseException:
             self._leave()
             raise
-        return self
 
     def __exit__(
         self,
@@ -320,7 +362,16 @@ class Query:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._leave()
+        with Hold():  # an interrupt waits until everything is back
+            self._leave()
+
+    def _interrupted(self, signum: int) -> None:
+        """A signal arrived while a hold of this query was in force (signal handler
+        context: flags only, no lock). SIGINT cancels, so a wait ends within one
+        poll and the KeyboardInterrupt follows once everything is given back."""
+        if signum == signal.SIGINT:
+            self._cancelled = True
+            self._stop_at = self._deadline = -math.inf
 
     def _admit(self) -> None:
         """Pass the gate, then take a worker (keeping the slot while waiting for one)."""
@@ -394,12 +445,13 @@ class Query:
         """Give the slot and the worker back between pages; memory stays charged."""
         if self.state is not QueryState.RUNNING:
             raise InvalidParameter(f"suspend() on a {self.state.value} query")
-        self._give_back()
-        self.memory.flush()  # charged while suspended: publish what is pending
-        self._suspended_at = self._now()
-        if self._runtime is not None:
-            self._runtime.suspend(+1)
-        self.state = QueryState.SUSPENDED
+        with Hold():
+            self._give_back()
+            self.memory.flush()  # charged while suspended: publish what is pending
+            self._suspended_at = self._now()
+            if self._runtime is not None:
+                self._runtime.suspend(+1)
+            self.state = QueryState.SUSPENDED
 
     def resume(self) -> None:
         """Pass the gate again; a refusal raises and leaves the query suspended."""
@@ -413,14 +465,15 @@ class Query:
         self._suspended_at = now  # a refused resume may be retried
         if not self._cancelled and self._failure is None:
             self._stop_at = self._deadline = self._timeout_at
-        if self._runtime is not None:
-            try:
-                self._admit()
-            except BaseException:
-                self._give_back()
-                raise
-            self._runtime.suspend(-1)
-        self.state = QueryState.RUNNING
+        with Hold(self._interrupted):
+            if self._runtime is not None:
+                try:
+                    self._admit()
+                except BaseException:
+                    self._give_back()
+                    raise
+                self._runtime.suspend(-1)
+            self.state = QueryState.RUNNING
 
     # ---- cancellation and parallel work ---------------------------------------------
 
@@ -474,13 +527,16 @@ class Query:
         batch: _MapBatch[T, R] = _MapBatch(self, fn, list(items))
         if not batch.items:
             return []
-        runners = self._task_runners(len(batch.items) - 1)
-        if runners:
-            self._dispatcher.submit_tasks(runners, batch)
-        while batch.run_one():
-            pass
-        self._dispatcher.withdraw_tasks(runners)
-        batch.wait()
+        # on the main thread, signals wait until every task has ended and its worker
+        # is back; SIGINT cancels the query meanwhile, so tasks stop at a checkpoint
+        with Hold(self._interrupted):
+            runners = batch.runners = self._task_runners(len(batch.items) - 1)
+            if runners:
+                self._dispatcher.submit_tasks(runners, batch)
+            while batch.run_one():
+                pass
+            self._dispatcher.withdraw_tasks(runners)
+            batch.wait()
         if batch.error is not None:
             raise batch.error
         return list(batch.results)

@@ -23,6 +23,7 @@ from resgroups.catalog.model import DEFAULT_GROUP_ID, GroupDef, Principal, Snaps
 from resgroups.catalog.records import LOG_FORMAT, Record, apply, replay
 from resgroups.catalog.store import CatalogLog, DirectoryLog, MemoryLog
 from resgroups.errors import CatalogError
+from resgroups.interrupts import Hold
 
 __all__ = [
     "DEFAULT_GROUP_ID",
@@ -76,12 +77,15 @@ class Catalog:
             fn(self._snapshot)
 
     def _append(self, record: Record) -> Snapshot:
-        new = apply(self._snapshot, record)
-        self._log.append(record)
-        self._snapshot = new
-        for fn in self._subscribers:
-            fn(new)
-        return new
+        # appended, published and applied to the live runtimes together: an
+        # interrupt waits (resgroups.interrupts) rather than split them
+        with Hold():
+            new = apply(self._snapshot, record)
+            self._log.append(record)
+            self._snapshot = new
+            for fn in self._subscribers:
+                fn(new)
+            return new
 
     def write(self, build: Callable[[Snapshot], Change | None]) -> Snapshot:
         """Append the record ``build(snapshot)`` returns, atomically; the new snapshot."""

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from resgroups.errors import InternalError, InvalidParameter, MemoryLimitExceeded
+from resgroups.interrupts import Hold
 
 log = logging.getLogger("resgroups.memory")
 
@@ -226,22 +227,24 @@ class MemoryCounter:
         and the request dropped; on any other error nothing changes."""
         query = self._query
         assert query is not None
-        before = self._pending
-        self._pending = 0
-        try:
-            query.publish(pending, request)
-        except MemoryLimitExceeded:
-            raise
-        except BaseException:
-            self._pending = before
-            raise
+        with Hold():  # the local and shared counters move together, interrupt or not
+            before = self._pending
+            self._pending = 0
+            try:
+                query.publish(pending, request)
+            except MemoryLimitExceeded:
+                raise
+            except BaseException:
+                self._pending = before
+                raise
 
     def flush(self) -> None:
         """Publish whatever is pending (a task or the query ends)."""
-        if self._pending:
-            pending, self._pending = self._pending, 0
-            if self._query is not None:
-                self._query.publish(pending, 0)
+        with Hold():
+            if self._pending:
+                pending, self._pending = self._pending, 0
+                if self._query is not None:
+                    self._query.publish(pending, 0)
 
     @property
     def used(self) -> int:

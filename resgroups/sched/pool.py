@@ -102,6 +102,10 @@ class Dispatcher:
             thread.start()
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def degraded(self) -> bool:
         return self.core.degraded
 

@@ -1,0 +1,145 @@
+"""Interrupts and early cancels (issue: hostile input, class 2): a
+KeyboardInterrupt arriving at any instant of ``__enter__``/``__exit__``/``map``
+never leaks a slot, a worker or a byte; map's workers are back before
+``__exit__`` returns.
+
+Signals at random instants run in a subprocess (tests/programs/), so an
+interrupt can never land in pytest itself; each is bounded by a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import resgroups
+from resgroups.interrupts import Hold
+
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+def _run(program: str, *args: str, timeout: float = 300) -> list[dict[str, object]]:
+    done = subprocess.run(
+        [sys.executable, str(PROGRAMS / program), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def _whole(report: dict[str, object]) -> None:
+    assert report["pool_free"] == report["pool_size"], report
+    for key in ("active", "queued", "memory", "open_queries"):
+        if key in report:
+            assert report[key] == 0, report
+
+
+def test_sigint_at_each_worst_moment_gives_everything_back() -> None:
+    """Made to happen: __exit__ blocked on the dispatcher's lock, __enter__ on the
+    gate's or the dispatcher's, map waiting for a task on a pool thread, a
+    query waiting in the queue. Each gets its KeyboardInterrupt, and the pool,
+    the gate and the budgets are whole at once."""
+    reports = _run("interrupt_cases.py", timeout=120)
+    cases = {str(r["case"]): r for r in reports if "interrupted" in r}
+    assert set(cases) == {
+        "exit_waits_for_the_dispatcher",
+        "enter_waits_for_the_gate",
+        "enter_waits_for_a_worker",
+        "map_waits_for_a_task",
+        "queued_query",
+    }
+    for report in cases.values():
+        assert report["interrupted"] is True, report
+        _whole(report)
+    # a queued query still answers Ctrl-C promptly: its wait notices within a poll
+    (waited,) = [r["waited_s"] for r in reports if "waited_s" in r]
+    assert isinstance(waited, float)
+    assert waited < 5.0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_thousands_of_interrupts_at_random_instants_leave_the_engine_whole(seed: int) -> None:
+    (report,) = _run("interrupt_storm.py", "--interrupts", "3000", "--seed", str(seed))
+    assert report["sent"] == 3000
+    caught = report["caught"]
+    assert isinstance(caught, dict)
+    assert sum(caught.values()) >= 1000, caught  # they landed, and in every kind of step
+    assert {"enter-exit", "map", "memory", "queued", "sql"} <= set(caught), caught
+    assert report["completed"] > 0
+    _whole(report)
+    groups = report["groups"]
+    assert isinstance(groups, dict)
+    assert all(counts == [0, 0, 0] for counts in groups.values()), groups
+    assert report["process_memory"] == 0
+    assert report["session_running"] == 0
+    assert report["served_after"] == 4
+
+
+def test_map_workers_are_back_before_exit_returns() -> None:
+    data = np.arange(20_000, dtype=np.float64)
+    with resgroups.Engine(workers=2) as engine:
+        session = engine.connect()
+        for i in range(300):
+            with session.query() as q:
+                q.map(lambda task, k: float((data * k).sum()), range(4))
+            assert engine.pool("default").free == 2, f"iteration {i}"
+
+
+def test_a_hold_runs_its_block_to_the_end_then_the_handler() -> None:
+    seen: list[int] = []
+    steps: list[str] = []
+
+    def held() -> None:
+        with Hold(seen.append):
+            signal.raise_signal(signal.SIGINT)
+            steps.append("the block went on")
+            with Hold():
+                steps.append("an inner hold ends without delivering")
+            steps.append("still held")
+
+    with pytest.raises(KeyboardInterrupt):
+        held()
+    assert steps == ["the block went on", "an inner hold ends without delivering", "still held"]
+    assert seen == [signal.SIGINT]
+
+
+def test_a_hold_delivers_at_a_point_its_holder_chooses() -> None:
+    with Hold() as hold:
+        signal.raise_signal(signal.SIGINT)
+        assert hold.interrupted
+        with pytest.raises(KeyboardInterrupt):
+            hold.deliver()
+        assert not hold.interrupted
+
+
+def test_a_hold_off_the_main_thread_changes_nothing() -> None:
+    states: list[bool] = []
+
+    def run() -> None:
+        with Hold() as hold:
+            states.append(hold.active)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    assert states == [False]
+
+
+def test_handlers_are_the_programs_own_outside_holds() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    with Hold():
+        assert signal.getsignal(signal.SIGINT) is not before  # wrapped while held
+    assert signal.getsignal(signal.SIGINT) is before
+    with resgroups.Engine() as engine, engine.connect().query():
+        pass
+    assert signal.getsignal(signal.SIGINT) is before  # asyncio.run looks for this one

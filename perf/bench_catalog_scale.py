@@ -138,7 +138,7 @@ if __name__ == "__main__":
             ("reopen", reopen),
         ):
             bench = runner.bench_time_func(f"{name}_{n}", fn, n)
-            if bench is not None:
+            if bench is not None and not args.worker:
                 results[f"{name}_{n}"] = bench.median()
     if not args.worker and results:
         print()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import subprocess
@@ -12,8 +13,12 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 import resgroups
+import resgroups.catalog.params
+import resgroups.catalog.records
 from resgroups.catalog import Catalog, DirectoryLog, Record, Snapshot
 from resgroups.catalog.records import replay
 from resgroups.catalog.store import FRAME, MAGIC, scan
@@ -348,6 +353,7 @@ NEXT = len(SCRIPT) + 2  # genesis, the script, then one more
         ),
         ({"op": "add_member", "user": 4, "groups": [3]}, "is a group, not a user"),
         ({"op": "set_mapping", "principal": 4, "group": 1, "priority": -1}, "priority"),
+        ({"op": "set_mapping", "principal": 3, "group": 1, "priority": 5}, "PRIORITY on user"),
         ({"op": "set_admin", "principal": 3, "value": "yes"}, "true or false"),
         ({"op": "drop_group", "id": 0}, "must stay"),
     ],
@@ -386,6 +392,85 @@ def test_a_whole_record_out_of_sequence_is_refused(tmp_path: Path) -> None:
     with pytest.raises(resgroups.CatalogError, match=f"version {NEXT} belongs"):
         resgroups.Engine(catalog=tmp_path)
     assert (tmp_path / "catalog.log").read_bytes() == image
+
+
+_VALUES = st.one_of(
+    st.integers(-3, 12),
+    st.integers(-(2**70), 2**70),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=6),
+    st.lists(st.one_of(st.integers(-1, 12), st.text(max_size=3)), max_size=3),
+)
+_PARAMS = st.dictionaries(
+    st.sampled_from([*resgroups.catalog.params.PARAMETERS, "nice", ""]),
+    st.one_of(st.integers(-5, 20_000), st.text(max_size=5), st.none(), st.booleans()),
+    max_size=3,
+)
+# whole records valid against the SCRIPT's catalog (ids: reporting 1, dash 2,
+# analyst 3, analysts 4, bot 5; next id 6), each to be mutated in up to two fields
+_VALID = [
+    ("create_group", {"id": 6, "name": "g", "quoted": False, "params": {"cpu_weight": 5}}),
+    ("alter_group", {"id": 1, "set": {"cpu_weight": 7}, "reset": ["memory_limit"]}),
+    ("rename_group", {"id": 2, "name": "dd", "quoted": True}),
+    ("drop_group", {"id": 2}),
+    ("create_principal", {"id": 6, "kind": "user", "name": "u2", "quoted": False}),
+    ("drop_principal", {"id": 3}),
+    ("add_member", {"user": 3, "groups": [4]}),
+    ("remove_member", {"user": 3, "groups": [4]}),
+    ("set_mapping", {"principal": 4, "group": 2, "priority": 3}),
+    ("set_memory_limit", {"principal": 3, "limit": 1024}),
+    ("set_admin", {"principal": 3, "value": True}),
+    ("grant_use", {"principal": 3, "group": 1}),
+    ("revoke_use", {"principal": 3, "group": None}),
+    ("grant_assume", {"account": 5, "user": 3}),
+    ("revoke_assume", {"account": 5, "user": 4}),
+    ("explode", {}),
+]
+_FIELDS = sorted({key for _, args in _VALID for key in args} | {"format", "password_hash"})
+
+
+@st.composite
+def _records(draw: st.DrawFn) -> tuple[str, dict[str, object]]:
+    op, args = draw(st.sampled_from(_VALID))
+    changes = draw(
+        st.dictionaries(st.sampled_from(_FIELDS), st.one_of(_VALUES, _PARAMS), max_size=2)
+    )
+    dropped = draw(st.sets(st.sampled_from(sorted(args) or ["id"]), max_size=1))
+    mutated = {k: v for k, v in {**args, **changes}.items() if k not in dropped}
+    return op, mutated
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(st.sampled_from(_VALID), _records()))
+def test_any_record_is_applied_whole_or_refused_with_a_catalog_error(
+    record: tuple[str, dict[str, object]],
+) -> None:
+    """Whatever a record carries, apply() either yields a snapshot that keeps
+    every invariant, or raises CatalogError; never another exception."""
+    op, args = record
+    base = _script_snapshot()
+    refused: resgroups.CatalogError | None = None
+    try:
+        new = resgroups.catalog.records.apply(base, Record(base.version + 1, op, args))
+    except resgroups.CatalogError as exc:
+        refused = exc
+    if refused is not None:
+        event("refused")
+        assert refused.sqlstate == "XX001"
+        return
+    event(f"applied {op}")
+    new._check_invariants()
+    assert new.version == base.version + 1
+
+
+@functools.cache
+def _script_snapshot() -> Snapshot:
+    with resgroups.Engine(access_control=True) as engine:
+        session = engine.connect()
+        for sql in SCRIPT:
+            session.execute(sql)
+        return engine.snapshot
 
 
 # ---- opening a catalog: every failure is a CatalogError naming the path and the cause ----

@@ -193,6 +193,8 @@ def _set_mapping(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     if a["group"] is not None:
         _group(snap, a["group"])
     priority = _int(a, "priority", 0, INT32_MAX) if "priority" in a else 0
+    if priority and principal.kind is not PrincipalKind.GROUP:
+        raise _Invalid(f"MAPPING PRIORITY on {principal.kind.value} {principal.name}")
     return snap.with_principal(replace(principal, group_id=a["group"], priority=priority))
 
 

@@ -22,6 +22,11 @@ def _parser() -> argparse.ArgumentParser:
         help="durable catalog directory (created if missing; default: in memory)",
     )
     shell.add_argument(
+        "--replica",
+        action="store_true",
+        help="open --catalog as a read-only replica that follows its primary (DDL is refused)",
+    )
+    shell.add_argument(
         "--access-control", action="store_true", help="principals, passwords and permissions"
     )
     shell.add_argument("--user", help="log in as this principal (default: the admin)")
@@ -62,8 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from resgroups.engine import Engine
 
     try:
+        if args.replica and not args.catalog:
+            print("resgroups: --replica follows a catalog: give --catalog DIR", file=sys.stderr)
+            return 2
         engine = Engine(
             catalog=args.catalog,
+            role="replica" if args.replica else "primary",
             access_control=args.access_control,
             admin_user=args.admin_user,
             admin_password=args.admin_password,

@@ -29,18 +29,21 @@ from types import TracebackType
 from typing import Any
 
 from resgroups.access import Authenticator, memory_limits
-from resgroups.catalog import Catalog, Snapshot, open_log
+from resgroups.catalog import Catalog, CatalogLag, Snapshot, open_log
 from resgroups.catalog.model import GroupDef
 from resgroups.catalog.store import CatalogLog
 from resgroups.clock import Clock, MonotonicClock
 from resgroups.cpus import available_cpus
 from resgroups.errors import (
+    CatalogLagError,
     EngineClosed,
     FeatureNotSupported,
     InvalidParameter,
+    ReadOnlyReplica,
     did_you_mean,
 )
 from resgroups.exec.tables import TableStore
+from resgroups.follower import CatalogFollower
 from resgroups.metrics import EngineMetrics
 from resgroups.query import Query
 from resgroups.sched.groups import GroupRuntimes
@@ -109,9 +112,10 @@ class Engine:
     ) -> None:
         if role not in ("primary", "replica"):
             raise InvalidParameter(f"Engine(role={role!r}): expected 'primary' or 'replica'")
-        if role == "replica":
-            raise FeatureNotSupported(
-                "role='replica' (following a catalog, SPEC §10) is not available yet"
+        if role == "replica" and catalog is None:
+            raise InvalidParameter(
+                "Engine(role='replica', catalog=None): a replica follows a catalog "
+                "another engine writes; give the primary's catalog directory"
             )
         if coordination is not None:
             raise FeatureNotSupported(
@@ -155,9 +159,10 @@ class Engine:
         self._closed = False
         self._close_lock = threading.Lock()
         self._queries: set[Query] = set()
-        self._log: CatalogLog = open_log(catalog)
+        writer = role == "primary"
+        self._log: CatalogLog = open_log(catalog, lock=writer)
         try:
-            self._catalog = Catalog(self._log)
+            self._catalog = Catalog(self._log, writer=writer)
         except BaseException:
             self._log.close()
             raise
@@ -182,8 +187,11 @@ class Engine:
         )
         # every snapshot reaches the live gates under the catalog's write lock
         self._catalog.subscribe(self.runtimes.apply)
-        # what replicas report; they arrive with §10
-        self.catalog_lag_unmanaged_queries = 0
+        self.catalog_lag_unmanaged_queries = 0  # queries run before the catalog arrived
+        self._unmanaged_lock = threading.Lock()
+        self._follower = CatalogFollower(self._catalog)
+        if not writer:
+            self._follower.start()
         self._metrics = EngineMetrics(self)
 
     # ---- catalog -----------------------------------------------------------------
@@ -198,10 +206,59 @@ class Engine:
         """The version of the last applied catalog record."""
         return self._catalog.version
 
+    @property
+    def catalog_lag(self) -> CatalogLag:
+        """``(records, seconds)`` behind the newest catalog version this engine has
+        seen (0, 0.0 on a primary, and on a replica that is caught up)."""
+        return self._catalog.lag
+
     def write_catalog(self, build: Callable[[Snapshot], Change | None]) -> Snapshot:
         """Append the one record a DDL statement makes (see :meth:`Catalog.write`)."""
         self._check_open()
+        if not self._catalog.writer:
+            raise ReadOnlyReplica(
+                f"this engine is a read-only replica of {self._catalog.log_name}: run DDL "
+                "on the primary (the engine holding that catalog's writer lock), "
+                "or promote() this one once the primary is gone"
+            )
         return self._catalog.write(build)
+
+    def promote(self) -> None:
+        """Make this replica the primary (SPEC §10). Refused with CatalogLagError
+        while it is behind the log and resource groups are enabled (it keeps
+        serving); logged and allowed when they are disabled. Takes the writer
+        lock (CatalogLocked while the old primary still holds it), applies what
+        is left of the log, and writes the genesis record onto a log that never
+        had one. A no-op on a primary."""
+        self._check_open()
+        if self._catalog.writer:
+            return
+        lag = self._catalog.look_ahead()
+        if lag.records:
+            behind = (
+                f"this replica is {lag.records} catalog record(s) behind version "
+                f"{self._catalog.seen_version} of {self._catalog.log_name}"
+            )
+            if self.enabled:
+                raise CatalogLagError(
+                    f"cannot promote: {behind}; it applies them within a second, "
+                    "then promote() again"
+                )
+            log.warning("promoting although %s (resource groups are disabled)", behind)
+        applied = self._catalog.promote()
+        self._follower.stop()
+        self.role = "primary"
+        log.info(
+            "promoted to primary of %s at catalog version %d (%d record(s) applied on the way)",
+            self._catalog.log_name,
+            self._catalog.version,
+            applied,
+        )
+
+    def note_unmanaged(self) -> None:
+        """A query ran unmanaged because the catalog had not arrived (SPEC §10)."""
+        with self._unmanaged_lock:
+            self.catalog_lag_unmanaged_queries += 1
 
     # ---- group runtimes -------------------------------------------------------------
 
@@ -332,6 +389,7 @@ class Engine:
             for query in leftover:
                 log.warning("closing the engine: cancelling a query still running after %ss", grace)
                 query.cancel()
+            self._follower.stop()
             self.dispatcher.close()
             self._catalog.close()
 

@@ -66,6 +66,22 @@ class _Collector(Collector):
             "1 once this node has received the catalog.",
             value=int(engine.snapshot.has_catalog),
         )
+        yield GaugeMetricFamily(
+            INSTANCE + "catalog_version",
+            "The version of the last catalog record applied.",
+            value=engine.catalog_version,
+        )
+        lag = engine.catalog_lag
+        yield GaugeMetricFamily(
+            INSTANCE + "catalog_lag_seconds",
+            "How long this node has been behind the newest catalog version it has seen.",
+            value=lag.seconds,
+        )
+        yield GaugeMetricFamily(
+            INSTANCE + "catalog_lag_records",
+            "Catalog records seen and not applied yet.",
+            value=lag.records,
+        )
         yield CounterMetricFamily(
             INSTANCE + "catalog_lag_unmanaged_queries",
             "Queries run unmanaged because the catalog had not arrived.",

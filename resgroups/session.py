@@ -86,11 +86,15 @@ class Session:
     def managed_group_def(self, *, export: bool = False) -> GroupDef | None:
         """Resolve the group a managed query starting now runs in (SPEC §5).
 
-        None when queries run unmanaged (the feature is disabled). Exports keep
+        None when queries run unmanaged: the feature is disabled, or this is a
+        replica that has not received the catalog yet (SPEC §10). Exports keep
         the principal's mapped group even when the session chose another.
         """
         engine = self.engine
         if not engine.enabled:
+            return None
+        if not engine.snapshot.has_catalog:  # a replica the catalog has not reached yet
+            engine.note_unmanaged()
             return None
         self._refresh_identity()
         chosen = None if export else self._chosen

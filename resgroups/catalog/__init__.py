@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from resgroups.catalog.model import DEFAULT_GROUP_ID, GroupDef, Principal, Snapshot
 from resgroups.catalog.records import LOG_FORMAT, Record, apply, replay
@@ -28,6 +29,7 @@ from resgroups.interrupts import Hold
 __all__ = [
     "DEFAULT_GROUP_ID",
     "Catalog",
+    "CatalogLag",
     "CatalogLog",
     "DirectoryLog",
     "GroupDef",
@@ -39,6 +41,13 @@ __all__ = [
 ]
 
 Change = tuple[str, Mapping[str, Any]]
+
+
+class CatalogLag(NamedTuple):
+    """How far a follower is behind the newest catalog version it has seen."""
+
+    records: int
+    seconds: float
 
 
 def open_log(spec: str | os.PathLike[str] | None, *, lock: bool = True) -> CatalogLog:
@@ -55,12 +64,81 @@ class Catalog:
         self._log = log
         self._lock = threading.Lock()
         self._subscribers: list[Callable[[Snapshot], None]] = []
+        self.writer = writer
         try:
             self._snapshot = replay(log.read_all())
         except CatalogError as exc:
             raise CatalogError(f"cannot open {log.name}: {exc}", sqlstate=exc.sqlstate) from None
+        # a follower's view of the log: the newest version it has seen, and since
+        # when it has seen a version it has not applied (for the lag)
+        self.seen_version = self._snapshot.version
+        self._behind_since: float | None = None
         if writer and not self._snapshot.has_catalog:
             self._append(Record(1, "genesis", {"format": LOG_FORMAT}))
+
+    @property
+    def log_name(self) -> str:
+        return self._log.name
+
+    # ---- following ------------------------------------------------------------------
+
+    def catch_up(self) -> int:
+        """Read the records other writers appended and apply them, in version
+        order, publishing each to the subscribers; how many. A record this
+        version cannot apply stops the catch-up with CatalogError (the records
+        before it stay applied)."""
+        with self._lock:
+            records = self._log.read_new()
+            if records:
+                self.note_seen(records[-1].version)
+            for record in records:
+                self._publish(apply(self._snapshot, record))
+            if self.seen_version <= self._snapshot.version:
+                self._behind_since = None
+            return len(records)
+
+    def note_seen(self, version: int) -> None:
+        """A version exists in the log (read, or announced by a notification)."""
+        if version > self.seen_version:
+            self.seen_version = version
+        if version > self._snapshot.version and self._behind_since is None:
+            self._behind_since = time.monotonic()
+
+    @property
+    def lag(self) -> CatalogLag:
+        """How far behind the newest version seen this catalog is."""
+        records = max(0, self.seen_version - self._snapshot.version)
+        since = self._behind_since
+        seconds = time.monotonic() - since if records and since is not None else 0.0
+        return CatalogLag(records, seconds)
+
+    def wait_for_news(self, timeout: float, stop: threading.Event) -> None:
+        self._log.wait_for_news(timeout, stop)
+
+    def look_ahead(self) -> CatalogLag:
+        """Ask the log for its newest version (applying nothing); the lag then."""
+        self.note_seen(self._log.newest_version())
+        return self.lag
+
+    def promote(self) -> int:
+        """Become a writer: take the log's writer lock, apply what is left, and
+        write the genesis record onto a log that never had one; the records applied."""
+        with self._lock:
+            records = self._log.promote()
+            for record in records:
+                self.note_seen(record.version)
+                self._publish(apply(self._snapshot, record))
+            self._behind_since = None
+            self.writer = True
+            if not self._snapshot.has_catalog:
+                self._append(Record(1, "genesis", {"format": LOG_FORMAT}))
+            return len(records)
+
+    def _publish(self, new: Snapshot) -> None:
+        with Hold():  # published and applied to the live runtimes together
+            self._snapshot = new
+            for fn in self._subscribers:
+                fn(new)
 
     @property
     def snapshot(self) -> Snapshot:
@@ -82,9 +160,8 @@ class Catalog:
         with Hold():
             new = apply(self._snapshot, record)
             self._log.append(record)
-            self._snapshot = new
-            for fn in self._subscribers:
-                fn(new)
+            self.seen_version = max(self.seen_version, new.version)
+            self._publish(new)
             return new
 
     def write(self, build: Callable[[Snapshot], Change | None]) -> Snapshot:

@@ -58,6 +58,22 @@ class CatalogLog(Protocol):
 
     def read_all(self) -> list[Record]: ...
 
+    def read_new(self) -> list[Record]:
+        """The whole records appended since the last read (a follower's poll)."""
+        ...
+
+    def promote(self) -> list[Record]:
+        """Become the writer (take its lock); the records not read yet."""
+        ...
+
+    def newest_version(self) -> int:
+        """The newest version in the log, without reading it off (a lag check)."""
+        ...
+
+    def wait_for_news(self, timeout: float, stop: threading.Event) -> None:
+        """Block until new records may have arrived, ``timeout`` passed or ``stop``."""
+        ...
+
     def append(self, record: Record) -> None: ...
 
     def close(self) -> None: ...
@@ -73,6 +89,18 @@ class MemoryLog:
 
     def read_all(self) -> list[Record]:
         return list(self._records)
+
+    def read_new(self) -> list[Record]:
+        return []  # nobody else writes it
+
+    def promote(self) -> list[Record]:
+        return []
+
+    def newest_version(self) -> int:
+        return len(self._records)
+
+    def wait_for_news(self, timeout: float, stop: threading.Event) -> None:
+        stop.wait(timeout)
 
     def append(self, record: Record) -> None:
         self._records.append(record)
@@ -186,12 +214,18 @@ class DirectoryLog:
         self._mutex = threading.Lock()
         if lock:
             self._take_lock()
+        self._fd = self._open(writer=lock)
+        self._end = 0
+        self._version = 0  # of the last record read
+
+    def _open(self, *, writer: bool) -> int:
+        # a follower only reads: it never repairs, truncates or appends
+        flags = os.O_RDWR | os.O_CREAT if writer else os.O_RDONLY | os.O_CREAT
         try:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+            return os.open(self.path, flags, FILE_MODE)
         except OSError as exc:
             self._release_lock()
             raise CatalogError(f"cannot open {self.path}: {exc}", sqlstate=IO_ERROR) from exc
-        self._end = 0
 
     def _take_lock(self) -> None:
         lock_path = self.directory / "catalog.lock"
@@ -251,7 +285,63 @@ class DirectoryLog:
                     os.ftruncate(self._fd, end)
                 os.fsync(self._fd)
             self._end = end
+            self._version = len(records)
             return records
+
+    def read_new(self) -> list[Record]:
+        """A follower's poll: the whole records after the last one read. A record
+        being appended (not whole yet) is left for the next poll; nothing is
+        ever cut, since the writer owns the file."""
+        return self._scan_new(consume=True)
+
+    def newest_version(self) -> int:
+        """The version of the last whole record in the file (read nothing off)."""
+        records = self._scan_new(consume=False)
+        return records[-1].version if records else self._version
+
+    def _scan_new(self, *, consume: bool) -> list[Record]:
+        with self._mutex:
+            try:
+                size = os.fstat(self._fd).st_size
+                if size <= max(self._end, len(MAGIC)):
+                    return []
+                data = os.pread(self._fd, size - self._end, self._end)
+            except OSError as exc:
+                raise CatalogError(f"cannot read {self.path}: {exc}", sqlstate=IO_ERROR) from exc
+            pos = 0
+            if self._end == 0:
+                if not data.startswith(MAGIC):
+                    if MAGIC.startswith(data):
+                        return []  # the writer is creating the header
+                    raise CatalogError(
+                        f"{self.path} is not a resgroups catalog log (bad header)",
+                        sqlstate="XX001",
+                    )
+                pos = len(MAGIC)
+            records: list[Record] = []
+            while (found := _record_at(data, pos, self._version + len(records) + 1)) is not None:
+                record, pos = found
+                records.append(record)
+            if consume:
+                self._end += pos
+                self._version += len(records)
+            return records
+
+    def promote(self) -> list[Record]:
+        """Take the writer lock (CatalogLocked while the writer still holds it),
+        reopen the log for writing, and return the records not read yet (the
+        torn tail a dead writer left is cut, as a writer does on open)."""
+        if self._lock_fd is not None:
+            return []
+        self._take_lock()
+        with self._mutex:
+            os.close(self._fd)
+            self._fd = self._open(writer=True)
+        seen = self._version
+        return self.read_all()[seen:]
+
+    def wait_for_news(self, timeout: float, stop: threading.Event) -> None:
+        stop.wait(timeout)  # polled: a stat of the file when nothing changed
 
     def append(self, record: Record) -> None:
         frame = _frame(record)

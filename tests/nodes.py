@@ -1,0 +1,73 @@
+"""Engines in other processes (tests/programs/catalog_node.py), read line by line
+with bounded waits: a node that stops talking fails the test, never hangs it."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PROGRAM = Path(__file__).parent / "programs" / "catalog_node.py"
+
+
+class Node:
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(PROGRAM), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.seen: list[dict[str, Any]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self._lines.put(json.loads(line))
+        self._lines.put(None)
+
+    def wait_for(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30
+    ) -> dict[str, Any]:
+        """The first line (from now on) for which ``predicate`` holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"node said nothing matching in {timeout} s: {self.seen[-3:]}")
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                err = self.proc.stderr.read() if self.proc.stderr else ""
+                raise AssertionError(f"node exited ({self.proc.wait()}): {err[-2000:]}")
+            self.seen.append(line)
+            if predicate(line):
+                return line
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._reader.join(10)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+    def __enter__(self) -> Node:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()

@@ -201,8 +201,11 @@ def test_no_banking_after_two_seconds_idle() -> None:
         stop_a.join(30)
         # b gets its share, not two seconds of catch-up: about 1:1 while both run
         assert b_during / a_during == pytest.approx(1.0, abs=0.3)
-        # half of what the two workers can get, right now
-        assert load_b.body_cpu["b"] / 3e9 == pytest.approx(free_cores(2) / 2, abs=0.3)
+        # and b really ran: at least half its fair share of what two threads get now
+        # (a floor only: the baseline is measured after the run, and a machine whose
+        # load changed in between would move a two-sided band; banking shows in the
+        # ratio above)
+        assert load_b.body_cpu["b"] / 3e9 >= 0.5 * free_cores(2) / 2
 
 
 def test_dashboards_get_a_worker_within_two_slices_while_scans_hold_every_worker() -> None:

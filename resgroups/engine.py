@@ -121,11 +121,6 @@ class Engine:
             raise FeatureNotSupported(
                 "fleet coordination through PostgreSQL (SPEC §11) is not available yet"
             )
-        if isinstance(catalog, str) and catalog.startswith(("postgresql://", "postgres://")):
-            raise FeatureNotSupported(
-                "a catalog in PostgreSQL (SPEC §10) is not available yet; "
-                "use a directory path or None"
-            )
         _count("workers", workers)
         _positive("slice_ms", slice_ms, allow_none=False)
         _positive("granularity_ms", granularity_ms, allow_none=False)
@@ -190,7 +185,7 @@ class Engine:
         self.catalog_lag_unmanaged_queries = 0  # queries run before the catalog arrived
         self._unmanaged_lock = threading.Lock()
         self._follower = CatalogFollower(self._catalog)
-        if not writer:
+        if not writer or self._log.shared:  # PostgreSQL: every engine follows the log
             self._follower.start()
         self._metrics = EngineMetrics(self)
 
@@ -218,8 +213,8 @@ class Engine:
         if not self._catalog.writer:
             raise ReadOnlyReplica(
                 f"this engine is a read-only replica of {self._catalog.log_name}: run DDL "
-                "on the primary (the engine holding that catalog's writer lock), "
-                "or promote() this one once the primary is gone"
+                "on its primary (an engine opened on that catalog with role='primary'), "
+                "or promote() this one"
             )
         return self._catalog.write(build)
 
@@ -246,7 +241,8 @@ class Engine:
                 )
             log.warning("promoting although %s (resource groups are disabled)", behind)
         applied = self._catalog.promote()
-        self._follower.stop()
+        if not self._log.shared:
+            self._follower.stop()  # the only writer has nothing to follow
         self.role = "primary"
         log.info(
             "promoted to primary of %s at catalog version %d (%d record(s) applied on the way)",

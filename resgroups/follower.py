@@ -57,6 +57,7 @@ class CatalogFollower:
         while not self._stop.is_set():
             try:
                 self._catalog.catch_up()
+                self._catalog.wait_for_news(wait, self._stop)
             except Exception as exc:  # keep serving with what we have; retry
                 self.failures += 1
                 message = str(exc)
@@ -64,8 +65,8 @@ class CatalogFollower:
                     log.error("catalog follower of %s: %s", self._catalog.log_name, message)
                 self.last_error = message
                 wait = min(MAX_BACKOFF, max(wait * 2, self._interval))
+                self._stop.wait(wait)
             else:
                 if self.failures:
                     log.info("catalog follower of %s: caught up again", self._catalog.log_name)
                 self.failures, self.last_error, wait = 0, None, self._interval
-            self._catalog.wait_for_news(wait, self._stop)

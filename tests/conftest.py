@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -26,3 +29,28 @@ def ac_engine() -> Iterator[resgroups.Engine]:
 @pytest.fixture
 def admin(ac_engine: resgroups.Engine) -> resgroups.Session:
     return ac_engine.connect()
+
+
+PG_DSN = os.environ.get("RESGROUPS_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture
+def pg_catalog() -> Iterator[str]:
+    """The DSN of a fresh PostgreSQL database of this test's own (dropped after),
+    on the server RESGROUPS_TEST_PG_DSN names. It fails, never skips, when the
+    server is not there: CI starts it."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    name = f"resgroups_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    params = conninfo_to_dict(PG_DSN)
+    user = quote(str(params.get("user", "postgres")))
+    secret = f":{quote(str(params['password']))}" if params.get("password") else ""
+    where = f"{params.get('host', '127.0.0.1')}:{params.get('port', 5432)}"
+    try:
+        yield f"postgresql://{user}{secret}@{where}/{name}"
+    finally:
+        with psycopg.connect(PG_DSN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

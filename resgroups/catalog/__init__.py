@@ -51,9 +51,19 @@ class CatalogLag(NamedTuple):
 
 
 def open_log(spec: str | os.PathLike[str] | None, *, lock: bool = True) -> CatalogLog:
-    """The backend for an ``Engine(catalog=...)`` value: None, or a directory path."""
+    """The backend for an ``Engine(catalog=...)`` value: None (in memory), a
+    ``postgresql://`` connection string, or a directory path."""
     if spec is None:
         return MemoryLog()
+    if isinstance(spec, str) and spec.startswith(("postgresql://", "postgres://")):
+        try:
+            from resgroups.catalog.postgres import PostgresLog
+        except ImportError as exc:
+            raise CatalogError(
+                f"a PostgreSQL catalog needs psycopg: pip install 'resgroups[postgres]' ({exc})",
+                sqlstate="58030",
+            ) from None
+        return PostgresLog(spec, lock=lock)
     return DirectoryLog(spec, lock=lock)
 
 
@@ -74,7 +84,7 @@ class Catalog:
         self.seen_version = self._snapshot.version
         self._behind_since: float | None = None
         if writer and not self._snapshot.has_catalog:
-            self._append(Record(1, "genesis", {"format": LOG_FORMAT}))
+            self._write_genesis()
 
     @property
     def log_name(self) -> str:
@@ -88,14 +98,7 @@ class Catalog:
         version cannot apply stops the catch-up with CatalogError (the records
         before it stay applied)."""
         with self._lock:
-            records = self._log.read_new()
-            if records:
-                self.note_seen(records[-1].version)
-            for record in records:
-                self._publish(apply(self._snapshot, record))
-            if self.seen_version <= self._snapshot.version:
-                self._behind_since = None
-            return len(records)
+            return len(self._catch_up_locked())
 
     def note_seen(self, version: int) -> None:
         """A version exists in the log (read, or announced by a notification)."""
@@ -114,6 +117,7 @@ class Catalog:
 
     def wait_for_news(self, timeout: float, stop: threading.Event) -> None:
         self._log.wait_for_news(timeout, stop)
+        self.note_seen(self._log.announced)  # a notification names a version
 
     def look_ahead(self) -> CatalogLag:
         """Ask the log for its newest version (applying nothing); the lag then."""
@@ -130,9 +134,9 @@ class Catalog:
                 self._publish(apply(self._snapshot, record))
             self._behind_since = None
             self.writer = True
-            if not self._snapshot.has_catalog:
-                self._append(Record(1, "genesis", {"format": LOG_FORMAT}))
-            return len(records)
+        if not self._snapshot.has_catalog:
+            self._write_genesis()
+        return len(records)
 
     def _publish(self, new: Snapshot) -> None:
         with Hold():  # published and applied to the live runtimes together
@@ -154,24 +158,42 @@ class Catalog:
             self._subscribers.append(fn)
             fn(self._snapshot)
 
-    def _append(self, record: Record) -> Snapshot:
-        # appended, published and applied to the live runtimes together: an
-        # interrupt waits (resgroups.interrupts) rather than split them
-        with Hold():
-            new = apply(self._snapshot, record)
-            self._log.append(record)
+    def _catch_up_locked(self) -> list[Record]:
+        records = self._log.read_new()
+        if records:
+            self.note_seen(records[-1].version)
+        for record in records:
+            self._publish(apply(self._snapshot, record))
+        if self.seen_version <= self._snapshot.version:
+            self._behind_since = None
+        return records
+
+    def write(self, build: Callable[[Snapshot], Change | None]) -> Snapshot:
+        """Append the record ``build(snapshot)`` returns, atomically; the new snapshot.
+
+        Inside the log's write transaction (PostgreSQL: an advisory lock), the
+        records other writers appended are applied first, so ``build`` sees the
+        newest snapshot and the record gets the next version. The record is
+        applied to a copy, appended, committed, and only then published; an
+        interrupt waits (resgroups.interrupts) rather than split these."""
+        with self._lock, Hold():
+            with self._log.writing():
+                self._catch_up_locked()
+                change = build(self._snapshot)
+                if change is None:
+                    return self._snapshot
+                op, args = change
+                record = Record(self._snapshot.version + 1, op, dict(args))
+                new = apply(self._snapshot, record)
+                self._log.append(record)
             self.seen_version = max(self.seen_version, new.version)
             self._publish(new)
             return new
 
-    def write(self, build: Callable[[Snapshot], Change | None]) -> Snapshot:
-        """Append the record ``build(snapshot)`` returns, atomically; the new snapshot."""
-        with self._lock:
-            change = build(self._snapshot)
-            if change is None:
-                return self._snapshot
-            op, args = change
-            return self._append(Record(self._snapshot.version + 1, op, dict(args)))
+    def _write_genesis(self) -> None:
+        """The record that means "this log has a catalog" (written once: a second
+        writer starting at the same time finds it when it catches up)."""
+        self.write(lambda snap: None if snap.has_catalog else ("genesis", {"format": LOG_FORMAT}))
 
     def close(self) -> None:
         self._log.close()

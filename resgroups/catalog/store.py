@@ -53,7 +53,21 @@ class CatalogLog(Protocol):
 
     @property
     def name(self) -> str:
-        """Where the log lives, for messages."""
+        """Where the log lives, for messages (a connection string's password masked)."""
+        ...
+
+    @property
+    def shared(self) -> bool:
+        """Several engines may append: every engine follows the log."""
+        ...
+
+    @property
+    def announced(self) -> int:
+        """The newest version the log has announced (a notification), or 0."""
+        ...
+
+    def writing(self) -> contextlib.AbstractContextManager[None]:
+        """Around one append: what makes it exclusive among writers."""
         ...
 
     def read_all(self) -> list[Record]: ...
@@ -83,9 +97,14 @@ class MemoryLog:
     """The default backend: the log lives and dies with the engine."""
 
     name = "in-memory catalog"
+    shared = False
+    announced = 0
 
     def __init__(self) -> None:
         self._records: list[Record] = []
+
+    def writing(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def read_all(self) -> list[Record]:
         return list(self._records)
@@ -181,6 +200,12 @@ def scan(data: bytes) -> tuple[list[Record], int]:
 
 class DirectoryLog:
     """``catalog.log`` and ``catalog.lock`` in a directory (created if missing)."""
+
+    shared = False  # one writer, holding catalog.lock
+    announced = 0
+
+    def writing(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # the flock already makes this the only writer
 
     def __init__(self, directory: str | os.PathLike[str], *, lock: bool = True) -> None:
         text = os.fspath(directory) if isinstance(directory, str | os.PathLike) else directory
@@ -360,6 +385,7 @@ class DirectoryLog:
                     sqlstate=IO_ERROR,
                 ) from exc
             self._end += len(frame)
+            self._version = record.version
 
     def close(self) -> None:
         with self._mutex:

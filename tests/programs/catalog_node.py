@@ -41,7 +41,7 @@ def primary(args: argparse.Namespace) -> None:
         session = engine.connect()
         i = 0
         while args.forever or i < args.groups:
-            name = f"g{i}" if not args.forever else f"v{engine.catalog_version}"
+            name = f"{args.prefix}{i}" if not args.forever else f"v{engine.catalog_version}"
             session.execute(f"CREATE RESOURCE GROUP {name} WITH (cpu_weight = {i % 100 + 1})")
             emit(version=engine.catalog_version, at=time.time())
             i += 1
@@ -80,6 +80,7 @@ if __name__ == "__main__":
     parser.add_argument("role", choices=["primary", "replica"])
     parser.add_argument("catalog")
     parser.add_argument("--groups", type=int, default=10)
+    parser.add_argument("--prefix", default="g", help="names of the groups a primary creates")
     parser.add_argument("--forever", action="store_true")
     parser.add_argument("--until", type=int)
     parsed = parser.parse_args()

@@ -1,0 +1,248 @@
+"""The catalog log in PostgreSQL (SPEC §10): ``Engine(catalog="postgresql://...")``.
+
+One row per record in ``resgroups_catalog_log`` (version, record as JSONB).
+Several primaries may append: :meth:`PostgresLog.writing` opens a
+transaction and takes a transaction-scoped advisory lock, the catalog reads
+and applies every record after its own version, builds its record against
+that snapshot, inserts it with the next version and ``pg_notify``s the
+version; the commit releases the lock and delivers the notification. So
+versions run 1, 2, 3, ... with no gap and no duplicate however many engines
+write at once (the primary key would refuse a duplicate anyway).
+
+Every engine on the log follows it: a dedicated autocommit connection
+``LISTEN``s, a notification is a hint (the follower reads everything after
+its last version, so a burst coalesces into one read), a poll every half
+second is the fallback, and a lost connection is reopened with a backoff by
+the follower's retries. The schema comes from the versioned migration files
+in ``catalog/migrations/``, applied in order under an advisory lock so two
+processes starting at once never race. Connection strings appear in logs
+and messages with their password masked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any, Final
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from resgroups.catalog.records import Record
+from resgroups.errors import CatalogError
+
+log = logging.getLogger("resgroups.catalog")
+
+CHANNEL: Final = "resgroups_catalog"
+IO_ERROR: Final = "58030"
+# advisory lock keys (two int4): "rg" and what they serialize
+_MIGRATIONS_LOCK: Final = (0x7267, 1)
+_APPEND_LOCK: Final = (0x7267, 2)
+_POLL_S: Final = 0.5
+
+
+def redact(dsn: str) -> str:
+    """``dsn`` with its password masked, in URI or key=value form."""
+    masked = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+    masked = re.sub(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", masked)
+    return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", masked)
+
+
+def _migrations() -> list[tuple[str, str]]:
+    folder = resources.files("resgroups.catalog") / "migrations"
+    files = sorted(f.name for f in folder.iterdir() if f.name.endswith(".sql"))
+    return [(name, (folder / name).read_text(encoding="utf-8")) for name in files]
+
+
+def migrate(conn: psycopg.Connection[Any]) -> list[str]:
+    """Apply the migrations this database lacks, in order, under an advisory
+    lock (a second process waits, then finds them applied); their names."""
+    applied: list[str] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", _MIGRATIONS_LOCK)
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS resgroups_schema_migrations ("
+            " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {row[0] for row in conn.execute("SELECT name FROM resgroups_schema_migrations")}
+        for name, sql in _migrations():
+            if name not in done:
+                conn.execute(sql.encode("utf-8"))
+                conn.execute("INSERT INTO resgroups_schema_migrations (name) VALUES (%s)", [name])
+                applied.append(name)
+    return applied
+
+
+class PostgresLog:
+    """The catalog log as a PostgreSQL table (see the module docstring)."""
+
+    shared = True  # several engines append: every one of them follows the log
+
+    def __init__(self, dsn: str, *, lock: bool = True) -> None:
+        self.dsn = dsn
+        self.name = redact(dsn)
+        # what pg_stat_activity shows for this engine's connections
+        self.application_name = f"resgroups {'primary' if lock else 'replica'} {os.getpid()}"
+        self._mutex = threading.RLock()  # the main connection: writers and the follower
+        self._conn: psycopg.Connection[Any] | None = None
+        self._listener: psycopg.Connection[Any] | None = None
+        self._version = 0  # of the last record read
+        self.announced = 0  # the newest version a notification named
+        with self._io("open"):
+            applied = migrate(self._connection())
+        if applied:
+            log.info("catalog %s: applied migrations %s", self.name, ", ".join(applied))
+
+    # ---- connections ----------------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(
+            self.dsn,
+            autocommit=True,
+            connect_timeout=10,
+            application_name=self.application_name,
+        )
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+        return self._conn
+
+    def _live_connection(self) -> psycopg.Connection[Any]:
+        """The connection, checked with a round trip and reopened once if the
+        server dropped it meanwhile (a restart, pg_terminate_backend): a DDL
+        statement does not fail for a connection lost while it was idle."""
+        conn = self._connection()
+        try:
+            conn.execute("SELECT 1")
+        except psycopg.OperationalError:
+            conn.close()
+            self._conn = None
+            conn = self._connection()
+        return conn
+
+    @contextlib.contextmanager
+    def _io(self, what: str) -> Iterator[None]:
+        """PostgreSQL errors become CatalogError naming the (masked) catalog; a
+        broken connection is dropped, so the next call opens a new one."""
+        try:
+            with self._mutex:
+                yield
+        except psycopg.Error as exc:
+            with self._mutex:
+                if self._conn is not None and self._conn.broken:
+                    self._conn.close()
+                    self._conn = None
+            raise CatalogError(
+                f"catalog {self.name}: cannot {what}: {redact(str(exc)).strip()}",
+                sqlstate=IO_ERROR,
+            ) from exc
+
+    # ---- reading ----------------------------------------------------------------------
+
+    def _rows_after(self, version: int) -> list[Record]:
+        rows = self._connection().execute(
+            "SELECT version, record FROM resgroups_catalog_log WHERE version > %s ORDER BY version",
+            [version],
+        )
+        records: list[Record] = []
+        for got, body in rows:
+            if got != version + len(records) + 1:
+                raise CatalogError(
+                    f"catalog {self.name}: version {got} follows {version + len(records)}",
+                    sqlstate="XX001",
+                )
+            records.append(_record(got, body))
+        return records
+
+    def read_all(self) -> list[Record]:
+        with self._io("read the log"):
+            records = self._rows_after(0)
+            self._version = len(records)
+            return records
+
+    def read_new(self) -> list[Record]:
+        with self._io("read the log"):
+            records = self._rows_after(self._version)
+            self._version += len(records)
+            return records
+
+    def newest_version(self) -> int:
+        with self._io("read the log"):
+            row = (
+                self._connection()
+                .execute("SELECT coalesce(max(version), 0) FROM resgroups_catalog_log")
+                .fetchone()
+            )
+            return int(row[0]) if row else 0
+
+    # ---- writing ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """One append: a transaction holding the append lock (released at commit)."""
+        with self._io("append to the log"):
+            conn = self._live_connection()
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", _APPEND_LOCK)
+                yield
+
+    def append(self, record: Record) -> None:
+        """Inside :meth:`writing`: insert the record and announce its version."""
+        conn = self._connection()
+        conn.execute(
+            "INSERT INTO resgroups_catalog_log (version, record) VALUES (%s, %s)",
+            [record.version, Jsonb({"op": record.op, **record.args})],
+        )
+        conn.execute("SELECT pg_notify(%s, %s)", [CHANNEL, str(record.version)])
+        self._version = record.version
+
+    def promote(self) -> list[Record]:
+        # no lock to take: PostgreSQL serializes the writers
+        self.application_name = self.application_name.replace("replica", "primary", 1)
+        return self.read_new()
+
+    # ---- following --------------------------------------------------------------------
+
+    def wait_for_news(self, timeout: float, stop: threading.Event) -> None:
+        """Until a notification arrives, ``timeout`` (at most half a second: the
+        poll fallback) passes, or ``stop``. A lost listening connection raises
+        CatalogError; the follower retries, and the next call reconnects."""
+        try:
+            if self._listener is None or self._listener.closed:
+                self._listener = self._connect()
+                self._listener.execute(f"LISTEN {CHANNEL}")
+            for note in self._listener.notifies(timeout=min(timeout, _POLL_S), stop_after=1):
+                with contextlib.suppress(ValueError):
+                    self.announced = max(self.announced, int(note.payload))
+        except psycopg.Error as exc:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+            raise CatalogError(
+                f"catalog {self.name}: lost the notification connection: "
+                f"{redact(str(exc)).strip()}",
+                sqlstate=IO_ERROR,
+            ) from exc
+
+    def close(self) -> None:
+        with self._mutex:
+            for conn in (self._conn, self._listener):
+                if conn is not None:
+                    conn.close()
+            self._conn = self._listener = None
+
+
+def _record(version: int, body: Any) -> Record:
+    if isinstance(body, str):
+        body = json.loads(body)
+    if not isinstance(body, dict) or not isinstance(body.get("op"), str):
+        raise CatalogError(f"catalog record {version} is not a record: {body!r}", sqlstate="XX001")
+    args = dict(body)
+    return Record(version, args.pop("op"), args)

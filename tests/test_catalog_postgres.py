@@ -176,3 +176,30 @@ def test_connection_strings_never_show_their_password(
     assert "lost the notification connection" in caplog.text
     assert "postgres:***@" in caplog.text
     assert "hunter2" not in caplog.text
+
+
+def test_a_replica_process_killed_while_applying_restarts_with_the_primarys_snapshot(
+    pg_catalog: str,
+) -> None:
+    with Node("primary", pg_catalog, "--groups", "300") as writer:
+        final = writer.wait_for(lambda m: m.get("done", False), timeout=120)
+    for stop_at in (37, 150, 290):
+        with Node("replica", pg_catalog, "--until", str(final["version"])) as rep:
+            rep.wait_for(lambda m, stop_at=stop_at: m.get("version", 0) >= stop_at)
+            rep.kill()
+    with Node("replica", pg_catalog, "--until", str(final["version"])) as rep:
+        done = rep.wait_for(lambda m: m.get("done", False))
+    assert done["digest"] == final["digest"]
+
+
+def test_a_replica_process_started_before_any_primary_runs_unmanaged_then_managed(
+    pg_catalog: str,
+) -> None:
+    with Node("replica", pg_catalog, "--until", "2") as rep:
+        started = rep.wait_for(lambda m: "started" in m)
+        assert started["group"] is None
+        assert started["unmanaged"] == 1
+        with resgroups.Engine(catalog=pg_catalog) as primary:
+            primary.connect().execute("CREATE RESOURCE GROUP first")
+            done = rep.wait_for(lambda m: m.get("done", False))
+    assert done["group"] == "DEFAULT"

@@ -197,3 +197,31 @@ def test_the_shell_opens_a_read_only_replica(tmp_path: Path) -> None:
         )
     assert "visible" in done.stdout
     assert "25006" in done.stdout + done.stderr
+
+
+def test_a_record_being_appended_is_never_half_applied(tmp_path: Path) -> None:
+    """A replica reads only whole records: a frame cut short (the writer in the
+    middle of its append) waits for the rest; a whole one is applied."""
+    from resgroups.catalog.records import Record
+    from resgroups.catalog.store import _frame
+
+    with resgroups.Engine(catalog=tmp_path) as primary:
+        primary.connect().execute("CREATE RESOURCE GROUP a")
+        version = primary.catalog_version
+    frame = _frame(
+        Record(version + 1, "create_group", {"id": 2, "name": "b", "quoted": False, "params": {}})
+    )
+    log = tmp_path / "catalog.log"
+    with resgroups.Engine(catalog=tmp_path, role="replica") as replica:
+        wait_until(lambda: replica.catalog_version == version)
+        for cut in (1, 8, len(frame) // 2, len(frame) - 1):
+            with log.open("ab") as f:  # the writer's append, so far
+                f.write(frame[:cut])
+            assert replica._catalog.catch_up() == 0
+            assert replica.catalog_version == version
+            with log.open("r+b") as f:
+                f.truncate(log.stat().st_size - cut)
+        with log.open("ab") as f:
+            f.write(frame)
+        wait_until(lambda: replica.catalog_version == version + 1)
+        assert replica.snapshot.find_group(resgroups.sql.ast.Ident("b")) is not None

@@ -15,8 +15,9 @@ from nodes import Node
 from waiting import wait_until
 
 import resgroups
-from resgroups.catalog.postgres import PostgresLog, migrate, redact
+from resgroups.catalog.postgres import PostgresLog, redact
 from resgroups.catalog.records import replay
+from resgroups.pgschema import migrate
 
 
 def _versions(dsn: str) -> list[int]:
@@ -143,7 +144,7 @@ def test_migrations_are_applied_once_in_order(pg_catalog: str) -> None:
         first = migrate(conn)
         again = migrate(conn)
         names = [n for (n,) in conn.execute("SELECT name FROM resgroups_schema_migrations")]
-    assert first == ["0001_catalog_log.sql"]
+    assert first == ["0001_catalog_log.sql", "0002_fleet_leases.sql"]
     assert again == []
     assert names == first
 

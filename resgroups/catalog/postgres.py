@@ -14,7 +14,7 @@ Every engine on the log follows it: a dedicated autocommit connection
 its last version, so a burst coalesces into one read), a poll every half
 second is the fallback, and a lost connection is reopened with a backoff by
 the follower's retries. The schema comes from the versioned migration files
-in ``catalog/migrations/``, applied in order under an advisory lock so two
+of :mod:`resgroups.pgschema`, applied in order under an advisory lock so two
 processes starting at once never race. Connection strings appear in logs
 and messages with their password masked.
 """
@@ -28,7 +28,6 @@ import os
 import re
 import threading
 from collections.abc import Iterator
-from importlib import resources
 from typing import Any, Final
 
 import psycopg
@@ -36,13 +35,13 @@ from psycopg.types.json import Jsonb
 
 from resgroups.catalog.records import Record
 from resgroups.errors import CatalogError
+from resgroups.pgschema import migrate
 
 log = logging.getLogger("resgroups.catalog")
 
 CHANNEL: Final = "resgroups_catalog"
 IO_ERROR: Final = "58030"
 # advisory lock keys (two int4): "rg" and what they serialize
-_MIGRATIONS_LOCK: Final = (0x7267, 1)
 _APPEND_LOCK: Final = (0x7267, 2)
 _POLL_S: Final = 0.5
 
@@ -52,31 +51,6 @@ def redact(dsn: str) -> str:
     masked = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
     masked = re.sub(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", masked)
     return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", masked)
-
-
-def _migrations() -> list[tuple[str, str]]:
-    folder = resources.files("resgroups.catalog") / "migrations"
-    files = sorted(f.name for f in folder.iterdir() if f.name.endswith(".sql"))
-    return [(name, (folder / name).read_text(encoding="utf-8")) for name in files]
-
-
-def migrate(conn: psycopg.Connection[Any]) -> list[str]:
-    """Apply the migrations this database lacks, in order, under an advisory
-    lock (a second process waits, then finds them applied); their names."""
-    applied: list[str] = []
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", _MIGRATIONS_LOCK)
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS resgroups_schema_migrations ("
-            " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        done = {row[0] for row in conn.execute("SELECT name FROM resgroups_schema_migrations")}
-        for name, sql in _migrations():
-            if name not in done:
-                conn.execute(sql.encode("utf-8"))
-                conn.execute("INSERT INTO resgroups_schema_migrations (name) VALUES (%s)", [name])
-                applied.append(name)
-    return applied
 
 
 class PostgresLog:

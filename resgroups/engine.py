@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resgroups.access import Authenticator, memory_limits
 from resgroups.catalog import Catalog, CatalogLag, Snapshot, open_log
@@ -45,6 +46,7 @@ from resgroups.errors import (
 from resgroups.exec.tables import TableStore
 from resgroups.follower import CatalogFollower
 from resgroups.metrics import EngineMetrics
+from resgroups.pgschema import redact
 from resgroups.query import Query
 from resgroups.sched.groups import GroupRuntimes
 from resgroups.sched.memory import MemoryLedger, QueryMemory, query_ceiling
@@ -52,6 +54,9 @@ from resgroups.sched.pool import Dispatcher, PoolView
 from resgroups.sched.runtime import GroupRuntime
 from resgroups.sched.stats import GroupStatistics
 from resgroups.session import Session
+
+if TYPE_CHECKING:
+    from resgroups.fleet.coordinator import FleetCoordinator
 
 log = logging.getLogger("resgroups")
 
@@ -105,6 +110,11 @@ class Engine:
         query_timeout: float | None = 60.0,
         query_memory_limit: int | None = None,
         process_memory_limit: int = 0,
+        lease_heartbeat: float = 60.0,
+        lease_expiry: float = 300.0,
+        sweep_interval: float = 120.0,
+        coordination_pool: int = 8,
+        fleet_admission: str = "lease",
         *,
         granularity_ms: float = 50.0,
         clock: Clock | None = None,
@@ -117,10 +127,35 @@ class Engine:
                 "Engine(role='replica', catalog=None): a replica follows a catalog "
                 "another engine writes; give the primary's catalog directory"
             )
-        if coordination is not None:
-            raise FeatureNotSupported(
-                "fleet coordination through PostgreSQL (SPEC §11) is not available yet"
+        if coordination is not None and not (
+            isinstance(coordination, str)
+            and coordination.startswith(("postgresql://", "postgres://"))
+        ):
+            raise InvalidParameter(
+                f"Engine(coordination={redact(str(coordination))!r}): expected a "
+                "postgresql:// connection string, or None"
             )
+        if fleet_admission not in ("lease", "quota"):
+            raise InvalidParameter(
+                f"Engine(fleet_admission={fleet_admission!r}): expected 'lease' or 'quota'"
+            )
+        if fleet_admission == "quota":
+            raise FeatureNotSupported(
+                "fleet_admission='quota' (a share of each limit per process) is not available "
+                "yet; the default 'lease' holds max_active_queries across the fleet"
+            )
+        for name, value in (
+            ("lease_heartbeat", lease_heartbeat),
+            ("lease_expiry", lease_expiry),
+            ("sweep_interval", sweep_interval),
+        ):
+            _positive(name, value, allow_none=False)
+        if lease_expiry <= lease_heartbeat:
+            raise InvalidParameter(
+                f"Engine(lease_expiry={lease_expiry!r}): must be longer than "
+                f"lease_heartbeat={lease_heartbeat!r}, or live leases would expire"
+            )
+        _count("coordination_pool", coordination_pool, allow_none=False)
         _count("workers", workers)
         _positive("slice_ms", slice_ms, allow_none=False)
         _positive("granularity_ms", granularity_ms, allow_none=False)
@@ -136,7 +171,9 @@ class Engine:
             raise InvalidParameter("Engine(admin_user=''): the admin needs a name")
 
         self.role = role
-        self.instance_id = instance_id or f"{os.uname().nodename}-{os.getpid()}-{id(self):x}"
+        self.instance_id = instance_id or (
+            f"{os.uname().nodename}-{os.getpid()}-{secrets.token_hex(4)}"
+        )
         self.cpus = available_cpus()
         self.workers = int(workers) if workers else max(1, round(self.cpus))
         self.pools = {"default": self.workers, **dict(pools or {})}
@@ -184,6 +221,23 @@ class Engine:
         self._catalog.subscribe(self.runtimes.apply)
         self.catalog_lag_unmanaged_queries = 0  # queries run before the catalog arrived
         self._unmanaged_lock = threading.Lock()
+        # fleet mode (SPEC §11): leases in PostgreSQL for groups with a max_active_queries
+        self.fleet: FleetCoordinator | None = None
+        if coordination is not None:
+            from resgroups.fleet.coordinator import FleetCoordinator
+
+            try:
+                self.fleet = FleetCoordinator(
+                    coordination,
+                    self.instance_id,
+                    heartbeat=lease_heartbeat,
+                    expiry=lease_expiry,
+                    sweep_interval=sweep_interval,
+                    pool_size=int(coordination_pool),
+                )
+            except BaseException:
+                self._log.close()
+                raise
         self._follower = CatalogFollower(self._catalog)
         if not writer or self._log.shared:  # PostgreSQL: every engine follows the log
             self._follower.start()
@@ -326,7 +380,8 @@ class Engine:
 
     def statistics(self) -> list[GroupStatistics]:
         """One frozen statistics record per group, DEFAULT first, creation order."""
-        return self.runtimes.statistics(self.snapshot, self.process_memory_limit)
+        counts = None if self.fleet is None else self.fleet.counts
+        return self.runtimes.statistics(self.snapshot, self.process_memory_limit, counts)
 
     def resource_groups(self) -> list[dict[str, Any]]:
         """The rows of ``SELECT * FROM resource_groups()``, as dicts."""
@@ -386,6 +441,8 @@ class Engine:
                 log.warning("closing the engine: cancelling a query still running after %ss", grace)
                 query.cancel()
             self._follower.stop()
+            if self.fleet is not None:
+                self.fleet.close()  # flush the releases, then free every lease of ours
             self.dispatcher.close()
             self._catalog.close()
 

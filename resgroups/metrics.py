@@ -66,6 +66,25 @@ class _Collector(Collector):
             "1 once this node has received the catalog.",
             value=int(engine.snapshot.has_catalog),
         )
+        if engine.fleet is not None:
+            fleet_active = GaugeMetricFamily(
+                GROUP + "fleet_active_queries",
+                "Leases held fleet-wide (fleet mode), as last read.",
+                labels=["resource_group"],
+            )
+            for s in stats:
+                fleet_active.add_metric([s.name], s.fleet_active_queries or 0)
+            yield fleet_active
+        yield CounterMetricFamily(
+            INSTANCE + "coordination_errors",
+            "Failed calls to the fleet coordination database.",
+            value=0 if engine.fleet is None else engine.fleet.errors,
+        )
+        yield GaugeMetricFamily(
+            INSTANCE + "lease_release_queue",
+            "Fleet lease releases queued for the batcher.",
+            value=0 if engine.fleet is None else engine.fleet.releases.queued,
+        )
         yield GaugeMetricFamily(
             INSTANCE + "catalog_version",
             "The version of the last catalog record applied.",

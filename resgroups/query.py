@@ -45,6 +45,7 @@ from resgroups.sched.cpu import Runner, RunnerState
 from resgroups.sched.memory import MemoryCounter, QueryMemory
 
 if TYPE_CHECKING:
+    from resgroups.fleet.coordinator import FleetCoordinator
     from resgroups.sched.pool import Dispatcher
     from resgroups.sched.runtime import GroupRuntime
     from resgroups.session import Session
@@ -240,6 +241,7 @@ class Query:
         self._dispatcher: Dispatcher = engine.dispatcher
         self._ticket: Ticket | None = None
         self._runner: Runner | None = None
+        self._lease_id: str | None = None  # fleet mode: this query's lease (held or sought)
         self._suspended_at = 0.0
 
     # ---- the fast path ------------------------------------------------------------
@@ -381,11 +383,37 @@ class Query:
         ticket = Ticket(self.user, query_deadline=self._timeout_at)
         self._ticket = ticket
         runtime.gate.enter(ticket, self._is_cancelled)
+        fleet = self.session.engine.fleet
+        if fleet is not None:  # fleet mode: the local slot first, then the lease (§11)
+            self._fleet_lease(fleet, runtime)
         runner = Runner(runtime.cpu, self.pool_name, self.user, id(self), self.kind)
         self._runner = runner
         self._dispatcher.acquire(runner, self._wait_error, self._timeout_at)
         self._cpu_mark = self._meter() if runner.scheduled else 0
         self._arm()
+
+    def _fleet_lease(self, fleet: FleetCoordinator, runtime: GroupRuntime) -> None:
+        """A fleet-wide lease for a group with a max_active_queries (the limit this
+        engine's catalog holds); none, and no round trip, for a group without.
+        Waiting for it counts as queued, within the queue and query timeouts."""
+        self._lease_id = fleet.new_lease_id()  # released at the end whatever happens
+        group = runtime.definition
+        limit = group.max_active_queries
+        if limit is None:
+            return
+        runtime.fleet_wait(+1)
+        try:
+            fleet.acquire(
+                group.name,
+                self._lease_id,
+                limit,
+                deadline=self._timeout_at,
+                queue_deadline=self._now() + group.queue_timeout_ms / 1000,
+                cancelled=self._is_cancelled,
+                now=self._now,
+            )
+        finally:
+            runtime.fleet_wait(-1)
 
     def _is_cancelled(self) -> bool:
         return self._cancelled
@@ -419,6 +447,11 @@ class Query:
                 finally:
                     self._dispatcher.release(runner, used)
         finally:
+            lease, self._lease_id = self._lease_id, None
+            if lease is not None:  # batched, off the query path; a missing lease is a no-op
+                fleet = self.session.engine.fleet
+                if fleet is not None:
+                    fleet.release(lease)
             if ticket is not None and self._runtime is not None:
                 if ticket.state is TicketState.ACTIVE:
                     self._runtime.gate.leave(ticket)
@@ -486,6 +519,9 @@ class Query:
         if ticket is not None and self._runtime is not None:
             self._runtime.gate.poke(ticket)
         self._dispatcher.poke(self._runner)
+        fleet = self.session.engine.fleet
+        if fleet is not None and self._lease_id is not None:
+            fleet.poke()  # a wait for a fleet lease notices at once
 
     @property
     def cancelled(self) -> bool:

@@ -30,6 +30,7 @@ EXPECTED_COLUMNS = [
     ("cpu_limit_cores", "float"),
     ("scheduling_policy", "text"),
     ("admitted_total", "int"),
+    ("fleet_active_queries", "int"),
 ]
 
 
@@ -62,6 +63,7 @@ def test_default_row_shows_the_unset_values(engine: resgroups.Engine) -> None:
         "cpu_limit_cores": None,
         "scheduling_policy": "fifo",
         "admitted_total": 0,
+        "fleet_active_queries": None,  # not in fleet mode
     }
 
 

@@ -25,7 +25,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import threading
 from collections.abc import Iterator
 from typing import Any, Final
@@ -35,7 +34,7 @@ from psycopg.types.json import Jsonb
 
 from resgroups.catalog.records import Record
 from resgroups.errors import CatalogError
-from resgroups.pgschema import migrate
+from resgroups.pgschema import migrate, redact
 
 log = logging.getLogger("resgroups.catalog")
 
@@ -44,13 +43,6 @@ IO_ERROR: Final = "58030"
 # advisory lock keys (two int4): "rg" and what they serialize
 _APPEND_LOCK: Final = (0x7267, 2)
 _POLL_S: Final = 0.5
-
-
-def redact(dsn: str) -> str:
-    """``dsn`` with its password masked, in URI or key=value form."""
-    masked = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
-    masked = re.sub(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", masked)
-    return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", masked)
 
 
 class PostgresLog:

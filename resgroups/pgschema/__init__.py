@@ -10,10 +10,12 @@ fleet leases (§11) share the one sequence, so a database may hold both.
 
 from __future__ import annotations
 
+import re
 from importlib import resources
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import psycopg
+if TYPE_CHECKING:  # psycopg is the postgres extra: this module imports without it
+    import psycopg
 
 _MIGRATIONS_LOCK: Final = (0x7267, 1)  # advisory lock key: "rg", migrations
 
@@ -42,3 +44,10 @@ def migrate(conn: psycopg.Connection[Any]) -> list[str]:
                 conn.execute("INSERT INTO resgroups_schema_migrations (name) VALUES (%s)", [name])
                 applied.append(name)
     return applied
+
+
+def redact(dsn: str) -> str:
+    """``dsn`` with its password masked, in URI or key=value form."""
+    masked = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+    masked = re.sub(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", masked)
+    return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", masked)

@@ -20,7 +20,7 @@ known group) takes no lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from resgroups.catalog.model import GroupDef, Snapshot
 from resgroups.sched.memory import MemoryLedger
@@ -154,8 +154,14 @@ class GroupRuntimes:
         with self._lock:
             return list(self._runtimes.values())
 
-    def statistics(self, snapshot: Snapshot, process_memory_limit: int) -> list[GroupStatistics]:
-        """One frozen statistics record per group of ``snapshot``, creation order."""
+    def statistics(
+        self,
+        snapshot: Snapshot,
+        process_memory_limit: int,
+        fleet_counts: Mapping[str, int] | None = None,
+    ) -> list[GroupStatistics]:
+        """One frozen statistics record per group of ``snapshot``, creation order;
+        ``fleet_counts`` (fleet mode) gives the leases held fleet-wide per group."""
         total_weight = sum(g.cpu_weight for g in snapshot.groups)
         with self._lock:
             runtimes = dict(self._runtimes)
@@ -171,6 +177,7 @@ class GroupRuntimes:
                 total_weight=total_weight,
                 cpus=self._cpus,
                 process_memory_limit=process_memory_limit,
+                fleet_active=None if fleet_counts is None else fleet_counts.get(g.name, 0),
             )
             for g in snapshot.groups
         ]

@@ -37,6 +37,7 @@ class GroupRuntime:
         self.dropped = False
         self.gate = GateRuntime(gate_config(group), now)
         self.suspended = 0  # cursors between pages (guarded by the gate's lock)
+        self.fleet_waiting = 0  # holding a local slot, waiting for a fleet lease (gate's lock)
         self._dispatcher = dispatcher
         with dispatcher.lock:
             self.cpu: GroupCpu = dispatcher.core.group(group.id, group.name)
@@ -50,6 +51,10 @@ class GroupRuntime:
         self._dispatcher.configure(
             group.id, group.name, group.cpu_weight, limit_cores, group.scheduling_policy
         )
+
+    def fleet_wait(self, delta: int) -> None:
+        with self.gate.lock:
+            self.fleet_waiting += delta
 
     def suspend(self, delta: int) -> None:
         with self.gate.lock:
@@ -72,7 +77,7 @@ class GroupRuntime:
             now = self.gate.now()
             return CounterReading(
                 active_queries=gate.active,
-                queued_queries=gate.queued,
+                queued_queries=gate.queued + self.fleet_waiting,
                 oldest_queue_wait_millis=round(gate.oldest_wait(now) * 1000),
                 memory_used_bytes=memory_used,
                 cpu_nanos_total=self.cpu.cpu_ns_total,

@@ -48,6 +48,7 @@ class GroupStatistics:
     cpu_limit_cores: float | None
     scheduling_policy: str
     admitted_total: int
+    fleet_active_queries: int | None  # fleet mode (§11): leases held fleet-wide; else NULL
 
     def row(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in COLUMN_NAMES)
@@ -73,6 +74,7 @@ def group_statistics(
     total_weight: int,
     cpus: float,
     process_memory_limit: int,
+    fleet_active: int | None = None,
 ) -> GroupStatistics:
     """Combine a group's definition with its counters into the row of §9."""
     limit_centi = group.cpu_limit_centi_pct
@@ -100,4 +102,5 @@ def group_statistics(
         cpu_limit_cores=None if limit_pct is None else limit_pct / 100 * cpus,
         scheduling_policy=group.scheduling_policy,
         admitted_total=counters.admitted_total,
+        fleet_active_queries=fleet_active,
     )

@@ -1,0 +1,161 @@
+"""The lease store: every statement fleet mode sends to PostgreSQL.
+
+Connections come from a ``psycopg_pool`` pool (autocommit: the acquire is
+one round trip to ``resgroups_fleet_try_acquire``, whose advisory lock lasts
+for the call and its commit). Any database failure (refused, terminated,
+timed out, the pool exhausted) raises :class:`StoreUnavailable`; the
+callers decide: an acquire waits and retries, a release batch is retried.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any, Final
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from resgroups.pgschema import migrate, redact
+
+log = logging.getLogger("resgroups.fleet")
+
+CHANNEL: Final = "resgroups_fleet"  # one NOTIFY per release batch, never per query
+_SWEEP_LOCK: Final = (0x7267, 3)
+
+
+class StoreUnavailable(Exception):
+    """The coordination database could not be reached or answer."""
+
+
+class LeaseStore:
+    def __init__(self, dsn: str, instance_id: str, *, pool_size: int = 8) -> None:
+        self.dsn = dsn
+        self.name = redact(dsn)
+        self.instance_id = instance_id
+        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            kwargs={"autocommit": True, "application_name": f"resgroups fleet {instance_id}"},
+            timeout=5.0,
+            open=False,
+        )
+        try:
+            self._pool.open(wait=True, timeout=10.0)
+            with self._pool.connection() as conn:
+                migrate(conn)
+        except Exception as exc:
+            self._pool.close()
+            raise StoreUnavailable(f"{self.name}: {redact(str(exc)).strip()}") from exc
+
+    def _unavailable(self, what: str, exc: Exception) -> StoreUnavailable:
+        return StoreUnavailable(f"{self.name}: cannot {what}: {redact(str(exc)).strip()}")
+
+    def _run(self, what: str, sql: str, params: Iterable[object] = ()) -> list[tuple[Any, ...]]:
+        try:
+            with self._pool.connection() as conn:
+                cursor = conn.execute(sql, list(params))
+                return cursor.fetchall() if cursor.description is not None else []
+        except psycopg.Error as exc:  # PoolTimeout is one too
+            raise self._unavailable(what, exc) from exc
+
+    def try_acquire(self, group: str, query_id: str, limit: int) -> bool:
+        """One round trip: a lease for ``query_id`` if ``group`` holds fewer than ``limit``."""
+        rows = self._run(
+            "acquire a lease",
+            "SELECT resgroups_fleet_try_acquire(%s, %s, %s, %s)",
+            (group, self.instance_id, query_id, limit),
+        )
+        return bool(rows[0][0])
+
+    def release_many(self, query_ids: list[str]) -> int:
+        """One DELETE for the batch (missing leases are no-ops) and one NOTIFY, in
+        one transaction; the leases removed."""
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                deleted = conn.execute(
+                    "DELETE FROM resgroups_fleet_leases WHERE query_id = ANY(%s)", [query_ids]
+                ).rowcount
+                if deleted:
+                    conn.execute("SELECT pg_notify(%s, %s)", [CHANNEL, str(deleted)])
+                return deleted
+        except psycopg.Error as exc:
+            raise self._unavailable("release", exc) from exc
+
+    def release_instance(self) -> int:
+        rows = self._run(
+            "release the instance's leases",
+            "WITH gone AS (DELETE FROM resgroups_fleet_leases WHERE instance_id = %s RETURNING 1)"
+            " SELECT count(*), pg_notify(%s, count(*)::text) FROM gone",
+            (self.instance_id, CHANNEL),
+        )
+        return int(rows[0][0])
+
+    def renew(self) -> int:
+        """The heartbeat: every lease of this instance renewed now."""
+        rows = self._run(
+            "renew leases",
+            "WITH renewed AS (UPDATE resgroups_fleet_leases SET renewed_at = now()"
+            " WHERE instance_id = %s RETURNING 1) SELECT count(*) FROM renewed",
+            (self.instance_id,),
+        )
+        return int(rows[0][0])
+
+    def sweep(self, expiry_s: float) -> tuple[int, list[str]] | None:
+        """As the one sweep owner (None when another instance is sweeping): expire
+        leases not renewed for ``expiry_s``, recount every counter that drifted
+        from its rows; (expired, groups recounted)."""
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                owner = conn.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", _SWEEP_LOCK)
+                row = owner.fetchone()
+                if not row or not row[0]:
+                    return None
+                expired = conn.execute(
+                    "DELETE FROM resgroups_fleet_leases"
+                    " WHERE renewed_at < now() - make_interval(secs => %s)",
+                    [expiry_s],
+                ).rowcount
+                drifted = [
+                    g
+                    for (g,) in conn.execute(
+                        "SELECT group_name FROM ("
+                        " SELECT c.group_name, c.leased, coalesce(l.n, 0) AS n"
+                        " FROM resgroups_fleet_counters c FULL JOIN"
+                        " (SELECT group_name, count(*) AS n FROM resgroups_fleet_leases"
+                        "  GROUP BY group_name) l USING (group_name)) d"
+                        " WHERE leased IS DISTINCT FROM n ORDER BY group_name"
+                    ).fetchall()
+                ]
+                if expired:
+                    conn.execute("SELECT pg_notify(%s, %s)", [CHANNEL, str(expired)])
+        except psycopg.Error as exc:
+            raise self._unavailable("sweep", exc) from exc
+        for group in drifted:  # each under its group's lock, in its own call
+            self._run("recount", "SELECT resgroups_fleet_recount(%s)", (group,))
+        return expired, drifted
+
+    def counts(self) -> dict[str, int]:
+        """Leases held per group, fleet-wide (the counters)."""
+        rows = self._run(
+            "read the counters", "SELECT group_name, leased FROM resgroups_fleet_counters"
+        )
+        return {str(g): int(n) for g, n in rows}
+
+    def listen_connection(self) -> psycopg.Connection[Any]:
+        """A dedicated connection (outside the pool) that LISTENs for releases."""
+        try:
+            conn = psycopg.connect(
+                self.dsn,
+                autocommit=True,
+                connect_timeout=5,
+                application_name=f"resgroups fleet listen {self.instance_id}",
+            )
+            conn.execute(f"LISTEN {CHANNEL}")
+            return conn
+        except psycopg.Error as exc:
+            raise self._unavailable("listen", exc) from exc
+
+    def close(self) -> None:
+        self._pool.close()

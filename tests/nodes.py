@@ -18,9 +18,9 @@ PROGRAM = Path(__file__).parent / "programs" / "catalog_node.py"
 
 
 class Node:
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, program: Path = PROGRAM) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(PROGRAM), *args],
+            [sys.executable, str(program), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

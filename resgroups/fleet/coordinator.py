@@ -27,7 +27,12 @@ from typing import Any
 
 import psycopg
 
-from resgroups.errors import CoordinationUnavailable, QueryCancelled, QueueTimeout
+from resgroups.errors import (
+    CoordinationUnavailable,
+    QueryCancelled,
+    QueryTimeout,
+    QueueTimeout,
+)
 from resgroups.fleet.releases import BatchedReleases
 from resgroups.fleet.store import LeaseStore, StoreUnavailable
 
@@ -106,6 +111,10 @@ class FleetCoordinator:
                     raise CoordinationUnavailable(
                         f"fleet coordination unreachable until the timeout [group={group}]: "
                         f"{unavailable}"
+                    )
+                if t >= deadline:
+                    raise QueryTimeout(
+                        f"query timeout while waiting for a fleet-wide slot [group={group}]"
                     )
                 raise QueueTimeout(
                     f"timed out waiting for a fleet-wide slot [group={group}, "

@@ -21,6 +21,7 @@ class Node:
     def __init__(self, *args: str, program: Path = PROGRAM) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(program), *args],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -57,12 +58,17 @@ class Node:
             if predicate(line):
                 return line
 
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
         self._reader.join(10)
-        for pipe in (self.proc.stdout, self.proc.stderr):
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()
 

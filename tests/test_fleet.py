@@ -248,3 +248,42 @@ def test_the_heartbeat_keeps_a_long_query_s_lease_past_the_expiry(pg_catalog: st
     finally:
         engine.close()
     assert _leases(pg_catalog) == 0  # close() released everything of the instance
+
+
+def test_a_waiter_in_another_process_starts_within_tens_of_milliseconds(pg_catalog: str) -> None:
+    """Process A holds the one slot; B (this process) waits; A's query ends: B
+    starts within 100 ms, median over 50 tries (the batcher's NOTIFY)."""
+    with Node(pg_catalog, "--holder", program=FLEET_NODE) as a:
+        a.wait_for(lambda m: m.get("ready", False))
+        b = resgroups.Engine(coordination=pg_catalog, workers=2)
+        try:
+            b.connect().execute(
+                "CREATE RESOURCE GROUP one WITH (max_active_queries = 1, queue_timeout = '30s')"
+            )
+            waiter = b.connect()
+            waiter.execute("SET RESOURCE GROUP one")
+            row = lambda: next(r for r in b.resource_groups() if r["name"] == "one")  # noqa: E731
+
+            def one_try() -> float:
+                a.send("enter")
+                a.wait_for(lambda m: m.get("holding", False))
+                started: list[float] = []
+
+                def wait() -> None:
+                    with waiter.query():
+                        started.append(time.time())
+
+                t = threading.Thread(target=wait)
+                t.start()
+                wait_until(lambda: row()["queued_queries"] == 1)
+                a.send("exit")
+                released = a.wait_for(lambda m: "released" in m)["released"]
+                t.join(10)
+                assert started, "the waiter never started"
+                return started[0] - released
+
+            delays = [one_try() for _ in range(50)]
+        finally:
+            b.close()
+        a.send("quit")
+    assert statistics.median(delays) < 0.1, sorted(delays)

@@ -29,7 +29,15 @@ def main() -> int:
     parser.add_argument("--hold", type=float, default=0.05)
     parser.add_argument("--forever", action="store_true")
     parser.add_argument("--expiry", type=float, default=300.0)
+    parser.add_argument(
+        "--holder",
+        action="store_true",
+        help="hold group 'one' (max_active_queries = 1) on 'enter', give it back on "
+        "'exit' (stdin lines), printing the wall-clock time of each release",
+    )
     args = parser.parse_args()
+    if args.holder:
+        return holder(args.dsn)
     out = threading.Lock()
     errors: list[str] = []
 
@@ -69,6 +77,29 @@ def main() -> int:
         t.join()
     engine.close()
     emit(done=True, errors=errors)
+    return 0
+
+
+def holder(dsn: str) -> int:
+    with resgroups.Engine(coordination=dsn, workers=1) as engine:
+        session = engine.connect()
+        session.execute(
+            "CREATE RESOURCE GROUP one WITH (max_active_queries = 1, queue_timeout = '30s')"
+        )
+        session.execute("SET RESOURCE GROUP one")
+        query = None
+        print(json.dumps({"ready": True}), flush=True)
+        for line in sys.stdin:
+            command = line.strip()
+            if command == "enter":
+                query = session.query()
+                query.__enter__()
+                print(json.dumps({"holding": True}), flush=True)
+            elif command == "exit" and query is not None:
+                query.__exit__(None, None, None)
+                print(json.dumps({"released": time.time()}), flush=True)
+            elif command == "quit":
+                break
     return 0
 
 

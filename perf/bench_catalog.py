@@ -24,27 +24,11 @@ import statistics
 import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+
+from _pg import scratch_database
 
 import resgroups
 from resgroups.catalog import Snapshot
-
-
-@contextmanager
-def _pg_database(dsn: str) -> Iterator[str]:
-    import psycopg
-
-    name = f"resgroups_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = dsn.rpartition("/")
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def measure(catalog: str, records: int) -> dict[str, float]:
@@ -91,7 +75,7 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as directory:
         results["directory"] = measure(directory, args.records)
-    with _pg_database(args.dsn) as dsn:
+    with scratch_database(args.dsn) as dsn:
         results["postgresql"] = measure(dsn, args.records)
     print(f"{args.records} records per backend; a primary and a replica in this process")
     print(f"{'backend':<12}{'appends/s':>12}{'commit->applied median':>26}{'p99':>10}")

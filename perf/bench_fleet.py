@@ -36,11 +36,11 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from _pg import scratch_database
 
 from resgroups.fleet.releases import BatchedReleases
 from resgroups.fleet.store import LeaseStore
@@ -55,19 +55,6 @@ CREATE TABLE IF NOT EXISTS naive_leases (query_id text PRIMARY KEY, group_name t
 CREATE INDEX IF NOT EXISTS naive_leases_group ON naive_leases (group_name);
 CREATE TABLE IF NOT EXISTS upsert_counters (group_name text PRIMARY KEY, leased bigint NOT NULL);
 """
-
-
-@contextmanager
-def database(dsn: str) -> Iterator[str]:
-    name = f"resgroups_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = dsn.rpartition("/")
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 Admit = Callable[[str], None]
@@ -200,7 +187,7 @@ def main() -> None:
     )
     parser.add_argument("--held", type=int, default=1000)
     args = parser.parse_args()
-    with database(args.dsn) as base:
+    with scratch_database(args.dsn) as base:
         for commit in ("on", "off"):
             sep = "&" if "?" in base else "?"
             dsn = f"{base}{sep}options=-c%20synchronous_commit%3D{commit}"

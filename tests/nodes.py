@@ -77,3 +77,27 @@ class Node:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+def follow_delays(catalog: str, statements: int = 20) -> list[float]:
+    """Run ``statements`` DDL statements on a primary in this process while a
+    replica process follows ``catalog``; the delay from each statement's return
+    to the replica having applied it. The replica must end with the primary's
+    snapshot (digests compared)."""
+    from catalog_digest import digest
+
+    import resgroups
+
+    with resgroups.Engine(catalog=catalog) as primary:  # the genesis record exists
+        target = primary.catalog_version + statements
+        with Node("replica", catalog, "--until", str(target)) as rep:
+            rep.wait_for(lambda m: "started" in m)
+            session = primary.connect()
+            written: dict[int, float] = {}
+            for i in range(statements):
+                session.execute(f"CREATE RESOURCE GROUP g{i}")
+                written[primary.catalog_version] = time.time()
+                time.sleep(0.02)
+            done = rep.wait_for(lambda m: m.get("done", False))
+        assert done["digest"] == digest(primary.snapshot)
+    return [m["at"] - written[m["version"]] for m in rep.seen if m.get("version") in written]

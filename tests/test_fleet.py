@@ -287,3 +287,16 @@ def test_a_waiter_in_another_process_starts_within_tens_of_milliseconds(pg_catal
             b.close()
         a.send("quit")
     assert statistics.median(delays) < 0.1, sorted(delays)
+
+
+def test_an_unreachable_coordination_database_refuses_to_start_and_masks_the_password() -> None:
+    with pytest.raises(resgroups.CoordinationUnavailable) as refused:
+        resgroups.Engine(coordination="postgresql://postgres:hunter2@127.0.0.1:1/nowhere")
+    assert "hunter2" not in str(refused.value)
+    assert refused.value.sqlstate == "08006"
+    with pytest.raises(resgroups.InvalidParameter, match="postgresql://"):
+        resgroups.Engine(coordination="mysql://somewhere")
+    with pytest.raises(resgroups.FeatureNotSupported, match="quota"):
+        resgroups.Engine(coordination="postgresql://x/y", fleet_admission="quota")
+    with pytest.raises(resgroups.InvalidParameter, match="longer than"):
+        resgroups.Engine(coordination="postgresql://x/y", lease_heartbeat=10, lease_expiry=5)

@@ -41,13 +41,12 @@ class LeaseStore:
             timeout=5.0,
             open=False,
         )
-        try:
-            self._pool.open(wait=True, timeout=10.0)
-            with self._pool.connection() as conn:
+        try:  # one direct connection first: an unreachable server fails at once
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
                 migrate(conn)
-        except Exception as exc:
-            self._pool.close()
+        except psycopg.Error as exc:
             raise StoreUnavailable(f"{self.name}: {redact(str(exc)).strip()}") from exc
+        self._pool.open(wait=False)
 
     def _unavailable(self, what: str, exc: Exception) -> StoreUnavailable:
         return StoreUnavailable(f"{self.name}: cannot {what}: {redact(str(exc)).strip()}")

@@ -38,6 +38,7 @@ from resgroups.errors import (
     InvalidParameter,
     QueryCancelled,
     QueryTimeout,
+    QueueTimeout,
 )
 from resgroups.interrupts import Hold
 from resgroups.sched.admission import Ticket, TicketState
@@ -412,6 +413,9 @@ class Query:
                 cancelled=self._is_cancelled,
                 now=self._now,
             )
+        except QueueTimeout:
+            runtime.fleet_timed_out()
+            raise
         finally:
             runtime.fleet_wait(-1)
 

@@ -56,6 +56,11 @@ class GroupRuntime:
         with self.gate.lock:
             self.fleet_waiting += delta
 
+    def fleet_timed_out(self) -> None:
+        """A wait for a fleet lease ended at the queue timeout: an admission timeout."""
+        with self.gate.lock:
+            self.gate.gate.admission_timeouts += 1
+
     def suspend(self, delta: int) -> None:
         with self.gate.lock:
             self.suspended += delta

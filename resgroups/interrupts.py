@@ -46,7 +46,20 @@ _SIGNALS: Final = tuple(
 
 Handler = Callable[[int, FrameType | None], Any]
 
-_depth = 0  # holds in force on the main thread
+
+class _State:
+    """The number of holds in force on the main thread. An attribute of a slotted
+    object, so that a caller can lower it inline (see :meth:`Hold.detach`): a
+    C-level store, with no point between it and the caller's next line where
+    CPython would run a signal handler."""
+
+    __slots__ = ("depth",)
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
+STATE: Final = _State()
 _pending: list[tuple[Handler, int, FrameType | None]] = []  # deferred signals, in order
 _callbacks: list[Callable[[int], None] | None] = []  # on_signal of each hold in force
 
@@ -60,7 +73,7 @@ class _Deferring:
         self.inner = inner
 
     def __call__(self, signum: int, frame: FrameType | None) -> Any:
-        if _depth == 0:
+        if STATE.depth == 0:
             return self.inner(signum, frame)
         _pending.append((self.inner, signum, frame))
         for callback in _callbacks:
@@ -111,13 +124,12 @@ class Hold:
         self.active = False
 
     def __enter__(self) -> Hold:
-        global _depth
         if threading.get_ident() != _MAIN:
             return self
-        if _depth == 0:
+        if STATE.depth == 0:
             _wrap_handlers()
         _callbacks.append(self.on_signal)
-        _depth += 1
+        STATE.depth += 1
         self.active = True
         return self
 
@@ -130,8 +142,22 @@ class Hold:
         """Run the deferred handlers now, at a point the holder chose because
         everything is consistent there (outermost hold only; an inner hold
         leaves them to the outer one)."""
-        if self.active and _depth == 1:
+        if self.active and STATE.depth == 1:
             _deliver()
+
+    def detach(self) -> bool:
+        """End the hold but for one step the caller does inline, as its last
+        statement before returning: ``interrupts.STATE.depth -= 1`` when this
+        returns True (nothing to do when it returns False: the hold was not in
+        force). For ``Query.__enter__``, which must never raise once it holds a
+        slot and a worker (no ``__exit__`` would follow): signals that arrive
+        from here on stay pending, and run at the end of the next hold (the
+        query's checkpoint or ``__exit__``); the handlers stay wrapped until then."""
+        if not self.active:
+            return False
+        self.active = False
+        _callbacks.pop()
+        return True
 
     def __exit__(
         self,
@@ -139,13 +165,12 @@ class Hold:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        global _depth
         if not self.active:
             return
         self.active = False
-        _depth -= 1
+        STATE.depth -= 1
         _callbacks.pop()
-        if _depth == 0:
+        if STATE.depth == 0:
             _restore_handlers()
             if _pending:
                 _deliver()

@@ -31,6 +31,7 @@ from enum import Enum
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
+from resgroups import interrupts
 from resgroups.errors import (
     Error,
     FeatureNotSupported,
@@ -315,18 +316,28 @@ class Query:
     def __enter__(self) -> Query:
         """Resolve, pass the gate, take a worker. Signals are held off throughout
         (resgroups.interrupts): an interrupt can only land before anything is
-        taken or once everything is recorded, and one that arrives while the
-        query waits (SIGINT) cancels the wait."""
+        taken, or once everything is given back again, and one that arrives
+        while the query waits (SIGINT) cancels the wait. Once the query holds
+        its slot and worker, this returns without a point where a signal
+        handler could raise (no ``__exit__`` would follow): a signal that
+        arrives in its last steps runs at the query's next hold (a checkpoint,
+        or ``__exit__``)."""
         if self.state is not QueryState.NEW:
             raise InternalError("a query is entered once")
-        with Hold(self._interrupted) as hold:
+        hold = Hold(self._interrupted)
+        hold.__enter__()  # a signal before this point finds nothing taken
+        try:
             self._enter()
             if hold.interrupted:  # a consistent point: let the handlers run now
-                try:
-                    hold.deliver()
-                except BaseException:
-                    self._leave()  # the with block never starts: give everything back
-                    raise
+                hold.deliver()
+        except BaseException:
+            try:
+                self._leave()  # still held: give everything back first (if not already)
+            finally:
+                hold.__exit__(None, None, None)  # then deliver what is pending
+            raise
+        if hold.detach():
+            interrupts.STATE.depth -= 1  # inline, the last step: see Hold.detach
         return self
 
     def _enter(self) -> None:

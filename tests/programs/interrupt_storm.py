@@ -27,6 +27,13 @@ import resgroups
 logging.getLogger("resgroups").setLevel(logging.ERROR)  # the 1,024 bytes left on purpose
 
 
+class Flag:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = False
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--interrupts", type=int, default=3000)
@@ -81,12 +88,15 @@ def main() -> int:
         threading.Thread(target=rival, daemon=True),
     ]
     # the handler raises only while a query is being entered, run or left, so
-    # every KeyboardInterrupt lands there and none in this loop's bookkeeping
-    armed = threading.Event()
+    # every KeyboardInterrupt lands there and none in this loop's bookkeeping.
+    # A plain flag, no lock: a handler that took a lock the interrupted code
+    # holds would wait on it, run the next signal's handler while waiting, and
+    # nest until the recursion limit.
+    armed = Flag()
 
     def on_sigint(signum: int, frame: object) -> None:
-        if armed.is_set():
-            armed.clear()
+        if armed.value:
+            armed.value = False
             raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_sigint)
@@ -98,11 +108,11 @@ def main() -> int:
         step = steps[iteration % len(steps)]
         iteration += 1
         try:
-            armed.set()
+            armed.value = True
             session.execute("SET RESOURCE GROUP " + ("narrow" if step == "queued" else "wide"))
             if step == "sql":  # the executor: morsels mapped over the pool
                 session.execute("SELECT sum(x) FROM long_sequence(20000)")
-                armed.clear()
+                armed.value = False
                 completed += 1
                 continue
             with session.query() as q:
@@ -116,13 +126,13 @@ def main() -> int:
                     q.suspend()
                     q.resume()
                 q.checkpoint()
-            armed.clear()
+            armed.value = False
             completed += 1
         except KeyboardInterrupt:
-            armed.clear()
+            armed.value = False
             caught[step] = caught.get(step, 0) + 1
         except resgroups.Error as exc:
-            armed.clear()
+            armed.value = False
             caught[type(exc).__name__] = caught.get(type(exc).__name__, 0) + 1
     stop.set()
     for t in threads:

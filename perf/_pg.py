@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,3 +23,14 @@ def scratch_database(dsn: str) -> Iterator[str]:
     finally:
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def add_dsn_argument(parser: argparse.ArgumentParser) -> None:
+    """``--dsn``: the server to create the scratch database on (default: the tests')."""
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get(
+            "RESGROUPS_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+        help="a PostgreSQL server to create the benchmark's database on",
+    )

@@ -19,13 +19,12 @@ The PostgreSQL backend gets a database of its own (created and dropped).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import threading
 import time
 
-from _pg import scratch_database
+from _pg import add_dsn_argument, scratch_database
 
 import resgroups
 from resgroups.catalog import Snapshot
@@ -64,13 +63,7 @@ def measure(catalog: str, records: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=300)
-    parser.add_argument(
-        "--dsn",
-        default=os.environ.get(
-            "RESGROUPS_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
-        ),
-        help="a PostgreSQL server to create the benchmark's database on",
-    )
+    add_dsn_argument(parser)
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as directory:

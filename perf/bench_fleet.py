@@ -31,7 +31,6 @@ the database is created and dropped by the run.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import threading
 import time
@@ -40,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from _pg import scratch_database
+from _pg import add_dsn_argument, scratch_database
 
 from resgroups.fleet.releases import BatchedReleases
 from resgroups.fleet.store import LeaseStore
@@ -179,12 +178,7 @@ def prepare(dsn: str, held: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument(
-        "--dsn",
-        default=os.environ.get(
-            "RESGROUPS_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
-        ),
-    )
+    add_dsn_argument(parser)
     parser.add_argument("--held", type=int, default=1000)
     args = parser.parse_args()
     with scratch_database(args.dsn) as base:

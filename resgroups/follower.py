@@ -48,10 +48,6 @@ class CatalogFollower:
         self._stop.set()
         thread.join(timeout)
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None
-
     def _run(self) -> None:
         wait = self._interval
         while not self._stop.is_set():

@@ -128,11 +128,7 @@ class Catalog:
         """Become a writer: take the log's writer lock, apply what is left, and
         write the genesis record onto a log that never had one; the records applied."""
         with self._lock:
-            records = self._log.promote()
-            for record in records:
-                self.note_seen(record.version)
-                self._publish(apply(self._snapshot, record))
-            self._behind_since = None
+            records = self._apply_read(self._log.promote())
             self.writer = True
         if not self._snapshot.has_catalog:
             self._write_genesis()
@@ -159,7 +155,10 @@ class Catalog:
             fn(self._snapshot)
 
     def _catch_up_locked(self) -> list[Record]:
-        records = self._log.read_new()
+        return self._apply_read(self._log.read_new())
+
+    def _apply_read(self, records: list[Record]) -> list[Record]:
+        """Lock held: apply records read from the log, in order, each published."""
         if records:
             self.note_seen(records[-1].version)
         for record in records:

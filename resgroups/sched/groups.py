@@ -99,11 +99,15 @@ class GroupRuntimes:
         elif group is not None and runtime is not None:
             self._configure(runtime, group)
         elif runtime is not None:
-            runtime.dropped = True
-            self._dropped.add(group_id)
-            self._special.discard(group_id)
+            self._mark_dropped_locked(runtime)
             if runtime.idle:
                 self._forget_locked(runtime)
+
+    def _mark_dropped_locked(self, runtime: GroupRuntime) -> None:
+        """The group is gone from the catalog; its runtime stays while queries run."""
+        runtime.dropped = True
+        self._dropped.add(runtime.group_id)
+        self._special.discard(runtime.group_id)
 
     def _forget_locked(self, runtime: GroupRuntime) -> None:
         del self._runtimes[runtime.group_id]
@@ -130,9 +134,7 @@ class GroupRuntimes:
             if runtime is None:
                 runtime = self._runtimes[group.id] = self._new(group)
                 if self._snapshot().group(group.id) is None:
-                    runtime.dropped = True
-                    self._dropped.add(group.id)
-                    self._special.discard(group.id)
+                    self._mark_dropped_locked(runtime)
                 self._update_engagement()
             return runtime
 

@@ -45,8 +45,7 @@ from resgroups.errors import (
 )
 from resgroups.result import Result
 from resgroups.session import Session
-
-__version__ = "0.1.0"
+from resgroups.version import __version__
 
 __all__ = [
     "AdmissionRejected",

@@ -221,6 +221,19 @@ class Authenticator:
                 return Identity(principal.name, login_id=principal.id)
         raise AuthenticationFailed(f"password authentication failed for user {name!r}")
 
+    def credentials(self, snap: Snapshot, name: str) -> tuple[Identity | None, str | None]:
+        """For protocols that check the password themselves (SCRAM): the identity
+        ``name`` logs in as (None: it cannot log in, being unknown or an ACL
+        group) and its stored password hash (None: no password is needed)."""
+        if not self.access_control:
+            return Identity(name), None
+        if name == self.admin_user:
+            return Identity(name, is_admin=True), self._admin_hash
+        principal = snap.find_principal(Ident(name))
+        if principal is None or principal.kind is PrincipalKind.GROUP:
+            return None, _DUMMY_HASH
+        return Identity(principal.name, login_id=principal.id), principal.password_hash
+
     @staticmethod
     def _passes(given: str | None, stored: str | None) -> bool:
         """Does ``given`` match ``stored`` (None: no password needed)? Always one hash."""

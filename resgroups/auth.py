@@ -54,3 +54,20 @@ def verify_password(password: str, stored: str) -> bool:
         given, digest_hex = b"", ""
     digest = hashlib.pbkdf2_hmac("sha256", given, bytes.fromhex(salt_hex), int(iterations))
     return hmac.compare_digest(digest.hex(), digest_hex)
+
+
+def scram_keys(stored: str) -> tuple[bytes, bytes, bytes, int]:
+    """SCRAM-SHA-256 verifier (salt, StoredKey, ServerKey, iterations) of a stored
+    hash: its PBKDF2-HMAC-SHA256 digest is exactly SCRAM's SaltedPassword
+    (RFC 5802 Hi()), so a SCRAM client proves the password without sending it.
+    (SCRAM clients normalise the password with SASLprep first: a password
+    that SASLprep changes, e.g. one with non-NFKC characters, logs in over
+    the wire only with cleartext authentication.)"""
+    scheme, iterations, salt_hex, digest_hex = stored.split("$")
+    if scheme != "pbkdf2_sha256":
+        raise ValueError(f"not a pbkdf2_sha256 hash: {scheme}")
+    salted = bytes.fromhex(digest_hex)
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    return bytes.fromhex(salt_hex), stored_key, server_key, int(iterations)

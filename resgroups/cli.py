@@ -34,6 +34,49 @@ def _parser() -> argparse.ArgumentParser:
     shell.add_argument("--admin-user", default="admin", help="the admin's name (default admin)")
     shell.add_argument("--admin-password", help="the admin's password (default: none)")
 
+    serve = commands.add_parser(
+        "serve", help="PostgreSQL wire protocol and HTTP servers over one engine"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    serve.add_argument(
+        "--pg-port", type=int, default=8812, help="PostgreSQL wire protocol port (8812; 0: any)"
+    )
+    serve.add_argument("--http-port", type=int, default=9000, help="HTTP port (9000; 0: any)")
+    serve.add_argument(
+        "--catalog",
+        metavar="DIR|postgresql://...",
+        help="durable catalog: a directory or a PostgreSQL database (default: in memory)",
+    )
+    serve.add_argument(
+        "--replica", action="store_true", help="follow --catalog read-only (DDL is refused)"
+    )
+    serve.add_argument(
+        "--coordination",
+        metavar="postgresql://...",
+        help="fleet-wide admission through this PostgreSQL database",
+    )
+    serve.add_argument("--workers", type=int, help="shared pool size (default: the CPUs)")
+    serve.add_argument(
+        "--access-control",
+        action="store_true",
+        help="principals, passwords and permissions; the admin's password comes from "
+        "RESGROUPS_ADMIN_PASSWORD",
+    )
+    serve.add_argument("--admin-user", default="admin", help="the admin's name (default admin)")
+    serve.add_argument(
+        "--auth-method",
+        choices=("scram-sha-256", "md5", "password"),
+        default="scram-sha-256",
+        help="wire protocol password exchange with access control on (scram-sha-256)",
+    )
+    serve.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGINT/SIGTERM, how long running queries may finish (30)",
+    )
+
     demo = commands.add_parser(
         "demo", help="dashboards vs a nightly report, without and with resource groups"
     )
@@ -64,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             scenario_name=args.scenario,
             out=sys.stdout,
         )
+    if args.command == "serve":
+        return _serve(args)
     from resgroups.engine import Engine
 
     try:
@@ -89,6 +134,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         from resgroups import shell
 
         return shell.main(session, command=args.command)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    from resgroups.engine import Engine
+    from resgroups.server.app import Listeners, serve
+
+    logging.basicConfig(level=logging.WARNING, format="resgroups: %(levelname)s %(message)s")
+    if args.replica and not args.catalog:
+        print("resgroups: --replica follows a catalog: give --catalog", file=sys.stderr)
+        return 2
+    password = os.environ.get("RESGROUPS_ADMIN_PASSWORD") or None
+    try:
+        engine = Engine(
+            catalog=args.catalog,
+            role="replica" if args.replica else "primary",
+            coordination=args.coordination,
+            workers=args.workers,
+            access_control=args.access_control,
+            admin_user=args.admin_user,
+            admin_password=password,
+        )
+    except Error as exc:
+        print(f"resgroups: {exc}", file=sys.stderr)
+        return 2
+
+    def ready(listeners: Listeners) -> None:
+        print(listeners.describe(), flush=True)
+
+    try:
+        return serve(
+            engine,
+            host=args.host,
+            pg_port=args.pg_port,
+            http_port=args.http_port,
+            auth_method=args.auth_method,
+            grace=args.grace,
+            ready=ready,
+        )
+    except OSError as exc:
+        print(f"resgroups: cannot listen: {exc}", file=sys.stderr)
+        engine.close()
+        return 2
+    finally:
+        engine.close()
 
 
 if __name__ == "__main__":

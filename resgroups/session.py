@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 from resgroups.access import Identity, login_principal, resolve, still_assumed
 from resgroups.catalog.model import GroupDef
 from resgroups.errors import QueryCancelled
-from resgroups.query import Query
-from resgroups.result import Result
+from resgroups.query import Query, QueryState
+from resgroups.result import Cursor, Result
+from resgroups.sql import ast
 from resgroups.sql.parser import parse_script
-from resgroups.statements.dispatch import execute_statement
+from resgroups.statements.dispatch import describe, execute_statement, open_cursor
 
 if TYPE_CHECKING:
     from resgroups.engine import Engine
@@ -65,9 +66,10 @@ class Session:
 
     def cancel(self) -> int:
         """Cancel every query this session has in flight, from any thread (what
-        Ctrl-C in the shell and a wire protocol cancel request do); how many."""
+        Ctrl-C in the shell and a wire protocol cancel request do); how many.
+        A suspended cursor is not in flight: it is left for its next fetch."""
         self._cancel_requested = True
-        running = list(self._running)
+        running = [q for q in list(self._running) if q.state is not QueryState.SUSPENDED]
         for query in running:
             query.cancel()
         return len(running)
@@ -111,6 +113,28 @@ class Session:
         unmanaged (no slot, no worker, ``q.group`` is None).
         """
         return Query(self, kind, pool)
+
+    def run(self, stmt: ast.Statement) -> Result:
+        """One parsed statement (what execute_script does for each of its own)."""
+        self._refresh_identity()
+        return execute_statement(self, stmt)
+
+    def open_cursor(self, stmt: ast.Statement) -> Cursor:
+        """One parsed statement's result as a cursor read a page at a time: a
+        SELECT over the executor's sources becomes a paging cursor whose query
+        is suspended between pages (SPEC §6); any other statement runs now."""
+        self._refresh_identity()
+        return open_cursor(self, stmt)
+
+    def describe(self, stmt: ast.Statement) -> tuple[list[str], list[str]] | None:
+        """The columns and types a SELECT would return, without running it (None:
+        not a SELECT)."""
+        self._refresh_identity()
+        return describe(self, stmt)
+
+    def clear_cancel(self) -> None:
+        """A new request begins: a cancel that came before it is forgotten."""
+        self._cancel_requested = False
 
     def execute(self, sql: str) -> Result:
         """Run every statement of ``sql``; the last one's result."""

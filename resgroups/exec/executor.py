@@ -19,10 +19,12 @@ no persistence.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -40,12 +42,12 @@ from resgroups.exec.vector import (
     partial,
     supported,
 )
-from resgroups.query import Query, Task
+from resgroups.query import Query, QueryState, Task
 from resgroups.result import Result
 from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext, Scope, compile_expr, find_aggregates
-from resgroups.sql.select import Relation, output_name, run_select
-from resgroups.sql.semantics import INT, INT64_MAX, check_select_list, result_type
+from resgroups.sql.select import Relation, run_select, select_shape
+from resgroups.sql.semantics import INT, INT64_MAX
 
 if TYPE_CHECKING:
     from resgroups.session import Session
@@ -120,16 +122,12 @@ class Scan:
         self.source = source
         self.scope = Scope(source.names, source.types)
         self.ctx = EvalContext(current_group=q.group)
-        items = stmt.items or tuple(
-            ast.SelectItem(ast.Column(ast.Ident(n, quoted=True))) for n in source.names
-        )
-        self.items = items
-        self.names = tuple(output_name(i) for i in items)
-        exprs = [i.expr for i in items]
         # typed and checked before the first morsel: an empty source fails and
         # types its columns exactly as a full one does
-        types = check_select_list(exprs, stmt.where, self.scope.column_type)
-        self.types = tuple(result_type(t) for t in types)
+        shape = select_shape(stmt, self.scope)
+        self.items, self.names, self.types = shape.items, shape.names, shape.types
+        items = self.items
+        exprs = [i.expr for i in items]
         for expr in [*exprs, *([stmt.where] if stmt.where is not None else [])]:
             supported(expr)
         self.aggregates = list(
@@ -264,7 +262,115 @@ def select(session: Session, stmt: ast.Select) -> Result:
                 )
                 rows = ordered.rows
     result = Result.table(names, rows, types)
-    return replace(result, timings=_timings(q, started, scan))
+    return replace(result, timings=_timings(q, started, scan), group=q.group)
+
+
+class ScanCursor:
+    """A SELECT over a source read a page at a time: a paging cursor (SPEC §6).
+
+    Its managed query is entered once and suspended between pages, so it holds
+    no admission slot and no worker while the client reads; each ``fetch``
+    passes the gate again. A refused resume raises and leaves the cursor as it
+    was (the caller may retry or close it). A projection without ORDER BY
+    streams: each page scans only the morsels it needs, and the rows scanned
+    but not yet fetched stay charged to the query's memory. Aggregates and
+    ORDER BY need every row first, so the first fetch computes them all.
+    """
+
+    status = ""
+
+    def __init__(self, session: Session, stmt: ast.Select) -> None:
+        source = source_of(session, stmt)
+        self._q = q = session.query(kind="select")
+        q.__enter__()
+        try:
+            self._scan = scan = Scan(session, q, stmt, source)
+            self.columns: tuple[str, ...] = scan.names
+            self.types: tuple[str, ...] = scan.types
+            streams = not scan.aggregates and not stmt.order_by
+            self._rows: Iterator[tuple[Any, ...]] = (
+                self._stream(stmt.limit) if streams else self._all(stmt)
+            )
+            self._ahead: list[tuple[Any, ...]] = []  # one row read ahead: is there more?
+            self._done = False
+            q.suspend()
+        except BaseException:
+            q.__exit__(None, None, None)
+            raise
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def query(self) -> Query:
+        return self._q
+
+    def fetch(self, n: int | None) -> list[tuple[Any, ...]]:
+        if self._done:
+            return []
+        self._q.resume()  # may raise: still suspended, retryable
+        try:
+            want = None if n is None else n + 1 - len(self._ahead)
+            page = self._ahead + list(self._rows if want is None else islice(self._rows, want))
+        except BaseException:
+            self.close()
+            raise
+        if n is not None and len(page) > n:
+            self._ahead = page[n:]
+            self._q.suspend()
+            return page[:n]
+        self._ahead = []
+        self.close()
+        return page
+
+    def close(self) -> None:
+        if self._q.state is QueryState.DONE:
+            return
+        self._done = True
+        try:
+            close_rows = getattr(self._rows, "close", None)
+            if close_rows is not None:
+                close_rows()  # gives back the memory of rows scanned but not fetched
+        finally:
+            self._q.__exit__(None, None, None)
+
+    def _stream(self, limit: int | None) -> Iterator[tuple[Any, ...]]:
+        scan, q = self._scan, self._q
+        exprs = [i.expr for i in scan.items]
+
+        def body(m: Morsel) -> list[Array]:
+            out = [np.array(evaluate(e, m), copy=True) for e in exprs]
+            return [np.broadcast_to(a, (m.n,)).copy() if a.shape != (m.n,) else a for a in out]
+
+        left = math.inf if limit is None else limit
+        for morsels in scan.batches():
+            if left <= 0:
+                return
+            for chunk in q.map(lambda task, ms: scan._run(task, ms, body), morsels):
+                held = sum(a.nbytes for a in chunk)
+                q.memory.allocate(held)  # charged until the chunk's rows are fetched
+                try:
+                    for row in _rows(chunk):
+                        if left <= 0:
+                            return
+                        left -= 1
+                        yield row
+                finally:
+                    q.memory.release(held)
+
+    def _all(self, stmt: ast.Select) -> Iterator[tuple[Any, ...]]:
+        scan, q = self._scan, self._q
+        if scan.aggregates:
+            _, rows = scan.aggregate()
+        else:
+            rows = _rows(scan.project())
+            rows = run_select(
+                ast.Select(None, None, None, stmt.order_by, stmt.limit),
+                Relation(scan.names, rows, scan.types),
+                EvalContext(current_group=q.group),
+            ).rows
+        yield from rows
 
 
 def _materialize(

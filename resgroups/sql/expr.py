@@ -35,6 +35,7 @@ from resgroups.sql.semantics import (
     int_literal,
     truncated_div,
 )
+from resgroups.version import VERSION_STRING
 
 __all__ = [
     "AGGREGATES",
@@ -157,6 +158,7 @@ SCALAR_FUNCTIONS: Final[dict[str, tuple[Callable[..., Any], bool]]] = {
 }
 CONTEXT_FUNCTIONS: Final[dict[str, Callable[[EvalContext], Any]]] = {
     "current_resource_group": lambda ctx: ctx.current_group,
+    "version": lambda ctx: VERSION_STRING,
 }
 
 

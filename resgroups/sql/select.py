@@ -52,6 +52,23 @@ def _items(select: ast.Select, scope: Scope) -> tuple[ast.SelectItem, ...]:
     return tuple(ast.SelectItem(ast.Column(ast.Ident(n, quoted=True))) for n in scope.names)
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What a SELECT returns, known before any row is read."""
+
+    items: tuple[ast.SelectItem, ...]  # the select list, * expanded
+    names: tuple[str, ...]
+    types: tuple[str, ...]  # result types ("int", "text", ...)
+
+
+def select_shape(select: ast.Select, scope: Scope) -> Shape:
+    """The select list of ``select`` over ``scope`` expanded, named and typed (and
+    its WHERE checked): the same for both evaluators and for a description."""
+    items = _items(select, scope)
+    types = check_select_list([i.expr for i in items], select.where, scope.column_type)
+    return Shape(items, tuple(output_name(i) for i in items), tuple(result_type(t) for t in types))
+
+
 def _compare_keys(
     descending: Sequence[bool],
     a: tuple[tuple[Any, ...], tuple[Any, ...]],
@@ -76,10 +93,8 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
     source gives typed columns and the same errors as a full one.
     """
     scope = Scope(source.columns, source.types)
-    items = _items(select, scope)
-    names = tuple(output_name(i) for i in items)
-    types = check_select_list([i.expr for i in items], select.where, scope.column_type)
-
+    shape = select_shape(select, scope)
+    items, names = shape.items, shape.names
     rows = source.rows
     if select.where is not None:
         predicate = compile_expr(select.where, scope, ctx)
@@ -110,7 +125,7 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
 
     if select.limit is not None:
         outputs = outputs[: select.limit]
-    return Relation(names, outputs, tuple(result_type(t) for t in types))
+    return Relation(names, outputs, shape.types)
 
 
 def _order_key(

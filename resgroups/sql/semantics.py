@@ -198,7 +198,7 @@ FUNCTIONS: Final[Mapping[str, Function]] = {
     "round": Function((1, 2), _same_number),
     "coalesce": Function((1, 255), _coalesce),
 }
-CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {"current_resource_group": TEXT}
+CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {"current_resource_group": TEXT, "version": TEXT}
 AGGREGATES: Final = ("count", "sum", "avg", "min", "max")
 
 

@@ -8,17 +8,17 @@ raise FeatureNotSupported without it) and the permission it needs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final
 
 from resgroups.access import check_group_admin, check_use, find_group
 from resgroups.errors import FeatureNotSupported, PermissionDenied
 from resgroups.exec import executor
-from resgroups.result import Result
+from resgroups.result import Cursor, Result, RowsCursor
 from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext, Scope, compile_expr
-from resgroups.sql.select import Relation, run_select
+from resgroups.sql.select import Relation, run_select, select_shape
 from resgroups.statements import groups, principals
 from resgroups.statements.table_functions import relation, table_function
 
@@ -78,15 +78,43 @@ def select(session: Session, stmt: ast.Select) -> Result:
             values = tuple(compile_expr(a, _NO_COLUMNS, EvalContext())(()) for a in args)
             source = relation(session, fn, values)
             managed = not fn.engine_state
+    group = None
     if not managed:
         out = run_select(stmt, source, EvalContext())
     else:
         with session.query(kind="select") as q:
             out = run_select(stmt, source, EvalContext(current_group=q.group))
-    return Result.table(out.columns, out.rows, out.types)
+            group = q.group
+    return replace(Result.table(out.columns, out.rows, out.types), group=group)
 
 
 _NO_COLUMNS: Final = Scope(())
+
+
+def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str]] | None:
+    """The columns and types ``stmt`` returns, without running it (None: not a SELECT)."""
+    if not isinstance(stmt, ast.Select):
+        return None
+    if executor.is_executor_source(stmt):
+        source = executor.source_of(session, stmt)
+        names, types = source.names, source.types
+    elif isinstance(stmt.source, ast.TableFunction):
+        fn = table_function(stmt.source.name)
+        names = tuple(name for name, _ in fn.columns)
+        types = tuple(kind for _, kind in fn.columns)
+    else:
+        names = types = ()
+    shape = select_shape(stmt, Scope(names, types))
+    return list(shape.names), list(shape.types)
+
+
+def open_cursor(session: Session, stmt: ast.Statement) -> Cursor:
+    """``stmt``'s result a page at a time: a paging cursor over the executor's
+    sources (its query suspended between pages), else the whole result now."""
+    if isinstance(stmt, ast.Select) and executor.is_executor_source(stmt):
+        return executor.ScanCursor(session, stmt)
+    return RowsCursor(execute_statement(session, stmt))
+
 
 _DDL = Needs.GROUP_ADMIN
 RULES: Final[dict[type, Rule]] = {

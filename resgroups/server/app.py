@@ -1,0 +1,157 @@
+"""``resgroups serve``: both listeners on one event loop, and a clean shutdown.
+
+SIGINT or SIGTERM stops the listeners, ends idle connections (their cursors
+closed, so their memory comes back), then closes the engine: queued queries
+fail at once (57P01), running ones get ``grace`` seconds to finish before
+they are cancelled, and every slot and worker is back before the process
+exits with status 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import signal
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from aiohttp import web
+
+from resgroups.errors import EngineClosed
+from resgroups.server.http import HttpFront
+from resgroups.server.pgwire import Backend
+
+if TYPE_CHECKING:
+    from resgroups.engine import Engine
+
+log = logging.getLogger("resgroups.server")
+
+DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_PG_PORT: Final = 8812
+DEFAULT_HTTP_PORT: Final = 9000
+MAX_REQUESTS: Final = 256  # requests executing at once (threads); more wait for one
+
+
+@dataclass(frozen=True)
+class Listeners:
+    """Where the server listens, as bound (a port 0 becomes the port chosen)."""
+
+    host: str
+    pg_port: int
+    http_port: int
+
+    def describe(self) -> str:
+        return (
+            f"resgroups serve: PostgreSQL wire protocol on {self.host}:{self.pg_port}, "
+            f"HTTP on {self.host}:{self.http_port}"
+        )
+
+
+class Server:
+    """The wire protocol and HTTP listeners over one engine, on the running loop."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        host: str = DEFAULT_HOST,
+        pg_port: int = DEFAULT_PG_PORT,
+        http_port: int = DEFAULT_HTTP_PORT,
+        auth_method: str = "scram-sha-256",
+        max_requests: int = MAX_REQUESTS,
+    ) -> None:
+        self.engine = engine
+        self.host = host
+        self._ports = (pg_port, http_port)
+        self.executor = ThreadPoolExecutor(max_requests, thread_name_prefix="resgroups-request")
+        self.backend = Backend(engine, self.executor, auth_method=auth_method)
+        self.http = HttpFront(engine, self.executor)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pg: asyncio.Server | None = None
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> Listeners:
+        pg_port, http_port = self._ports
+        self._pg = await asyncio.start_server(self._accept, self.host, pg_port, backlog=1024)
+        self._runner = web.AppRunner(self.http.app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, http_port, backlog=1024)
+        await site.start()
+        pg_bound = self._pg.sockets[0].getsockname()[1]
+        server = site._server
+        assert isinstance(server, asyncio.Server)
+        http_bound = server.sockets[0].getsockname()[1]
+        return Listeners(self.host, pg_bound, http_bound)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self.backend.handle(reader, writer)
+        finally:
+            self._tasks.discard(task)
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop listening, end idle connections, then close the engine."""
+        loop = asyncio.get_running_loop()
+        if self._pg is not None:
+            self._pg.close()
+        self.backend.closing = self.http.closing = True
+        closing = EngineClosed("terminating connection due to administrator command")
+        for conn in list(self.backend.connections.values()):
+            conn.end(closing)  # an idle one ends now; a busy one after its request
+        idle = [t for t in self._tasks if not t.done()]
+        if idle:
+            await asyncio.wait(idle, timeout=1.0)
+        await loop.run_in_executor(None, self.engine.close, grace)
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
+        for task in self._tasks:
+            task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _raise_fd_limit() -> None:
+    """Thousands of idle clients need thousands of descriptors: lift the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def serve(
+    engine: Engine,
+    *,
+    host: str = DEFAULT_HOST,
+    pg_port: int = DEFAULT_PG_PORT,
+    http_port: int = DEFAULT_HTTP_PORT,
+    auth_method: str = "scram-sha-256",
+    grace: float = 30.0,
+    ready: Callable[[Listeners], None] = lambda listeners: None,
+) -> int:
+    """Serve until SIGINT or SIGTERM; 0 once everything is given back."""
+    _raise_fd_limit()
+
+    async def main() -> None:
+        server = Server(
+            engine, host=host, pg_port=pg_port, http_port=http_port, auth_method=auth_method
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        ready(await server.start())
+        await stop.wait()
+        log.info("shutting down: draining running queries for up to %ss", grace)
+        await server.shutdown(grace)
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,417 @@
+"""Statements a wire connection answers itself, and its settings.
+
+A PostgreSQL connection carries state that is not the engine's: transaction
+blocks (drivers that do not autocommit send ``BEGIN``/``COMMIT``), run-time
+settings drivers read and set on connect (``client_encoding``,
+``application_name``, ``DateStyle``, ...), cursors (``DECLARE``/``FETCH``/
+``MOVE``/``CLOSE``, what psycopg's server-side cursors send) and prepared
+statements (``DEALLOCATE``). :func:`recognize` picks these out by their
+leading words; every other statement goes to the engine's parser. DDL
+applies at once whatever the transaction block: ``BEGIN`` and ``COMMIT``
+only track what the driver expects to see.
+"""
+
+from __future__ import annotations
+
+import re
+import zoneinfo
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from resgroups.errors import Error, FeatureNotSupported, SqlSyntaxError, did_you_mean
+from resgroups.version import SERVER_VERSION
+
+_TOKEN: Final = re.compile(
+    r"""\s+|--[^\n]*|/\*(?:.|\n)*?\*/|(?P<word>[A-Za-z_][A-Za-z0-9_$]*)|(?P<quoted>"(?:[^"]|"")*")"""
+    r"""|(?P<string>'(?:[^']|'')*')|(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"""
+    r"""|(?P<punct>[^\s])"""
+)
+
+
+class UndefinedObject(Error):
+    """An unknown setting, cursor or prepared statement (42704 / 34000 / 26000)."""
+
+    sqlstate = "42704"
+
+
+class CantChangeRuntimeParam(Error):
+    sqlstate = "55P02"
+
+
+@dataclass(frozen=True)
+class Token:
+    kind: str  # word, quoted, string, number, punct
+    text: str  # words lower-cased; quoted names and strings unquoted
+    at: int
+
+
+def tokens(sql: str) -> list[Token] | None:
+    """The tokens of ``sql``; None when it holds something this lexer does not know
+    (such a statement is not one of these, and goes to the engine's parser)."""
+    out: list[Token] = []
+    at = 0
+    while at < len(sql):
+        m = _TOKEN.match(sql, at)
+        if m is None:
+            return None
+        kind = m.lastgroup
+        if kind == "word":
+            out.append(Token(kind, m.group().lower(), at))
+        elif kind in ("quoted", "string"):
+            quote = m.group()[0]
+            out.append(Token(kind, m.group()[1:-1].replace(quote * 2, quote), at))
+        elif kind is not None:
+            out.append(Token(kind, m.group(), at))
+        at = m.end()
+    while out and out[-1].text == ";":
+        out.pop()
+    return out
+
+
+# ---- settings ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # as SHOW ALL spells it
+    default: str
+    check: Callable[[str], str] | None = None  # normalises a new value or raises; None: fixed
+    report: bool = False  # sent as ParameterStatus when it changes (GUC_REPORT)
+    description: str = ""
+
+
+def _choice(*allowed: str, canonical: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if value.lower().replace("-", "") not in {a.lower().replace("-", "") for a in allowed}:
+            raise FeatureNotSupported(
+                f"value {value!r} is not supported here (allowed: {', '.join(allowed)})"
+            )
+        return canonical
+
+    return check
+
+
+def _datestyle(value: str) -> str:
+    words = {w.strip().lower() for w in value.split(",")}
+    if not words <= {"iso", "mdy", "dmy", "ymd", "us", "european", "noneuropean", "postgres"} or (
+        words - {"mdy", "dmy", "ymd", "us", "european", "noneuropean"} != {"iso"}
+    ):
+        raise FeatureNotSupported(
+            f"DateStyle {value!r} is not supported: timestamps are sent in ISO format "
+            "(allowed: ISO with any field order)"
+        )
+    order = "DMY" if words & {"dmy", "european"} else "YMD" if "ymd" in words else "MDY"
+    return f"ISO, {order}"
+
+
+def _timezone(value: str) -> str:
+    try:
+        zoneinfo.ZoneInfo(value)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise InvalidSetting(f'invalid value for parameter "TimeZone": {value!r}') from None
+    return value
+
+
+def _int_range(low: int, high: int, name: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        try:
+            number = int(value)
+        except ValueError:
+            raise InvalidSetting(f"parameter {name!r} requires an integer value") from None
+        if not low <= number <= high:
+            raise InvalidSetting(
+                f"{number} is outside the valid range for parameter {name!r} ({low} .. {high})"
+            )
+        return str(number)
+
+    return check
+
+
+def _any(value: str) -> str:
+    return value
+
+
+class InvalidSetting(Error):
+    sqlstate = "22023"
+
+
+SETTINGS: Final[dict[str, Setting]] = {
+    s.name.lower(): s
+    for s in (
+        Setting("server_version", SERVER_VERSION, None, True, "the PostgreSQL version spoken"),
+        Setting("server_encoding", "UTF8", None, True, "the server's character set"),
+        Setting(
+            "client_encoding",
+            "UTF8",
+            _choice("UTF8", "UNICODE", canonical="UTF8"),
+            True,
+            "the client's character set (UTF8 only)",
+        ),
+        Setting("DateStyle", "ISO, MDY", _datestyle, True, "display format of dates"),
+        Setting("TimeZone", "UTC", _timezone, True, "time zone of timestamptz text"),
+        Setting("integer_datetimes", "on", None, True, "timestamps are 64-bit integers"),
+        Setting(
+            "standard_conforming_strings",
+            "on",
+            _choice("on", canonical="on"),
+            True,
+            "backslashes in '...' are literal",
+        ),
+        Setting("IntervalStyle", "postgres", _choice("postgres", canonical="postgres"), True),
+        Setting("application_name", "", _any, True, "the client's name for itself"),
+        Setting("extra_float_digits", "1", _int_range(-15, 3, "extra_float_digits")),
+        Setting(
+            "search_path", '"$user", public', _any, False, "accepted; resgroups has no schemas"
+        ),
+        Setting("is_superuser", "off", None, True, "is the session the admin"),
+        Setting("session_authorization", "", None, True, "the login name"),
+    )
+}
+
+
+def find_setting(name: str) -> Setting:
+    setting = SETTINGS.get(name.lower())
+    if setting is None:
+        raise UndefinedObject(
+            f'unrecognized configuration parameter "{name}"'
+            + did_you_mean(name.lower(), list(SETTINGS))
+        )
+    return setting
+
+
+def apply_setting(values: dict[str, str], name: str, value: str | None) -> None:
+    """SET name = value (None: RESET / SET ... TO DEFAULT) into ``values``."""
+    setting = find_setting(name)
+    if setting.check is None:
+        raise CantChangeRuntimeParam(f'parameter "{setting.name}" cannot be changed')
+    key = setting.name.lower()
+    if value is None:
+        values.pop(key, None)
+    else:
+        values[key] = setting.check(value)
+
+
+# ---- the statements ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Transaction:
+    action: str  # "begin", "commit", "rollback"
+
+
+@dataclass(frozen=True)
+class SetParameter:
+    name: str
+    value: str | None  # None: DEFAULT / RESET
+
+
+@dataclass(frozen=True)
+class ShowParameter:
+    name: str  # "all" for SHOW ALL
+
+
+@dataclass(frozen=True)
+class Declare:
+    name: str
+    query: str  # the text after FOR
+    offset: int  # where it starts in the statement
+    hold: bool
+    binary: bool
+
+
+@dataclass(frozen=True)
+class Fetch:
+    name: str
+    count: int | None  # None: ALL
+    move: bool  # MOVE: skip the rows instead of sending them
+
+
+@dataclass(frozen=True)
+class CloseCursor:
+    name: str | None  # None: CLOSE ALL
+
+
+@dataclass(frozen=True)
+class Deallocate:
+    name: str | None  # None: DEALLOCATE ALL
+
+
+@dataclass(frozen=True)
+class CursorExists:
+    """``SELECT 1 FROM pg_catalog.pg_cursors WHERE name = '...'``: what psycopg asks
+    before closing a cursor whose DECLARE it did not see succeed."""
+
+    name: str
+
+
+WireCommand = (
+    Transaction
+    | SetParameter
+    | ShowParameter
+    | Declare
+    | Fetch
+    | CloseCursor
+    | Deallocate
+    | CursorExists
+)
+WIRE_COMMANDS: Final = (
+    Transaction, SetParameter, ShowParameter, Declare, Fetch, CloseCursor, Deallocate, CursorExists,
+)  # fmt: skip
+_CURSOR_EXISTS: Final = re.compile(
+    r"\s*select\s+1\s+from\s+pg_catalog\.pg_cursors\s+where\s+name\s*=\s*'((?:[^']|'')*)'\s*;?\s*",
+    re.IGNORECASE,
+)
+
+_TRANSACTION_WORDS: Final = {
+    "begin": "begin",
+    "start": "begin",
+    "commit": "commit",
+    "end": "commit",
+    "rollback": "rollback",
+    "abort": "rollback",
+}
+_ENGINE_SHOWS: Final = {"users", "groups", "service"}
+_TX_MODE_WORDS: Final = {
+    "isolation", "level", "serializable", "repeatable", "read", "committed", "uncommitted",
+    "write", "only", "deferrable", "not", ",",
+}  # fmt: skip
+
+
+def _syntax(sql: str, at: int, message: str) -> SqlSyntaxError:
+    line = sql.count("\n", 0, at) + 1
+    column = at - (sql.rfind("\n", 0, at) + 1) + 1
+    return SqlSyntaxError(message, line=line, column=column, position=at)
+
+
+def recognize(sql: str) -> WireCommand | None:
+    """The connection statement ``sql`` is, or None when it is the engine's."""
+    exists = _CURSOR_EXISTS.fullmatch(sql)
+    if exists is not None:
+        return CursorExists(exists.group(1).replace("''", "'"))
+    toks = tokens(sql)
+    if not toks or toks[0].kind != "word":
+        return None
+    first = toks[0].text
+    words = [t.text for t in toks]
+    if first in _TRANSACTION_WORDS:
+        return _transaction(sql, toks)
+    if first == "set" and len(words) > 1 and words[1] not in ("resource",):
+        return _set(sql, toks)
+    if first == "show" and len(toks) == 2 and words[1] not in _ENGINE_SHOWS:
+        return ShowParameter(toks[1].text)
+    if first == "reset" and len(toks) == 2 and words[1] not in ("all", "resource"):
+        return SetParameter(toks[1].text, None)
+    if first == "declare":
+        return _declare(sql, toks)
+    if first in ("fetch", "move"):
+        return _fetch(sql, toks)
+    if first == "close":
+        if len(toks) != 2:
+            raise _syntax(sql, toks[-1].at, "CLOSE takes one cursor name or ALL")
+        return CloseCursor(
+            None if toks[1].kind == "word" and toks[1].text == "all" else toks[1].text
+        )
+    if first == "deallocate":
+        rest = toks[2:] if len(toks) > 1 and toks[1].text == "prepare" else toks[1:]
+        if len(rest) != 1:
+            raise _syntax(sql, toks[-1].at, "DEALLOCATE takes one statement name or ALL")
+        return Deallocate(
+            None if rest[0].kind == "word" and rest[0].text == "all" else rest[0].text
+        )
+    return None
+
+
+def _transaction(sql: str, toks: list[Token]) -> Transaction:
+    action = _TRANSACTION_WORDS[toks[0].text]
+    rest = toks[1:]
+    if toks[0].text == "start":
+        if not rest or rest[0].text != "transaction":
+            raise _syntax(sql, toks[0].at, "expected START TRANSACTION")
+        rest = rest[1:]
+    elif rest and rest[0].text in ("work", "transaction"):
+        rest = rest[1:]
+    if action == "begin":
+        bad = [t for t in rest if t.text not in _TX_MODE_WORDS]
+    else:  # AND NO CHAIN is the only chaining accepted
+        bad = [] if [t.text for t in rest] in ([], ["and", "no", "chain"]) else rest
+    if bad:
+        raise _syntax(sql, bad[0].at, f"unexpected {bad[0].text!r} in {toks[0].text.upper()}")
+    return Transaction(action)
+
+
+def _set(sql: str, toks: list[Token]) -> SetParameter:
+    rest = toks[1:]
+    if rest and rest[0].text in ("session", "local") and len(rest) > 1:
+        if rest[0].text == "local":
+            raise FeatureNotSupported("SET LOCAL is not supported: use SET (session scope)")
+        rest = rest[1:]
+    if len(rest) >= 2 and rest[0].text == "time" and rest[1].text == "zone":
+        name, values = "timezone", rest[2:]
+    elif len(rest) >= 2 and rest[1].text in ("=", "to"):
+        name, values = rest[0].text, rest[2:]
+    else:
+        at = rest[1].at if len(rest) > 1 else toks[-1].at
+        raise _syntax(sql, at, "expected SET name = value or SET name TO value")
+    if not values:
+        raise _syntax(sql, toks[-1].at, f"SET {name}: a value is missing")
+    if len(values) == 1 and values[0].kind == "word" and values[0].text == "default":
+        return SetParameter(name, None)
+    parts = [v.text for v in values if v.text != ","]
+    return SetParameter(name, ", ".join(parts))
+
+
+def _declare(sql: str, toks: list[Token]) -> Declare:
+    if len(toks) < 2:
+        raise _syntax(sql, toks[0].at, "DECLARE needs a cursor name")
+    name = toks[1].text
+    binary = hold = False
+    i = 2
+    while i < len(toks) and toks[i].text != "for":
+        word = toks[i].text
+        if word == "binary":
+            binary = True
+        elif word in ("with", "without") and i + 1 < len(toks) and toks[i + 1].text == "hold":
+            hold = word == "with"
+            i += 1
+        elif word not in ("insensitive", "asensitive", "no", "scroll", "cursor"):
+            raise _syntax(sql, toks[i].at, f"unexpected {word!r} in DECLARE")
+        if word == "scroll" and not (i > 2 and toks[i - 1].text == "no"):
+            raise FeatureNotSupported("scrollable cursors are not supported (NO SCROLL only)")
+        i += 1
+    if i >= len(toks) - 1:
+        raise _syntax(sql, toks[-1].at, "DECLARE ... CURSOR FOR needs a query after FOR")
+    offset = toks[i + 1].at
+    return Declare(name, sql[offset:], offset, hold, binary)
+
+
+def _fetch(sql: str, toks: list[Token]) -> Fetch:
+    move = toks[0].text == "move"
+    rest = toks[1:]
+    count: int | None = 1
+    if rest and rest[0].kind == "word" and rest[0].text in ("next", "forward"):
+        forward = rest[0].text == "forward"
+        rest = rest[1:]
+        if forward and rest and rest[0].kind == "number":
+            count, rest = int(rest[0].text), rest[1:]
+        elif forward and rest and rest[0].text == "all":
+            count, rest = None, rest[1:]
+    elif rest and rest[0].kind == "number":
+        count, rest = int(rest[0].text), rest[1:]
+    elif rest and rest[0].text == "all":
+        count, rest = None, rest[1:]
+    if rest and rest[0].text in ("from", "in"):
+        rest = rest[1:]
+    if len(rest) != 1 or rest[0].kind not in ("word", "quoted"):
+        at = rest[0].at if rest else toks[-1].at
+        raise _syntax(
+            sql,
+            at,
+            f"{toks[0].text.upper()} supports [NEXT | FORWARD [n | ALL] | n | ALL] "
+            "[FROM | IN] cursor (forward only)",
+        )
+    if count is not None and count < 0:
+        raise FeatureNotSupported(
+            "cursors here are forward only: a negative count is not supported"
+        )
+    return Fetch(rest[0].text, count, move)

@@ -1,0 +1,84 @@
+"""``resgroups serve`` as a real process on ephemeral ports, for the server tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+_READY = re.compile(r"on ([\d.]+):(\d+), HTTP on [\d.]+:(\d+)")
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[str]
+    host: str
+    pg_port: int
+    http_port: int
+    stderr: list[str] = field(default_factory=list)
+    drain: threading.Thread | None = None
+
+    def dsn(self, user: str = "admin", password: str | None = None, **extra: str) -> str:
+        parts = [f"host={self.host}", f"port={self.pg_port}", f"user={user}", "dbname=resgroups"]
+        if password is not None:
+            parts.append(f"password={password}")
+        parts += [f"{k}={v}" for k, v in extra.items()]
+        return " ".join(parts)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        """Signal the server and wait for it to exit; its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise AssertionError(
+                f"the server did not exit within {timeout}s of {sig!r}; stderr:\n"
+                + "".join(self.stderr)
+            ) from None
+        finally:
+            if self.drain is not None:
+                self.drain.join(10)
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+
+
+def start_server(args: Sequence[str] = (), env: dict[str, str] | None = None) -> ServerProcess:
+    """Start ``resgroups serve`` on ports the OS picks; return once it listens."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "resgroups.cli", "serve", "--pg-port", "0", "--http-port", "0",
+         "--grace", "5", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    stderr: list[str] = []
+    drain = threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    drain.start()
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(60)
+    match = _READY.search(line[0]) if line else None
+    server = ServerProcess(proc, "", 0, 0, stderr, drain)
+    if match is None:
+        server.stop(signal.SIGKILL, timeout=10)
+        raise AssertionError(f"the server did not start: {line!r}\n{''.join(stderr)}")
+    server.host, server.pg_port, server.http_port = (
+        match.group(1), int(match.group(2)), int(match.group(3)),
+    )  # fmt: skip
+    return server

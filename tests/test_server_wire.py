@@ -1,0 +1,348 @@
+"""``resgroups serve`` over the PostgreSQL wire protocol, driven by real clients:
+psql and psycopg 3 against a real server process."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import psycopg.errors
+import pytest
+
+from tests.servers import ServerProcess, start_server
+from tests.waiting import wait_until
+
+HERE = Path(__file__).resolve().parent / "wire"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    srv = start_server(["--workers", "2"])
+    try:
+        yield srv
+    finally:
+        assert srv.stop() == 0
+
+
+def connect(srv: ServerProcess, user: str = "analyst", **kw: Any) -> psycopg.Connection[Any]:
+    return psycopg.connect(srv.dsn(user), connect_timeout=10, **kw)
+
+
+def groups(srv: ServerProcess) -> dict[str, dict[str, Any]]:
+    with connect(srv, autocommit=True) as conn:
+        cur = conn.execute("SELECT * FROM resource_groups()")
+        names = [d.name for d in cur.description or ()]
+        return {row[0]: dict(zip(names, row, strict=True)) for row in cur.fetchall()}
+
+
+def no_query_holds_anything(srv: ServerProcess) -> bool:
+    return all(
+        g["active_queries"] == 0 and g["queued_queries"] == 0 and g["memory_used_bytes"] == 0
+        for g in groups(srv).values()
+    )
+
+
+# ---- psql ---------------------------------------------------------------------------------
+
+
+def test_psql_runs_a_script_of_ddl_session_choice_queries_and_monitoring() -> None:
+    psql = shutil.which("psql")
+    assert psql is not None, "psql is missing: .ci/run installs postgresql-client"
+    srv = start_server()  # a server of its own: the script's counters start at 0
+    try:
+        out = subprocess.run(
+            [psql, "-X", "-h", srv.host, "-p", str(srv.pg_port), "-U", "analyst", "-d", "x",
+             "-f", "psql_script.sql"],
+            cwd=HERE, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        assert srv.stop() == 0
+    got = out.stdout + out.stderr.replace(f"psql:{HERE}/", "psql:")
+    expected = (HERE / "psql_expected.txt").read_text()
+    assert sorted(got.splitlines()) == sorted(expected.splitlines())  # stderr interleaves
+    assert out.stdout.splitlines() == [
+        line for line in expected.splitlines() if not line.startswith("psql:")
+    ]
+
+
+# ---- psycopg -----------------------------------------------------------------------------------
+
+
+def test_parameters_arrive_in_binary_and_results_convert_natively(server: ServerProcess) -> None:
+    with connect(server, autocommit=True) as conn:
+        cur = conn.execute(
+            "SELECT %s + 1 AS i, %s * 2.0 AS f, %s AS t, %s AS b, %s AS n",
+            [41, 1.25, "it's; -- not code", True, None],
+        )
+        assert cur.fetchall() == [(42, 2.5, "it's; -- not code", True, None)]
+        assert [d.type_code for d in cur.description or ()] == [20, 701, 25, 16, 25]
+        big = conn.execute("SELECT %s - 1", [2**62]).fetchone()
+        assert big == (2**62 - 1,)
+        cur = conn.execute("SELECT x FROM long_sequence(%s) WHERE x > %s", [10, 7], binary=True)
+        assert cur.fetchall() == [(8,), (9,), (10,)]
+
+
+def test_repeated_queries_switch_to_prepared_statements(server: ServerProcess) -> None:
+    with connect(server, autocommit=True) as conn:
+        conn.prepare_threshold = 2
+        for n in range(1, 8):
+            cur = conn.execute("SELECT count(*), sum(x) FROM long_sequence(%s)", [n])
+            assert cur.fetchone() == (n, n * (n + 1) // 2)
+        prepared = conn._prepared  # psycopg's record of what it prepared on the server
+        assert prepared._names, "psycopg never prepared the statement"
+        # prepared explicitly, and a statement without parameters parsed once at Parse
+        for _ in range(3):
+            assert conn.execute("SELECT 'same'", prepare=True).fetchone() == ("same",)
+
+
+def test_ddl_takes_parameters_too(server: ServerProcess) -> None:
+    with connect(server, autocommit=True) as conn:
+        conn.execute("CREATE RESOURCE GROUP param_ddl WITH (max_active_queries = %s)", [3])
+        assert groups(server)["param_ddl"]["max_active_queries"] == 3
+        conn.execute("DROP RESOURCE GROUP param_ddl")
+
+
+def test_server_cursor_pages_with_its_slot_free_between_pages(server: ServerProcess) -> None:
+    with connect(server, autocommit=True) as admin:
+        admin.execute(
+            "CREATE RESOURCE GROUP paging WITH (max_active_queries = 1, max_queued_queries = 0)"
+        )
+    try:
+        with connect(server, user="pager") as conn, connect(server, user="other") as other:
+            conn.execute("SET RESOURCE GROUP paging")
+            other.execute("SET RESOURCE GROUP paging")
+            with conn.cursor(name="pages") as cur:
+                cur.execute(
+                    "SELECT x, x * x AS sq FROM long_sequence(%s) WHERE x %% 3 = 0", [3_000_000]
+                )
+                seen = cur.fetchmany(4)
+                assert seen == [(3, 9), (6, 36), (9, 81), (12, 144)]
+                row = groups(server)["paging"]
+                assert row["active_queries"] == 0  # suspended between pages
+                assert row["memory_used_bytes"] > 0  # what it scanned ahead stays charged
+                # the one slot is free: another user's query gets it, not a rejection
+                assert other.execute("SELECT count(*) FROM long_sequence(10)").fetchone() == (10,)
+                more = cur.fetchmany(2)
+                assert more == [(15, 225), (18, 324)]
+                assert len(cur.fetchmany(50_000)) == 50_000
+            conn.commit()
+            other.commit()
+        wait_until(lambda: no_query_holds_anything(server), timeout=30)
+        assert groups(server)["paging"]["admitted_total"] >= 4  # each page passed the gate
+    finally:
+        with connect(server, autocommit=True) as admin:
+            admin.execute("DROP RESOURCE GROUP paging")
+
+
+def test_execute_with_a_row_limit_returns_portal_suspended(server: ServerProcess) -> None:
+    """The protocol-level cursor: Execute(max_rows) answered with PortalSuspended."""
+    with RawClient(server) as raw:
+        raw.send_extended("SELECT x FROM long_sequence(10)", max_rows=4)
+        kinds = raw.read_until(b"Z")
+        assert [k for k, _ in kinds].count(b"D") == 4
+        assert b"s" in [k for k, _ in kinds]  # PortalSuspended
+        raw.send(b"E", b"\0" + struct.pack("!i", 0))  # the rest of the unnamed portal
+        raw.send(b"S", b"")
+        rest = raw.read_until(b"Z")
+        # the implicit transaction ended at Sync: the unnamed portal is gone
+        assert rest[0][0] == b"E"
+    wait_until(lambda: no_query_holds_anything(server), timeout=30)
+
+
+def test_errors_map_to_psycopg_classes_by_sqlstate(server: ServerProcess) -> None:
+    with connect(server, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.SyntaxError) as syntax:
+            conn.execute("SELECT x FROM long_sequence(3) WHER x > 1")
+        assert syntax.value.diag.statement_position == "32"  # WHER, 1-based
+        with pytest.raises(psycopg.errors.SyntaxError) as bound:  # offsets map back past $1
+            conn.execute("SELECT %s, x FROM long_sequence(3) WHER x > 1", ["a long text value"])
+        assert bound.value.diag.statement_position == "36"
+        with pytest.raises(psycopg.errors.UndefinedColumn):
+            conn.execute("SELECT y FROM long_sequence(%s)", [3])
+        with pytest.raises(psycopg.errors.UndefinedObject):
+            conn.execute("DROP RESOURCE GROUP nowhere")
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1 / 0")
+        conn.execute(
+            "CREATE RESOURCE GROUP no_queue WITH (max_active_queries = 1, max_queued_queries = 0)"
+        )
+        holder = connect(server, autocommit=True)
+        holder.execute("SET RESOURCE GROUP no_queue")
+        failures: list[BaseException] = []
+
+        def hold_the_slot() -> None:
+            try:
+                holder.execute("SELECT sum(x * x) FROM long_sequence(100000000000)")
+            except psycopg.errors.QueryCanceled:
+                pass
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failures.append(exc)
+
+        thread = threading.Thread(target=hold_the_slot)
+        thread.start()
+        try:
+            wait_until(lambda: groups(server)["no_queue"]["active_queries"] == 1, timeout=30)
+            conn.execute("SET RESOURCE GROUP no_queue")
+            with pytest.raises(psycopg.errors.ConfigurationLimitExceeded, match="queue is full"):
+                conn.execute("SELECT count(*) FROM long_sequence(5)")
+        finally:
+            holder.cancel()
+            thread.join(30)
+            holder.close()
+            conn.execute("RESET ALL")
+            conn.execute("DROP RESOURCE GROUP no_queue")
+        assert not failures
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # still usable
+
+
+def test_transaction_status_follows_begin_errors_and_rollback(server: ServerProcess) -> None:
+    with connect(server) as conn:  # not autocommit: psycopg sends BEGIN
+        conn.execute("SELECT 1")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        with pytest.raises(psycopg.errors.UndefinedColumn):
+            conn.execute("SELECT nope FROM long_sequence(1)")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            conn.execute("SELECT 1")
+        conn.rollback()
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert conn.execute("SELECT 2").fetchone() == (2,)
+        conn.commit()
+
+
+def test_sessions_are_per_connection_and_reset_clears_them(server: ServerProcess) -> None:
+    with connect(server, autocommit=True) as a, connect(server, autocommit=True) as b:
+        a.execute("CREATE RESOURCE GROUP mine")
+        try:
+            a.execute("SET RESOURCE GROUP mine")
+            a.execute("SET application_name = 'dash'")
+            assert a.info.parameter_status("application_name") == "dash"
+            assert a.execute("SELECT current_resource_group()").fetchone() == ("mine",)
+            assert b.execute("SELECT current_resource_group()").fetchone() == ("DEFAULT",)
+            assert a.execute("SHOW server_version").fetchone() == ("15.0",)
+            assert a.execute("SELECT version()").fetchone()[0].startswith("PostgreSQL 15.0")  # type: ignore[index]
+            a.execute("DISCARD ALL")
+            assert a.execute("SELECT current_resource_group()").fetchone() == ("DEFAULT",)
+            assert a.info.parameter_status("application_name") == ""
+            with pytest.raises(psycopg.errors.UndefinedObject, match="unrecognized configuration"):
+                a.execute("SET no_such_setting = 1")
+        finally:
+            a.execute("DROP RESOURCE GROUP mine")
+
+
+def test_cancel_stops_a_long_query_and_returns_its_slot(server: ServerProcess) -> None:
+    with connect(server, autocommit=True) as conn:
+        started = threading.Event()
+
+        def cancel_when_running() -> None:
+            started.wait(30)
+            wait_until(lambda: groups(server)["DEFAULT"]["active_queries"] == 1, timeout=30)
+            conn.cancel()
+
+        canceller = threading.Thread(target=cancel_when_running)
+        canceller.start()
+        started.set()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            conn.execute("SELECT sum(x * x) FROM long_sequence(100000000000)")
+        canceller.join(30)
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    wait_until(lambda: no_query_holds_anything(server), timeout=30)
+
+
+def test_a_cancel_request_with_the_wrong_secret_is_ignored(server: ServerProcess) -> None:
+    with RawClient(server) as raw:
+        pid, secret = raw.key
+        with socket.create_connection((server.host, server.pg_port), 10) as other:
+            other.sendall(struct.pack("!iiii", 16, 80877102, pid, secret ^ 1))
+        raw.send(b"Q", b"SELECT count(*) FROM long_sequence(2000000)\0")
+        reply = raw.read_until(b"Z")
+        assert [k for k, _ in reply][:3] == [b"T", b"D", b"C"]
+
+
+def test_a_dropped_connection_cancels_its_query_and_returns_everything(
+    server: ServerProcess,
+) -> None:
+    raw = RawClient(server)
+    raw.send(b"Q", b"SELECT sum(x * x) FROM long_sequence(100000000000)\0")
+    wait_until(lambda: groups(server)["DEFAULT"]["active_queries"] == 1, timeout=30)
+    raw.sock.close()
+    wait_until(lambda: no_query_holds_anything(server), timeout=30)
+
+
+# ---- a raw protocol client, for what drivers do not let a test do ----------------------------
+
+
+class RawClient:
+    def __init__(self, srv: ServerProcess, user: str = "raw") -> None:
+        self.sock = socket.create_connection((srv.host, srv.pg_port), 10)
+        self.sock.settimeout(30)
+        body = struct.pack("!i", 196608) + b"user\0" + user.encode() + b"\0\0"
+        self.sock.sendall(struct.pack("!i", len(body) + 4) + body)
+        self.key = (0, 0)
+        for kind, payload in self.read_until(b"Z"):
+            if kind == b"K":
+                self.key = struct.unpack("!ii", payload)
+
+    def __enter__(self) -> RawClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.send(b"X", b"")
+        except OSError:
+            pass
+        self.sock.close()
+
+    def send(self, kind: bytes, payload: bytes) -> None:
+        self.sock.sendall(kind + struct.pack("!i", len(payload) + 4) + payload)
+
+    def send_extended(self, sql: str, max_rows: int = 0) -> None:
+        self.send(b"P", b"\0" + sql.encode() + b"\0" + struct.pack("!h", 0))
+        self.send(b"B", b"\0\0" + struct.pack("!hhh", 0, 0, 0))
+        self.send(b"D", b"P\0")
+        self.send(b"E", b"\0" + struct.pack("!i", max_rows))
+        self.send(b"S", b"")
+
+    def _exactly(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("the server closed the connection")
+            data += chunk
+        return data
+
+    def read(self) -> tuple[bytes, bytes]:
+        kind, length = struct.unpack("!ci", self._exactly(5))
+        return kind, self._exactly(length - 4)
+
+    def read_until(self, last: bytes) -> list[tuple[bytes, bytes]]:
+        out = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            kind, payload = self.read()
+            out.append((kind, payload))
+            if kind == last:
+                return out
+        raise AssertionError(f"no {last!r} within 60 s: {out}")
+
+
+def test_sigterm_drains_and_exits_zero() -> None:
+    srv = start_server()
+    with connect(srv, autocommit=True) as conn:
+        conn.execute("SELECT count(*) FROM long_sequence(1000)")
+        conn.execute("CREATE RESOURCE GROUP one WITH (max_active_queries = 1)")
+    held = RawClient(srv)
+    held.send(b"Q", b"DECLARE c CURSOR WITH HOLD FOR SELECT x FROM long_sequence(5000000)\0")
+    held.read_until(b"Z")
+    assert srv.stop(signal.SIGTERM, timeout=60) == 0
+    held.sock.close()

@@ -26,7 +26,8 @@ class ServerProcess:
     def dsn(self, user: str = "admin", password: str | None = None, **extra: str) -> str:
         parts = [f"host={self.host}", f"port={self.pg_port}", f"user={user}", "dbname=resgroups"]
         if password is not None:
-            parts.append(f"password={password}")
+            quoted = password.replace("\\", "\\\\").replace("'", "\\'")
+            parts.append(f"password='{quoted}'")
         parts += [f"{k}={v}" for k, v in extra.items()]
         return " ".join(parts)
 

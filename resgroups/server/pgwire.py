@@ -27,8 +27,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 from zoneinfo import ZoneInfo
 
-from scramp import ScramException, ScramMechanism
-
 from resgroups.auth import scram_keys
 from resgroups.errors import (
     AuthenticationFailed,
@@ -41,6 +39,7 @@ from resgroups.errors import (
 from resgroups.result import Cursor, Result
 from resgroups.server import commands as wc
 from resgroups.server import types, wire
+from resgroups.server.scram import MECHANISM, ScramFailed, ScramServer
 from resgroups.server.wire import Body, ProtocolViolation
 from resgroups.session import Session
 from resgroups.sql import ast
@@ -57,7 +56,6 @@ AUTH_METHODS: Final = ("scram-sha-256", "md5", "password")
 STARTUP_TIMEOUT: Final = 60.0  # seconds a client has to log in (PostgreSQL's default)
 INPUT_LIMIT: Final = 4 * 1024 * 1024  # bytes of messages read ahead of the engine
 OUTPUT_CHUNK: Final = 256 * 1024  # bytes a thread hands to the loop at a time
-_SCRAM: Final = ScramMechanism("SCRAM-SHA-256")
 
 
 class InFailedTransaction(Error):
@@ -295,25 +293,24 @@ class Connection:
             keys = scram_keys(stored)
         else:  # cannot log in: a verifier nobody's proof matches, with a stable salt
             keys = (self.backend.fake_salt(user), secrets.token_bytes(32), b"", 60_000)
-        server = _SCRAM.make_server(lambda _name: keys)
+        server = ScramServer(keys)
         failed = AuthenticationFailed(f"password authentication failed for user {user!r}")
-        self.writer.write(wire.auth_sasl(["SCRAM-SHA-256"]))
+        self.writer.write(wire.auth_sasl([MECHANISM]))
         await self.writer.drain()
         kind, body = await wire.read_message(self.reader, wire.MAX_STARTUP)
         fields = Body(body)
-        if kind != b"p" or fields.cstring() != "SCRAM-SHA-256":
-            raise ProtocolViolation("expected a SASLInitialResponse for SCRAM-SHA-256")
+        if kind != b"p" or fields.cstring() != MECHANISM:
+            raise ProtocolViolation(f"expected a SASLInitialResponse for {MECHANISM}")
         length = fields.int32()
         try:
-            server.set_client_first(fields.raw(length).decode("utf-8"))
-            self.writer.write(wire.auth_sasl_continue(server.get_server_first().encode()))
+            first = server.first(fields.raw(length).decode("utf-8"))
+            self.writer.write(wire.auth_sasl_continue(first.encode()))
             await self.writer.drain()
             kind, body = await wire.read_message(self.reader, wire.MAX_STARTUP)
             if kind != b"p":
                 raise ProtocolViolation(f"expected a SASLResponse, got {kind!r}")
-            server.set_client_final(body.decode("utf-8"))
-            final = server.get_server_final()
-        except (ScramException, UnicodeDecodeError):
+            final = server.final(body.decode("utf-8"))
+        except (ScramFailed, UnicodeDecodeError):
             raise failed from None
         if identity is None:
             raise failed

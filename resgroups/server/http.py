@@ -20,6 +20,7 @@ import json
 import math
 import secrets
 import time
+import urllib.parse
 from concurrent.futures import Executor
 from datetime import datetime
 from decimal import Decimal
@@ -151,11 +152,12 @@ class HttpFront:
                 if not isinstance(body, dict):
                     raise _BadRequest('the JSON body must be an object like {"query": "..."}')
                 params.update({k: str(v) for k, v in body.items() if v is not None})
-            elif request.content_type == "application/x-www-form-urlencoded":
-                params.update({k: str(v) for k, v in (await request.post()).items()})
-            else:
+            else:  # a form with query=..., or the SQL itself (curl -d 'SELECT 1')
                 text = await request.text()
-                if text.strip():
+                form = urllib.parse.parse_qs(text) if "query=" in text else {}
+                if request.content_type == "application/x-www-form-urlencoded" and form:
+                    params.update({k: v[-1] for k, v in form.items()})
+                elif text.strip():
                     params.setdefault("query", text)
         if not params.get("query", "").strip():
             raise _BadRequest("missing query: pass ?query=... (or POST it)")

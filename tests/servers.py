@@ -66,7 +66,8 @@ def start_server(args: Sequence[str] = (), env: dict[str, str] | None = None) ->
         text=True,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
-    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
     stderr: list[str] = []
     drain = threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
     drain.start()

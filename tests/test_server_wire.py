@@ -3,6 +3,7 @@ psql and psycopg 3 against a real server process."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
@@ -184,7 +185,7 @@ def test_errors_map_to_psycopg_classes_by_sqlstate(server: ServerProcess) -> Non
                 holder.execute("SELECT sum(x * x) FROM long_sequence(100000000000)")
             except psycopg.errors.QueryCanceled:
                 pass
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:  # reported below
                 failures.append(exc)
 
         thread = threading.Thread(target=hold_the_slot)
@@ -296,10 +297,8 @@ class RawClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.send(b"X", b"")
-        except OSError:
-            pass
         self.sock.close()
 
     def send(self, kind: bytes, payload: bytes) -> None:

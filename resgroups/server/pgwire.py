@@ -20,6 +20,7 @@ import hmac
 import logging
 import secrets
 import struct
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ AUTH_METHODS: Final = ("scram-sha-256", "md5", "password")
 STARTUP_TIMEOUT: Final = 60.0  # seconds a client has to log in (PostgreSQL's default)
 INPUT_LIMIT: Final = 4 * 1024 * 1024  # bytes of messages read ahead of the engine
 OUTPUT_CHUNK: Final = 256 * 1024  # bytes a thread hands to the loop at a time
+PLAN_CACHE: Final = 128  # statement texts a connection keeps parsed
 
 
 class InFailedTransaction(Error):
@@ -182,6 +184,7 @@ class Connection:
         self._room.set()
         self._out: list[bytes] = []
         self._out_size = 0
+        self._plans: OrderedDict[str, ast.Statement | wc.WireCommand] = OrderedDict()
 
     # ---- lifetime ----------------------------------------------------------------
 
@@ -453,7 +456,20 @@ class Connection:
     def _plan(
         self, text: str, offset: int = 0, mapping: Callable[[int], int] | None = None
     ) -> Plan:
-        """What one statement's text is: a connection statement, the engine's, or empty."""
+        """What one statement's text is: a connection statement, the engine's, or empty.
+        Plans are immutable, so a text seen lately is not parsed again."""
+        plan = self._plans.get(text)
+        if plan is not None:
+            self._plans.move_to_end(text)
+            return plan
+        plan = self._parse_text(text, offset, mapping)
+        if plan is not None:
+            self._plans[text] = plan
+            if len(self._plans) > PLAN_CACHE:
+                self._plans.popitem(last=False)
+        return plan
+
+    def _parse_text(self, text: str, offset: int, mapping: Callable[[int], int] | None) -> Plan:
         try:
             command = wc.recognize(text)
             if command is not None:

@@ -336,12 +336,32 @@ class RawClient:
 
 
 def test_sigterm_drains_and_exits_zero() -> None:
+    """SIGTERM: a queued query fails at once, a running one past the grace period
+    (5 s here) is cancelled, a held cursor is closed, and the exit status is 0."""
     srv = start_server()
     with connect(srv, autocommit=True) as conn:
-        conn.execute("SELECT count(*) FROM long_sequence(1000)")
         conn.execute("CREATE RESOURCE GROUP one WITH (max_active_queries = 1)")
     held = RawClient(srv)
     held.send(b"Q", b"DECLARE c CURSOR WITH HOLD FOR SELECT x FROM long_sequence(5000000)\0")
     held.read_until(b"Z")
+    errors: dict[str, BaseException] = {}
+
+    def run(name: str) -> None:
+        try:
+            with connect(srv, user=name, autocommit=True) as conn:
+                conn.execute("SET RESOURCE GROUP one")
+                conn.execute("SELECT sum(x * x) FROM long_sequence(100000000000)")
+        except psycopg.Error as exc:
+            errors[name] = exc
+
+    running = threading.Thread(target=run, args=("running",))
+    running.start()
+    wait_until(lambda: groups(srv)["one"]["active_queries"] == 1, timeout=30)
+    queued = threading.Thread(target=run, args=("queued",))
+    queued.start()
+    wait_until(lambda: groups(srv)["one"]["queued_queries"] == 1, timeout=30)
     assert srv.stop(signal.SIGTERM, timeout=60) == 0
+    running.join(30)
+    queued.join(30)
     held.sock.close()
+    assert set(errors) == {"running", "queued"}  # neither finished: both were told

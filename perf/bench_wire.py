@@ -23,14 +23,13 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from perf._pg import add_dsn_argument  # noqa: E402
-from tests.servers import start_server  # noqa: E402
+from perf._pg import add_dsn_argument
+from tests.servers import start_server
 
 
 def round_trips(dsn: str, seconds: float, query: str, params: list[int] | None) -> float:
@@ -93,10 +92,9 @@ def main() -> int:
         ]
         print(f"{'round trips per second':<34} {'resgroups':>10} {'PostgreSQL':>12} {'ratio':>9}")
         for label, query, params in cases:
-            run: Callable[[str], float] = lambda dsn: round_trips(  # noqa: E731
-                dsn, args.seconds, query, params
-            )
-            print(_row(label, run(ours), run(args.dsn)))
+            mine = round_trips(ours, args.seconds, query, params)
+            theirs = round_trips(args.dsn, args.seconds, query, params)
+            print(_row(label, mine, theirs))
         print()
         print(f"{'/execute SELECT 1':<18} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
         for clients in (1, 16):

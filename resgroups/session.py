@@ -119,12 +119,14 @@ class Session:
         self._refresh_identity()
         return execute_statement(self, stmt)
 
-    def open_cursor(self, stmt: ast.Statement) -> Cursor:
+    def open_cursor(self, stmt: ast.Statement, *, paging: bool = True) -> Cursor:
         """One parsed statement's result as a cursor read a page at a time: a
         SELECT over the executor's sources becomes a paging cursor whose query
-        is suspended between pages (SPEC §6); any other statement runs now."""
+        is suspended between pages (SPEC §6), or with ``paging=False`` a scan
+        that keeps its slot and produces rows as they are read (a result
+        streamed to a client); any other statement runs now."""
         self._refresh_identity()
-        return open_cursor(self, stmt)
+        return open_cursor(self, stmt, paging=paging)
 
     def describe(self, stmt: ast.Statement) -> tuple[list[str], list[str]] | None:
         """The columns and types a SELECT would return, without running it (None:

@@ -365,3 +365,36 @@ def test_sigterm_drains_and_exits_zero() -> None:
     queued.join(30)
     held.sock.close()
     assert set(errors) == {"running", "queued"}  # neither finished: both were told
+
+
+def test_a_client_that_stops_reading_slows_only_itself(server: ServerProcess) -> None:
+    slow = RawClient(server)
+    slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.send(b"Q", b"SELECT x, x * 2 FROM long_sequence(3000000)\0")  # ~90 MB of rows, unread
+    try:
+        with connect(server, autocommit=True) as conn:
+            for n in range(20):  # others are served while the slow one's thread waits
+                assert conn.execute("SELECT count(*) FROM long_sequence(%s)", [n]).fetchone() == (
+                    n,
+                )
+    finally:
+        slow.sock.close()  # going away ends its query and frees its buffers
+    wait_until(lambda: no_query_holds_anything(server), timeout=30)
+
+
+def test_a_replica_server_follows_its_primary_and_refuses_ddl(tmp_path: Path) -> None:
+    primary = start_server(["--catalog", str(tmp_path)])
+    replica = start_server(["--catalog", str(tmp_path), "--replica"])
+    try:
+        with connect(primary, autocommit=True) as conn:
+            conn.execute("CREATE RESOURCE GROUP fleet_wide WITH (max_active_queries = 7)")
+        wait_until(lambda: "fleet_wide" in groups(replica), timeout=30)
+        assert groups(replica)["fleet_wide"]["max_active_queries"] == 7
+        with connect(replica, autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                conn.execute("DROP RESOURCE GROUP fleet_wide")
+            conn.execute("SET RESOURCE GROUP fleet_wide")
+            assert conn.execute("SELECT current_resource_group()").fetchone() == ("fleet_wide",)
+    finally:
+        assert replica.stop() == 0
+        assert primary.stop() == 0

@@ -279,7 +279,10 @@ class ScanCursor:
 
     status = ""
 
-    def __init__(self, session: Session, stmt: ast.Select) -> None:
+    def __init__(self, session: Session, stmt: ast.Select, *, paging: bool = True) -> None:
+        """``paging=False``: the query keeps its slot and worker between fetches
+        (a result streamed to a client as fast as it reads, not a cursor)."""
+        self._paging = paging
         source = source_of(session, stmt)
         self._q = q = session.query(kind="select")
         q.__enter__()
@@ -293,7 +296,8 @@ class ScanCursor:
             )
             self._ahead: list[tuple[Any, ...]] = []  # one row read ahead: is there more?
             self._done = False
-            q.suspend()
+            if paging:
+                q.suspend()
         except BaseException:
             q.__exit__(None, None, None)
             raise
@@ -309,7 +313,8 @@ class ScanCursor:
     def fetch(self, n: int | None) -> list[tuple[Any, ...]]:
         if self._done:
             return []
-        self._q.resume()  # may raise: still suspended, retryable
+        if self._paging:
+            self._q.resume()  # may raise: still suspended, retryable
         try:
             want = None if n is None else n + 1 - len(self._ahead)
             page = self._ahead + list(self._rows if want is None else islice(self._rows, want))
@@ -318,7 +323,8 @@ class ScanCursor:
             raise
         if n is not None and len(page) > n:
             self._ahead = page[n:]
-            self._q.suspend()
+            if self._paging:
+                self._q.suspend()
             return page[:n]
         self._ahead = []
         self.close()

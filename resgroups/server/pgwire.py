@@ -58,6 +58,7 @@ STARTUP_TIMEOUT: Final = 60.0  # seconds a client has to log in (PostgreSQL's de
 INPUT_LIMIT: Final = 4 * 1024 * 1024  # bytes of messages read ahead of the engine
 OUTPUT_CHUNK: Final = 256 * 1024  # bytes a thread hands to the loop at a time
 PLAN_CACHE: Final = 128  # statement texts a connection keeps parsed
+STREAM_ROWS: Final = 10_000  # rows of a streamed result made at a time
 
 
 class InFailedTransaction(Error):
@@ -509,6 +510,9 @@ class Connection:
                 self.send(wire.command_complete("SELECT 0"))
                 return
             portal.executed = True
+            if isinstance(plan, ast.Select) and plan.source is not None:
+                self._stream(plan, portal, describe)
+                return
             result = self.session.run(plan)
             self._after_engine_statement(plan)
         if result.columns:
@@ -519,6 +523,25 @@ class Connection:
         for notice in result.notices:
             self.send(wire.notice_response(notice))
         self.send(wire.command_complete(result.status))
+
+    def _stream(self, stmt: ast.Select, portal: Portal, describe: bool) -> None:
+        """A whole SELECT streamed STREAM_ROWS at a time: rows are made as the client
+        reads them (a slow reader holds back its own scan, and only STREAM_ROWS
+        rows plus a chunk of bytes wait in memory)."""
+        assert self.session is not None
+        cursor = self.session.open_cursor(stmt, paging=False)
+        try:
+            formats = _formats(portal.formats, len(cursor.columns))
+            if describe:
+                self.send(self._row_description(cursor.columns, cursor.types, formats))
+            total = 0
+            while not cursor.done:
+                rows = cursor.fetch(STREAM_ROWS)
+                total += len(rows)
+                self._rows(rows, cursor.types, formats)
+        finally:
+            cursor.close()
+        self.send(wire.command_complete(f"SELECT {total}"))
 
     def _page(self, portal: Portal, max_rows: int | None, describe: bool) -> None:
         cursor = portal.cursor

@@ -108,11 +108,11 @@ def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str
     return list(shape.names), list(shape.types)
 
 
-def open_cursor(session: Session, stmt: ast.Statement) -> Cursor:
-    """``stmt``'s result a page at a time: a paging cursor over the executor's
-    sources (its query suspended between pages), else the whole result now."""
+def open_cursor(session: Session, stmt: ast.Statement, *, paging: bool = True) -> Cursor:
+    """``stmt``'s result a page at a time: a scan of the executor's sources (its
+    query suspended between pages when ``paging``), else the whole result now."""
     if isinstance(stmt, ast.Select) and executor.is_executor_source(stmt):
-        return executor.ScanCursor(session, stmt)
+        return executor.ScanCursor(session, stmt, paging=paging)
     return RowsCursor(execute_statement(session, stmt))
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from resgroups.auth import hash_password, verify_password
+from resgroups.auth import hash_password, md5_verifier, verify_password
 from resgroups.catalog.model import GroupDef, Principal, Snapshot
 from resgroups.catalog.names import Ident, PrincipalKind
 from resgroups.errors import AuthenticationFailed, CatalogError, PermissionDenied, did_you_mean
@@ -199,11 +199,21 @@ class Authenticator:
     """
 
     def __init__(
-        self, *, access_control: bool, admin_user: str, admin_password: str | None
+        self,
+        *,
+        access_control: bool,
+        admin_user: str,
+        admin_password: str | None,
+        md5_passwords: bool = False,
     ) -> None:
         self.access_control = access_control
         self.admin_user = admin_user
         self._admin_hash = None if admin_password is None else hash_password(admin_password)
+        self._admin_md5 = (
+            md5_verifier(admin_password, admin_user)
+            if md5_passwords and admin_password is not None
+            else None
+        )
 
     def login(self, snap: Snapshot, name: str, password: str | None) -> Identity:
         """The identity ``name`` logs in as; AuthenticationFailed otherwise."""
@@ -233,6 +243,18 @@ class Authenticator:
         if principal is None or principal.kind is PrincipalKind.GROUP:
             return None, _DUMMY_HASH
         return Identity(principal.name, login_id=principal.id), principal.password_hash
+
+    def md5_credentials(self, snap: Snapshot, name: str) -> tuple[Identity | None, str | None]:
+        """For an md5 login: the identity ``name`` logs in as (None: it cannot) and
+        its md5 verifier (None: none is kept, e.g. the password was set before
+        md5 verifiers were asked for)."""
+        identity, _ = self.credentials(snap, name)
+        if identity is None or not self.access_control:
+            return identity, None
+        if identity.is_admin:
+            return identity, self._admin_md5
+        principal = login_principal(snap, identity)
+        return identity, principal.md5_verifier if principal is not None else None
 
     @staticmethod
     def _passes(given: str | None, stored: str | None) -> bool:

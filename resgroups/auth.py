@@ -71,3 +71,23 @@ def scram_keys(stored: str) -> tuple[bytes, bytes, bytes, int]:
     stored_key = hashlib.sha256(client_key).digest()
     server_key = hmac.digest(salted, b"Server Key", "sha256")
     return bytes.fromhex(salt_hex), stored_key, server_key, int(iterations)
+
+
+_MD5_SHAPE: Final = re.compile(r"md5[0-9a-f]{32}\Z")
+
+
+def md5_verifier(password: str, name: str) -> str:
+    """PostgreSQL's md5 password verifier: ``"md5" + md5(password + name)``. It is
+    password-equivalent for an md5 login, so it is kept only when asked for."""
+    digest = hashlib.md5(encode_password(password) + name.encode("utf-8"), usedforsecurity=False)
+    return "md5" + digest.hexdigest()
+
+
+def is_md5_verifier(value: object) -> bool:
+    return isinstance(value, str) and _MD5_SHAPE.match(value) is not None
+
+
+def md5_response(verifier: str, salt: bytes) -> str:
+    """What an md5 login must send for ``verifier`` and the server's ``salt``."""
+    inner = verifier[3:].encode("ascii") + salt
+    return "md5" + hashlib.md5(inner, usedforsecurity=False).hexdigest()

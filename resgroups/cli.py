@@ -157,6 +157,7 @@ def _serve(args: argparse.Namespace) -> int:
             access_control=args.access_control,
             admin_user=args.admin_user,
             admin_password=password,
+            md5_passwords=args.auth_method == "md5",
         )
     except Error as exc:
         print(f"resgroups: {exc}", file=sys.stderr)

@@ -116,6 +116,7 @@ class Engine:
         coordination_pool: int = 8,
         fleet_admission: str = "lease",
         *,
+        md5_passwords: bool = False,
         granularity_ms: float = 50.0,
         clock: Clock | None = None,
         cpu_meter: Callable[[], int] | None = None,
@@ -180,8 +181,15 @@ class Engine:
         self.slice_ms = slice_ms
         self.access_control = access_control
         self.admin_user = admin_user
+        # also keep PostgreSQL md5 verifiers of passwords set from now on, for
+        # wire clients that log in with md5 (an md5 verifier is password-equivalent
+        # for such a login, so it is off unless asked for)
+        self.md5_passwords = md5_passwords
         self.authenticator = Authenticator(
-            access_control=access_control, admin_user=admin_user, admin_password=admin_password
+            access_control=access_control,
+            admin_user=admin_user,
+            admin_password=admin_password,
+            md5_passwords=md5_passwords,
         )
         self.enabled = enabled
         self.query_timeout = query_timeout

@@ -348,6 +348,17 @@ NEXT = len(SCRIPT) + 2  # genesis, the script, then one more
             "password hash",
         ),
         (
+            {
+                "op": "create_principal",
+                "id": 6,
+                "kind": "user",
+                "name": "u",
+                "quoted": False,
+                "md5_verifier": "md5" + "0" * 32,  # without a password hash
+            },
+            "md5 verifier",
+        ),
+        (
             {"op": "create_principal", "id": 6, "kind": "robot", "name": "u", "quoted": False},
             "robot",
         ),

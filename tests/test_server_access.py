@@ -113,3 +113,18 @@ def test_cleartext_password_method() -> None:
             psycopg.connect(srv.dsn("admin", "wrong"), connect_timeout=10)
     finally:
         assert srv.stop() == 0
+
+
+def test_md5_method_keeps_md5_verifiers_and_checks_them() -> None:
+    srv = _ac_server("--auth-method", "md5")
+    try:
+        md5_only = {"require_auth": "md5"}  # libpq refuses any other exchange
+        with psycopg.connect(srv.dsn("admin", ADMIN_PASSWORD, **md5_only), autocommit=True) as c:
+            c.execute("CREATE USER carol WITH PASSWORD 'md5 please'")
+        with psycopg.connect(srv.dsn("carol", "md5 please", **md5_only), autocommit=True) as c:
+            assert c.execute("SELECT 1").fetchone() == (1,)
+        for user, password in [("carol", "wrong"), ("nobody", "md5 please")]:
+            with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+                psycopg.connect(srv.dsn(user, password, **md5_only), connect_timeout=10)
+    finally:
+        assert srv.stop() == 0

@@ -136,6 +136,7 @@ class Principal:
     admin: bool = False  # RESOURCE GROUP ADMIN
     use_all: bool = False  # USE RESOURCE GROUP
     use_groups: frozenset[int] = frozenset()  # USE ON RESOURCE GROUP g
+    md5_verifier: str | None = None  # "md5" + md5(password + name), kept only when asked
 
 
 def _indexed(

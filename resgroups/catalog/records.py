@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from resgroups.auth import is_password_hash
+from resgroups.auth import is_md5_verifier, is_password_hash
 from resgroups.catalog.model import GroupDef, Principal, Snapshot
 from resgroups.catalog.names import Ident, PrincipalKind, name_problem
 from resgroups.catalog.params import INT32_MAX, INT64_MAX, PARAMETERS, ParamValue
@@ -168,7 +168,10 @@ def _create_principal(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     kind = PrincipalKind(a["kind"])
     if password_hash is not None and kind is PrincipalKind.GROUP:
         raise _Invalid("an ACL group has no password")
-    principal = Principal(principal_id, kind, name, quoted, password_hash)
+    md5 = a.get("md5_verifier")
+    if md5 is not None and (password_hash is None or not is_md5_verifier(md5)):
+        raise _Invalid("md5_verifier is not an md5 verifier beside a password hash")
+    principal = Principal(principal_id, kind, name, quoted, password_hash, md5_verifier=md5)
     return snap.with_principal(principal).evolve(next_id=principal_id + 1)
 
 

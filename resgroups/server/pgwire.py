@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 from zoneinfo import ZoneInfo
 
-from resgroups.auth import scram_keys
+from resgroups.auth import md5_response, scram_keys
 from resgroups.errors import (
     AuthenticationFailed,
     EngineClosed,
@@ -277,12 +277,24 @@ class Connection:
             return await self.loop.run_in_executor(
                 self.backend.executor, authenticator.login, self.engine.snapshot, user, password
             )
-        identity, stored = authenticator.credentials(self.engine.snapshot, user)
+        snap = self.engine.snapshot
+        identity, stored = authenticator.credentials(snap, user)
         if identity is not None and stored is None:
             return identity  # a principal without a password needs none
-        if method == "md5":  # as in PostgreSQL: a SCRAM-stored password is checked by SCRAM
-            log.debug("md5 requested; passwords are stored as SCRAM verifiers: using SCRAM")
+        if method == "md5":
+            _, verifier = authenticator.md5_credentials(snap, user)
+            if identity is None or verifier is not None:
+                return await self._md5(user, identity, verifier)
+            # as in PostgreSQL: a password kept only as a SCRAM verifier is checked by SCRAM
         return await self._scram(user, identity, stored)
+
+    async def _md5(self, user: str, identity: Any, verifier: str | None) -> Any:
+        salt = secrets.token_bytes(4)
+        answer = await self._password_message(wire.auth_md5(salt))
+        expected = md5_response(verifier or "md5" + secrets.token_hex(16), salt)
+        if identity is None or not hmac.compare_digest(answer.encode(), expected.encode()):
+            raise AuthenticationFailed(f"password authentication failed for user {user!r}")
+        return identity
 
     async def _password_message(self, request: bytes) -> str:
         self.writer.write(request)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from resgroups.access import find_group, may_assume
-from resgroups.auth import hash_password
+from resgroups.auth import hash_password, md5_verifier
 from resgroups.catalog import Principal, Snapshot
 from resgroups.errors import CatalogError, PermissionDenied, did_you_mean
 from resgroups.result import Result
@@ -58,6 +58,9 @@ def create_principal(session: Session, stmt: ast.CreatePrincipal) -> Result:
             f"{stmt.name.text} is the name of the built-in admin", sqlstate=CatalogError.DUPLICATE
         )
     password_hash = None if stmt.password is None else hash_password(stmt.password)
+    md5 = None
+    if stmt.password is not None and session.engine.md5_passwords:
+        md5 = md5_verifier(stmt.password, stmt.name.text)
 
     def build(snap: Snapshot) -> Change:
         taken = snap.principal_name_taken(stmt.name)
@@ -73,6 +76,7 @@ def create_principal(session: Session, stmt: ast.CreatePrincipal) -> Result:
             "name": stmt.name.text,
             "quoted": stmt.name.quoted,
             "password_hash": password_hash,
+            **({"md5_verifier": md5} if md5 is not None else {}),
         }
 
     session.engine.write_catalog(build)

@@ -5,8 +5,26 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from resgroups.errors import Error
+
+if TYPE_CHECKING:
+    from resgroups.engine import Engine
+
+
+def _engine_arguments(command: argparse.ArgumentParser, catalog_help: str) -> None:
+    """The engine's arguments the shell and the servers share."""
+    command.add_argument("--catalog", metavar="DIR|postgresql://...", help=catalog_help)
+    command.add_argument(
+        "--replica",
+        action="store_true",
+        help="open --catalog as a read-only replica that follows its primary (DDL is refused)",
+    )
+    command.add_argument(
+        "--access-control", action="store_true", help="principals, passwords and permissions"
+    )
+    command.add_argument("--admin-user", default="admin", help="the admin's name (default admin)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -16,22 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     shell = commands.add_parser("shell", help="an interactive SQL shell (or -c / piped SQL)")
     shell.add_argument("-c", "--command", metavar="SQL", help="run SQL and exit")
-    shell.add_argument(
-        "--catalog",
-        metavar="DIR",
-        help="durable catalog directory (created if missing; default: in memory)",
-    )
-    shell.add_argument(
-        "--replica",
-        action="store_true",
-        help="open --catalog as a read-only replica that follows its primary (DDL is refused)",
-    )
-    shell.add_argument(
-        "--access-control", action="store_true", help="principals, passwords and permissions"
-    )
+    _engine_arguments(shell, "durable catalog directory (created if missing; default: in memory)")
     shell.add_argument("--user", help="log in as this principal (default: the admin)")
     shell.add_argument("--password", help="the principal's password")
-    shell.add_argument("--admin-user", default="admin", help="the admin's name (default admin)")
     shell.add_argument("--admin-password", help="the admin's password (default: none)")
 
     serve = commands.add_parser(
@@ -42,13 +47,8 @@ def _parser() -> argparse.ArgumentParser:
         "--pg-port", type=int, default=8812, help="PostgreSQL wire protocol port (8812; 0: any)"
     )
     serve.add_argument("--http-port", type=int, default=9000, help="HTTP port (9000; 0: any)")
-    serve.add_argument(
-        "--catalog",
-        metavar="DIR|postgresql://...",
-        help="durable catalog: a directory or a PostgreSQL database (default: in memory)",
-    )
-    serve.add_argument(
-        "--replica", action="store_true", help="follow --catalog read-only (DDL is refused)"
+    _engine_arguments(
+        serve, "durable catalog: a directory or a PostgreSQL database (default: in memory)"
     )
     serve.add_argument(
         "--coordination",
@@ -56,13 +56,7 @@ def _parser() -> argparse.ArgumentParser:
         help="fleet-wide admission through this PostgreSQL database",
     )
     serve.add_argument("--workers", type=int, help="shared pool size (default: the CPUs)")
-    serve.add_argument(
-        "--access-control",
-        action="store_true",
-        help="principals, passwords and permissions; the admin's password comes from "
-        "RESGROUPS_ADMIN_PASSWORD",
-    )
-    serve.add_argument("--admin-user", default="admin", help="the admin's name (default admin)")
+    serve.epilog = "With --access-control the admin's password comes from RESGROUPS_ADMIN_PASSWORD."
     serve.add_argument(
         "--auth-method",
         choices=("scram-sha-256", "md5", "password"),
@@ -109,21 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.command == "serve":
         return _serve(args)
-    from resgroups.engine import Engine
-
-    try:
-        if args.replica and not args.catalog:
-            print("resgroups: --replica follows a catalog: give --catalog DIR", file=sys.stderr)
-            return 2
-        engine = Engine(
-            catalog=args.catalog,
-            role="replica" if args.replica else "primary",
-            access_control=args.access_control,
-            admin_user=args.admin_user,
-            admin_password=args.admin_password,
-        )
-    except Error as exc:
-        print(f"resgroups: {exc}", file=sys.stderr)
+    engine = _open_engine(args, args.admin_password)
+    if engine is None:
         return 2
     with engine:
         try:
@@ -136,31 +117,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         return shell.main(session, command=args.command)
 
 
+def _open_engine(
+    args: argparse.Namespace, admin_password: str | None, **extra: Any
+) -> Engine | None:
+    """The engine the command's arguments describe; None (said on stderr) if they are wrong."""
+    from resgroups.engine import Engine
+
+    if args.replica and not args.catalog:
+        print("resgroups: --replica follows a catalog: give --catalog", file=sys.stderr)
+        return None
+    try:
+        return Engine(
+            catalog=args.catalog,
+            role="replica" if args.replica else "primary",
+            access_control=args.access_control,
+            admin_user=args.admin_user,
+            admin_password=admin_password,
+            **extra,
+        )
+    except Error as exc:
+        print(f"resgroups: {exc}", file=sys.stderr)
+        return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     import logging
     import os
 
-    from resgroups.engine import Engine
     from resgroups.server.app import Listeners, serve
 
     logging.basicConfig(level=logging.WARNING, format="resgroups: %(levelname)s %(message)s")
-    if args.replica and not args.catalog:
-        print("resgroups: --replica follows a catalog: give --catalog", file=sys.stderr)
-        return 2
     password = os.environ.get("RESGROUPS_ADMIN_PASSWORD") or None
-    try:
-        engine = Engine(
-            catalog=args.catalog,
-            role="replica" if args.replica else "primary",
-            coordination=args.coordination,
-            workers=args.workers,
-            access_control=args.access_control,
-            admin_user=args.admin_user,
-            admin_password=password,
-            md5_passwords=args.auth_method == "md5",
-        )
-    except Error as exc:
-        print(f"resgroups: {exc}", file=sys.stderr)
+    engine = _open_engine(
+        args,
+        password,
+        coordination=args.coordination,
+        workers=args.workers,
+        md5_passwords=args.auth_method == "md5",
+    )
+    if engine is None:
         return 2
 
     def ready(listeners: Listeners) -> None:
@@ -178,7 +173,6 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except OSError as exc:
         print(f"resgroups: cannot listen: {exc}", file=sys.stderr)
-        engine.close()
         return 2
     finally:
         engine.close()

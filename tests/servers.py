@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 _READY = re.compile(r"on ([\d.]+):(\d+), HTTP on [\d.]+:(\d+)")
@@ -54,6 +55,16 @@ class ServerProcess:
             for pipe in (self.proc.stdout, self.proc.stderr):
                 if pipe is not None:
                     pipe.close()
+
+
+@contextlib.contextmanager
+def serving(args: Sequence[str] = (), env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    """A server for the block; it must exit with status 0 after SIGTERM."""
+    srv = start_server(args, env)
+    try:
+        yield srv
+    finally:
+        assert srv.stop() == 0
 
 
 def start_server(args: Sequence[str] = (), env: dict[str, str] | None = None) -> ServerProcess:

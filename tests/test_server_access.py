@@ -14,8 +14,7 @@ from typing import Any
 import psycopg
 import psycopg.errors
 import pytest
-
-from tests.servers import ServerProcess, start_server
+from servers import ServerProcess, start_server
 
 ADMIN_PASSWORD = "s3cret-admin"
 

@@ -18,18 +18,14 @@ from typing import Any
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.servers import ServerProcess, start_server
-from tests.waiting import wait_until
+from servers import ServerProcess, serving
+from waiting import wait_until
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    srv = start_server(["--workers", "2"])
-    try:
+    with serving(["--workers", "2"]) as srv:
         yield srv
-    finally:
-        assert srv.stop() == 0
 
 
 def get(srv: ServerProcess, path: str, **params: str) -> tuple[int, Any]:

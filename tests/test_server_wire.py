@@ -18,20 +18,16 @@ from typing import Any
 import psycopg
 import psycopg.errors
 import pytest
-
-from tests.servers import ServerProcess, start_server
-from tests.waiting import wait_until
+from servers import ServerProcess, serving, start_server
+from waiting import wait_until
 
 HERE = Path(__file__).resolve().parent / "wire"
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    srv = start_server(["--workers", "2"])
-    try:
+    with serving(["--workers", "2"]) as srv:
         yield srv
-    finally:
-        assert srv.stop() == 0
 
 
 def connect(srv: ServerProcess, user: str = "analyst", **kw: Any) -> psycopg.Connection[Any]:

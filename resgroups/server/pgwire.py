@@ -148,13 +148,14 @@ class Portal:
             self.cursor.close()
 
 
-def _formats(codes: list[int], count: int) -> list[int]:
+def _formats(codes: list[int], count: int, what: str = "result") -> list[int]:
+    """Bind's format codes for ``count`` values: none (all text), one for all, or one each."""
     if not codes:
         return [types.TEXT_FORMAT] * count
     if len(codes) == 1:
         return codes * count
     if len(codes) != count:
-        raise ProtocolViolation(f"bind message has {len(codes)} result formats for {count} columns")
+        raise ProtocolViolation(f"bind message has {len(codes)} {what} formats for {count}")
     return codes
 
 
@@ -742,7 +743,7 @@ class Connection:
             )
         if portal_name and portal_name in self.portals:
             raise DuplicateObject(f'portal "{portal_name}" already exists', sqlstate="42P03")
-        formats = _param_formats(param_formats, len(raw))
+        formats = _formats(param_formats, len(raw), "parameter")
         oids = prepared.oids + [0] * (len(raw) - len(prepared.oids))
         values = [
             types.decode_parameter(data, oid, fmt, i + 1)
@@ -854,16 +855,6 @@ _HANDLERS: Final[dict[bytes, Callable[[Connection, Body], None]]] = {
     b"H": Connection._flush_message,
     b"F": Connection._function_call,
 }
-
-
-def _param_formats(codes: list[int], count: int) -> list[int]:
-    if not codes:
-        return [types.TEXT_FORMAT] * count
-    if len(codes) == 1:
-        return codes * count
-    if len(codes) != count:
-        raise ProtocolViolation(f"bind message has {len(codes)} parameter formats for {count}")
-    return codes
 
 
 def _no_cursor(name: str) -> Error:

@@ -394,3 +394,37 @@ def test_a_replica_server_follows_its_primary_and_refuses_ddl(tmp_path: Path) ->
     finally:
         assert replica.stop() == 0
         assert primary.stop() == 0
+
+
+def test_a_refused_resume_ends_the_cursor_and_the_connection_stays_usable(
+    server: ServerProcess,
+) -> None:
+    with connect(server, autocommit=True) as conn, connect(server, autocommit=True) as holder:
+        conn.execute(
+            "CREATE RESOURCE GROUP refusing WITH (max_active_queries = 1, max_queued_queries = 0)"
+        )
+        try:
+            conn.execute("SET RESOURCE GROUP refusing")
+            holder.execute("SET RESOURCE GROUP refusing")
+            conn.execute("DECLARE c CURSOR WITH HOLD FOR SELECT x FROM long_sequence(3000000)")
+            assert conn.execute("FETCH 2 FROM c").fetchall() == [(1,), (2,)]
+            thread = threading.Thread(
+                target=lambda: pytest.raises(
+                    psycopg.errors.QueryCanceled,
+                    holder.execute,
+                    "SELECT sum(x * x) FROM long_sequence(100000000000)",
+                )
+            )
+            thread.start()
+            wait_until(lambda: groups(server)["refusing"]["active_queries"] == 1, timeout=30)
+            with pytest.raises(psycopg.errors.ConfigurationLimitExceeded):
+                conn.execute("FETCH 2 FROM c")  # the resume is refused: the cursor ends
+            holder.cancel()
+            thread.join(30)
+            with pytest.raises(psycopg.errors.InvalidCursorName):
+                conn.execute("FETCH 2 FROM c")
+            assert conn.execute("SELECT count(*) FROM long_sequence(4)").fetchone() == (4,)
+        finally:
+            conn.execute("RESET ALL")
+            conn.execute("DROP RESOURCE GROUP refusing")
+    wait_until(lambda: no_query_holds_anything(server), timeout=30)

@@ -565,12 +565,25 @@ class Connection:
         if not cursor.columns and cursor.status:
             self.send(wire.command_complete(cursor.status))
             return
-        rows = cursor.fetch(max_rows or None)
+        rows = self._fetch_page(portal, max_rows or None)
         self._rows(rows, cursor.types, formats)
         if cursor.done:
             self.send(wire.command_complete(f"SELECT {len(rows)}"))
         else:
             self.send(wire.PORTAL_SUSPENDED)
+
+    def _fetch_page(self, portal: Portal, count: int | None) -> list[tuple[Any, ...]]:
+        """A page of the portal's cursor. An error (a resume the gate refused, a
+        cancel, a timeout) ends the cursor, and the connection stays usable."""
+        assert portal.cursor is not None
+        try:
+            return portal.cursor.fetch(count)
+        except Error:
+            for name, held in list(self.portals.items()):
+                if held is portal:
+                    del self.portals[name]
+            portal.close()
+            raise
 
     def _after_engine_statement(self, stmt: ast.Statement) -> None:
         if isinstance(stmt, ast.ResetAll | ast.DiscardAll):
@@ -684,7 +697,7 @@ class Connection:
         if portal is None or portal.cursor is None:
             raise _no_cursor(plan.name)
         cursor = portal.cursor
-        rows = cursor.fetch(plan.count)
+        rows = self._fetch_page(portal, plan.count)
         verb = "MOVE" if plan.move else "FETCH"
         if not plan.move:
             if not codes and portal.binary:

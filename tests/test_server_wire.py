@@ -408,19 +408,22 @@ def test_a_refused_resume_ends_the_cursor_and_the_connection_stays_usable(
             holder.execute("SET RESOURCE GROUP refusing")
             conn.execute("DECLARE c CURSOR WITH HOLD FOR SELECT x FROM long_sequence(3000000)")
             assert conn.execute("FETCH 2 FROM c").fetchall() == [(1,), (2,)]
-            thread = threading.Thread(
-                target=lambda: pytest.raises(
-                    psycopg.errors.QueryCanceled,
-                    holder.execute,
-                    "SELECT sum(x * x) FROM long_sequence(100000000000)",
-                )
-            )
+            outcome: list[BaseException] = []
+
+            def hold_the_slot() -> None:
+                try:
+                    holder.execute("SELECT sum(x * x) FROM long_sequence(100000000000)")
+                except BaseException as exc:  # checked below
+                    outcome.append(exc)
+
+            thread = threading.Thread(target=hold_the_slot)
             thread.start()
             wait_until(lambda: groups(server)["refusing"]["active_queries"] == 1, timeout=30)
             with pytest.raises(psycopg.errors.ConfigurationLimitExceeded):
                 conn.execute("FETCH 2 FROM c")  # the resume is refused: the cursor ends
             holder.cancel()
             thread.join(30)
+            assert [type(e) for e in outcome] == [psycopg.errors.QueryCanceled]
             with pytest.raises(psycopg.errors.InvalidCursorName):
                 conn.execute("FETCH 2 FROM c")
             assert conn.execute("SELECT count(*) FROM long_sequence(4)").fetchone() == (4,)

@@ -152,13 +152,17 @@ def numeric_from_binary(data: bytes) -> Decimal:
     if len(data) != 8 + 2 * ndigits or sign not in (0, 0x4000) or ndigits < 0:
         raise InvalidBinaryRepresentation("invalid binary numeric")
     groups = struct.unpack_from(f"!{ndigits}H", data, 8)
-    value = Decimal(0)
-    for i, g in enumerate(groups):
-        if g > 9999:
-            raise InvalidBinaryRepresentation(f"invalid digit group {g} in a binary numeric")
-        value += Decimal(g).scaleb(4 * (weight - i))
-    value = value.quantize(Decimal(1).scaleb(-dscale)) if dscale else value.to_integral_value()
-    return -value if sign == 0x4000 else value
+    if any(g > 9999 for g in groups) or dscale < 0:
+        raise InvalidBinaryRepresentation("invalid digit group in a binary numeric")
+    # exact whatever the decimal context's precision: digits and an exponent
+    number = int("".join(f"{g:04d}" for g in groups) or "0")
+    exponent = 4 * (weight + 1 - ndigits)
+    if exponent >= -dscale:
+        number *= 10 ** (exponent + dscale)
+    else:
+        number //= 10 ** (-dscale - exponent)  # digits beyond dscale are zeros
+    digits = tuple(int(c) for c in str(number))
+    return Decimal((1 if sign == 0x4000 else 0, digits, -dscale))
 
 
 # ---- parameters -----------------------------------------------------------------------

@@ -222,6 +222,9 @@ def test_sessions_are_per_connection_and_reset_clears_them(server: ServerProcess
         try:
             a.execute("SET RESOURCE GROUP mine")
             a.execute("SET application_name = 'dash'")
+            a.execute("SET client_encoding TO 'UTF8'")  # what drivers send on connect
+            with pytest.raises(psycopg.errors.FeatureNotSupported, match="UTF8"):
+                a.execute("SET client_encoding = 'LATIN1'")
             assert a.info.parameter_status("application_name") == "dash"
             assert a.execute("SELECT current_resource_group()").fetchone() == ("mine",)
             assert b.execute("SELECT current_resource_group()").fetchone() == ("DEFAULT",)
@@ -431,3 +434,19 @@ def test_a_refused_resume_ends_the_cursor_and_the_connection_stays_usable(
             conn.execute("RESET ALL")
             conn.execute("DROP RESOURCE GROUP refusing")
     wait_until(lambda: no_query_holds_anything(server), timeout=30)
+
+
+def test_a_fleet_member_on_postgresql_serves_clients(pg_catalog: str) -> None:
+    """--catalog and --coordination on PostgreSQL: DDL over the wire lands in the
+    shared catalog, and a limited group's query takes a fleet lease."""
+    with serving(["--catalog", pg_catalog, "--coordination", pg_catalog]) as srv:
+        with connect(srv, autocommit=True) as conn:
+            conn.execute("CREATE RESOURCE GROUP fleet WITH (max_active_queries = 2)")
+            conn.execute("SET RESOURCE GROUP fleet")
+            assert conn.execute("SELECT count(*) FROM long_sequence(1000)").fetchone() == (1000,)
+        row = groups(srv)["fleet"]
+        assert (row["max_active_queries"], row["admitted_total"]) == (2, 1)
+        assert "fleet_active_queries" in row
+    with psycopg.connect(pg_catalog) as db:
+        ops = [r[0] for r in db.execute("SELECT record->>'op' FROM resgroups_catalog_log")]
+    assert "create_group" in ops

@@ -20,6 +20,7 @@ coordinator, a server front end) at this one place.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import secrets
@@ -199,6 +200,7 @@ class Engine:
         self._closed = False
         self._close_lock = threading.Lock()
         self._queries: set[Query] = set()
+        self._query_ids = itertools.count(1)
         writer = role == "primary"
         self._log: CatalogLog = open_log(catalog, lock=writer)
         try:
@@ -364,6 +366,13 @@ class Engine:
     def open_query(self, query: Query) -> None:
         self._check_open()
         self._queries.add(query)
+
+    def next_query_id(self) -> int:
+        return next(self._query_ids)
+
+    def live_queries(self) -> list[Query]:
+        """The queries open now (a copy): queued, running, parked or suspended."""
+        return list(self._queries)
 
     def close_query(self, query: Query) -> None:
         self._queries.discard(query)

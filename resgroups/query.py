@@ -27,9 +27,10 @@ import signal
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from enum import Enum
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, TypeVar
 
 from resgroups import interrupts
 from resgroups.errors import (
@@ -59,6 +60,32 @@ MANAGED_KINDS: Final = frozenset(KINDS) - {"other"}
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class QueryProgress(NamedTuple):
+    """One row of ``resource_group_queries()`` (SPEC: explainability)."""
+
+    query_id: int
+    user_name: str
+    resource_group: str | None
+    state: str  # queued, running, parked, suspended
+    blocked_by: str | None  # group_queue, fleet_lease, worker, cpu_budget, cpu_limit
+    queue_position: int | None  # 1-based in arrival order, while queued in the group
+    waited_millis: int  # queued: since submission; else the wait before it first ran
+    timeout_in_millis: int | None  # the nearer of the queue and query deadlines
+    cpu_nanos: int
+    memory_used_bytes: int
+    workers_held: int
+    kind: str
+    started_at: datetime | None
+
+
+PROGRESS_COLUMNS: Final = (
+    ("query_id", "int"), ("user_name", "text"), ("resource_group", "text"), ("state", "text"),
+    ("blocked_by", "text"), ("queue_position", "int"), ("waited_millis", "int"),
+    ("timeout_in_millis", "int"), ("cpu_nanos", "int"), ("memory_used_bytes", "int"),
+    ("workers_held", "int"), ("kind", "text"), ("started_at", "timestamptz"),
+)  # fmt: skip
 
 
 class QueryState(Enum):
@@ -245,6 +272,11 @@ class Query:
         self._runner: Runner | None = None
         self._lease_id: str | None = None  # fleet mode: this query's lease (held or sought)
         self._suspended_at = 0.0
+        self.id = engine.next_query_id()  # resource_group_queries().query_id
+        self.started_at: datetime | None = None  # wall clock at submission
+        self._submitted = 0.0  # the engine clock at submission
+        self._lease_waiting = False  # waiting for a fleet lease
+        self._batch: _MapBatch[Any, Any] | None = None  # the map running now, if any
 
     # ---- the fast path ------------------------------------------------------------
 
@@ -346,7 +378,8 @@ class Query:
             self.state = QueryState.DONE
             raise QueryCancelled(f"query cancelled before it started [user={self.user}]")
         self.state = QueryState.ADMITTING
-        submitted = self._now()
+        submitted = self._submitted = self._now()
+        self.started_at = datetime.now(UTC)
         if self._timeout is not None:
             self._timeout_at = self._stop_at = self._deadline = submitted + self._timeout
         try:
@@ -414,6 +447,7 @@ class Query:
         if limit is None:
             return
         runtime.fleet_wait(+1)
+        self._lease_waiting = True
         try:
             fleet.acquire(
                 group.name,
@@ -428,6 +462,7 @@ class Query:
             runtime.fleet_timed_out()
             raise
         finally:
+            self._lease_waiting = False
             runtime.fleet_wait(-1)
 
     def _is_cancelled(self) -> bool:
@@ -486,6 +521,60 @@ class Query:
                 self._runtime.suspend(-1)
             self.session.query_ended(self)
             self.session.engine.close_query(self)
+
+    # ---- what it is doing now (resource_group_queries()) -----------------------------
+
+    def progress(self) -> QueryProgress | None:
+        """Where this managed query stands now: queued, running, parked or suspended,
+        and what it waits for (None: unmanaged, not started, or done). Read without
+        stopping the query: each field is true of a moment during the call."""
+        runtime = self._runtime
+        state = self.state
+        if runtime is None or state in (QueryState.NEW, QueryState.DONE):
+            return None
+        now = self._now()
+        ticket, runner = self._ticket, self._runner
+        position = None
+        blocked: str | None = None
+        deadline = self._timeout_at
+        if state is QueryState.SUSPENDED:
+            shown = "suspended"
+        elif ticket is not None and ticket.state is TicketState.QUEUED:
+            shown, blocked = "queued", "group_queue"
+            position = runtime.gate.position(ticket)
+            deadline = min(deadline, ticket.queue_deadline)
+        elif self._lease_waiting:
+            shown, blocked = "queued", "fleet_lease"
+        elif runner is not None and runner.state is RunnerState.WAITING:
+            shown = "parked"
+            blocked = self._dispatcher.blocked_by(runner) or "worker"
+        elif runner is not None and runner.state is RunnerState.RUNNING:
+            shown = "running"
+        else:  # between the gate and the worker, or leaving
+            shown, blocked = ("queued", "group_queue") if ticket is None else ("parked", "worker")
+        waited = now - self._submitted if shown == "queued" else self.waited_s
+        batch = self._batch
+        workers = int(runner is not None and runner.state is RunnerState.RUNNING) + (
+            sum(r.state is RunnerState.RUNNING for r in batch.runners) if batch else 0
+        )
+        published = self._published
+        return QueryProgress(
+            query_id=self.id,
+            user_name=self.user,
+            resource_group=self.group,
+            state=shown,
+            blocked_by=blocked,
+            queue_position=position,
+            waited_millis=round(max(0.0, waited) * 1000),
+            timeout_in_millis=(
+                None if deadline == math.inf else max(0, round((deadline - now) * 1000))
+            ),
+            cpu_nanos=self.cpu_ns,
+            memory_used_bytes=published.published if published is not None else 0,
+            workers_held=workers,
+            kind=self.kind,
+            started_at=self.started_at,
+        )
 
     # ---- cursors -------------------------------------------------------------------
 
@@ -582,12 +671,16 @@ class Query:
         # is back; SIGINT cancels the query meanwhile, so tasks stop at a checkpoint
         with Hold(self._interrupted):
             runners = batch.runners = self._task_runners(len(batch.items) - 1)
-            if runners:
-                self._dispatcher.submit_tasks(runners, batch)
-            while batch.run_one():
-                pass
-            self._dispatcher.withdraw_tasks(runners)
-            batch.wait()
+            self._batch = batch
+            try:
+                if runners:
+                    self._dispatcher.submit_tasks(runners, batch)
+                while batch.run_one():
+                    pass
+                self._dispatcher.withdraw_tasks(runners)
+                batch.wait()
+            finally:
+                self._batch = None
         if batch.error is not None:
             raise batch.error
         return list(batch.results)

@@ -170,6 +170,10 @@ class Gate:
     def queued_tickets(self) -> list[Ticket]:
         return list(self._queue)
 
+    def position(self, ticket: Ticket) -> int:
+        """1-based place of a queued ticket in arrival order. O(log n)."""
+        return int(self._queue.index(ticket)) + 1
+
     def oldest_wait(self, now: float) -> float:
         """Seconds the longest-waiting ticket has waited (0 when none waits). O(1)."""
         return max(0.0, now - self._queue[0].enqueued_at) if self._queue else 0.0
@@ -434,6 +438,13 @@ class GateRuntime:
             for ticket in tickets:
                 self.gate.withdraw(ticket, error)
         self._wake(tickets)
+
+    def position(self, ticket: Ticket) -> int | None:
+        """The ticket's 1-based place in the queue, in arrival order (None: not queued)."""
+        with self.lock:
+            if ticket.state is not TicketState.QUEUED:
+                return None
+            return int(self.gate.position(ticket))
 
     def poke(self, ticket: Ticket) -> None:
         """Wake a waiter so it re-examines its state (it was cancelled)."""

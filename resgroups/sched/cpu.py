@@ -590,6 +590,22 @@ class CpuScheduler:
             _decrement(g.held_by_query, (r.pool, r.query_id))
         r.extra = False
 
+    def blocked_by(self, runner: Runner, now: float) -> str | None:
+        """Why a waiting runner has no worker (None: it is not waiting): its group's
+        CPU budget is spent ("cpu_budget"), its group holds as many workers as its
+        CPU limit allows ("cpu_limit"), or the pool has none free for it now
+        ("worker": all busy, or others are ahead by weight or arrival)."""
+        if runner.state is not RunnerState.WAITING:
+            return None
+        g = runner.group
+        if g.fractional:
+            budget = min(g.burst, g.budget_ns + (now - g.budget_at) * g.rate)
+            if budget <= 0:
+                return "cpu_budget"
+        if g.held >= g.cap:
+            return "cpu_limit"
+        return "worker"
+
     def next_wakeup(self, now: float) -> float:
         """When a waiting runner may next be able to run (a budget refills); inf if never."""
         times = [g.refill_time(now) for g in self.busy if any(g.waiting.values()) and g.fractional]

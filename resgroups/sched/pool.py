@@ -226,6 +226,12 @@ class Dispatcher:
         self._wait(runner, event, check, deadline)
         return False
 
+    def blocked_by(self, runner: Runner) -> str | None:
+        """Why a waiting runner has no worker: "cpu_budget", "cpu_limit" or "worker"
+        (None: it is not waiting)."""
+        with self.lock:
+            return self.core.blocked_by(runner, self.now())
+
     def poke(self, runner: Runner | None) -> None:
         """Wake a waiting runner so it re-checks (it was cancelled)."""
         with self.lock:

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from resgroups.access import check_group_admin
+from resgroups.access import check_group_admin, is_group_admin
 from resgroups.errors import DatatypeMismatch, UndefinedFunction, did_you_mean
+from resgroups.query import PROGRESS_COLUMNS, Query
 from resgroups.sched.stats import COLUMNS
 from resgroups.sql.select import Relation
 
@@ -36,8 +37,28 @@ def _resource_groups(session: Session, args: tuple[Any, ...]) -> list[tuple[Any,
     return [stats.row() for stats in engine.statistics()]
 
 
+def _resource_group_queries(session: Session, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """Every managed query that is queued, running, parked or suspended. An admin or
+    RESOURCE GROUP ADMIN sees all of them; anyone else sees their own."""
+    if args:
+        raise DatatypeMismatch(f"resource_group_queries() takes no arguments, got {len(args)}")
+    engine = session.engine
+    sees_all = is_group_admin(
+        engine.snapshot, session.identity, access_control=engine.access_control
+    )
+    mine = [
+        progress
+        for progress in map(Query.progress, engine.live_queries())
+        if progress is not None and (sees_all or progress.user_name == session.user)
+    ]
+    return [tuple(p) for p in sorted(mine, key=lambda p: p.query_id)]
+
+
 TABLE_FUNCTIONS: Final[dict[str, TableFunction]] = {
     "resource_groups": TableFunction("resource_groups", COLUMNS, _resource_groups, True),
+    "resource_group_queries": TableFunction(
+        "resource_group_queries", PROGRESS_COLUMNS, _resource_group_queries, True
+    ),
 }
 
 

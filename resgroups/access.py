@@ -18,7 +18,7 @@ and, for users, from their ACL groups too.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from resgroups.auth import hash_password, md5_verifier, verify_password
@@ -154,6 +154,129 @@ def resolve(snap: Snapshot, who: Identity, chosen: int | None, *, access_control
         check_use(snap, who, group, access_control=access_control)
         return group
     return own_group(snap, login_principal(snap, who))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One row of EXPLAIN RESOURCE GROUP: a rule resolution considers, in its order."""
+
+    candidate: str | None  # the group the rule names (None: it names none)
+    source: str  # session, principal, acl_group, assumed_service_account, default
+    priority: int | None  # MAPPING PRIORITY (ACL groups)
+    eligible: bool  # could this rule decide the group?
+    reason: str
+    chosen: bool = False
+
+
+def _order(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def explain(
+    snap: Snapshot, who: Identity, chosen: int | None, *, access_control: bool
+) -> list[Candidate]:
+    """Every rule :func:`resolve` considers for ``who``, in its order, and which one
+    decides: the same decision ``resolve`` makes (a property test holds them
+    together). When resolution would fail, no row is chosen and the failing
+    row's reason is the error a query would get."""
+    rows: list[Candidate] = []
+    failed = False
+    if chosen is not None:
+        group = snap.group(chosen)
+        if group is None:
+            name = snap.group_name(chosen) or f"id {chosen}"
+            error = (
+                f"resource group {name} chosen by SET RESOURCE GROUP no longer exists; "
+                "RESET RESOURCE GROUP or choose another"
+            )
+            rows.append(Candidate(name, "session", None, False, error))
+            failed = True
+        elif may_use(snap, who, group, access_control=access_control):
+            why = "SET RESOURCE GROUP; " + _use_reason(snap, who, group, access_control)
+            rows.append(Candidate(group.name, "session", None, True, why))
+        else:
+            error = (
+                f"Access denied for {who.login_name} [USE ON RESOURCE GROUP {group.name}]: "
+                f"grant it with GRANT USE ON RESOURCE GROUP {group.name} TO {who.login_name}"
+            )
+            rows.append(Candidate(group.name, "session", None, False, error))
+            failed = True
+    principal = login_principal(snap, who)
+    if not access_control:
+        rows.append(Candidate(None, "principal", None, False, "access control is off: no mappings"))
+    elif principal is None:
+        rows.append(Candidate(None, "principal", None, False, "the admin has no mapping"))
+    else:
+        mapped = snap.group(principal.group_id) if principal.group_id is not None else None
+        what = f"{principal.kind.value} {principal.name}"
+        if mapped is not None:
+            reason = f"{what} is mapped to it (ALTER {principal.kind.sql} ... SET RESOURCE GROUP)"
+            rows.append(Candidate(mapped.name, "principal", None, True, reason))
+        else:
+            rows.append(Candidate(None, "principal", None, False, f"{what} has no mapping"))
+        if principal.kind is PrincipalKind.USER:
+            rows.extend(_acl_rows(snap, principal))
+    if who.assumed_id is not None:
+        account = snap.principal(who.assumed_id)
+        if account is not None:
+            mapped = snap.group(account.group_id) if account.group_id is not None else None
+            rows.append(
+                Candidate(
+                    mapped.name if mapped is not None else None,
+                    "assumed_service_account",
+                    None,
+                    False,
+                    f"service account {account.name} is assumed: its grants decide USE, "
+                    "but the login principal's mapping decides the group",
+                )
+            )
+    rows.append(
+        Candidate(snap.default_group.name, "default", None, True, "when no rule above applies")
+    )
+    if not failed:
+        decided = next(i for i, row in enumerate(rows) if row.eligible)
+        rows[decided] = replace(rows[decided], chosen=True)
+    return rows
+
+
+def _use_reason(snap: Snapshot, who: Identity, group: GroupDef, access_control: bool) -> str:
+    if not access_control:
+        return "access control is off: any group may be used"
+    if who.is_admin:
+        return "the admin may use any group"
+    if group.id == own_group(snap, login_principal(snap, who)).id:
+        return "it is the principal's own group"
+    return "USE granted (GRANT USE ON RESOURCE GROUP, directly or through an ACL group)"
+
+
+def _acl_rows(snap: Snapshot, user: Principal) -> list[Candidate]:
+    """The user's ACL groups in resolution order: mapped ones by priority, then the
+    resource group created first; unmapped ones after, never eligible."""
+    mapped: list[tuple[int, int, Principal, GroupDef]] = []
+    unmapped: list[Principal] = []
+    for acl in snap.acl_groups_of(user.id):
+        group = snap.group(acl.group_id) if acl.group_id is not None else None
+        if group is None:
+            unmapped.append(acl)
+        else:
+            mapped.append((-acl.priority, group.id, acl, group))
+    creation = {g.id: i + 1 for i, g in enumerate(snap.groups)}  # DEFAULT is the 1st
+    rows = [
+        Candidate(
+            group.name,
+            "acl_group",
+            acl.priority,
+            True,
+            f"ACL group {acl.name} (MAPPING PRIORITY {acl.priority}; {group.name} was the "
+            f"{_order(creation[group.id])} group created)",
+        )
+        for _, _, acl, group in sorted(mapped, key=lambda m: (m[0], m[1]))
+    ]
+    rows += [
+        Candidate(None, "acl_group", acl.priority, False, f"ACL group {acl.name} has no mapping")
+        for acl in unmapped
+    ]
+    return rows
 
 
 def is_group_admin(snap: Snapshot, who: Identity, *, access_control: bool) -> bool:

@@ -229,6 +229,14 @@ class Show:
 
 
 @dataclass(frozen=True)
+class ExplainResourceGroup:
+    """EXPLAIN RESOURCE GROUP [FOR USER name | FOR SERVICE ACCOUNT name]."""
+
+    kind: PrincipalKind | None = None  # None: the current session
+    name: Ident | None = None
+
+
+@dataclass(frozen=True)
 class SelectItem:
     expr: Expr
     alias: Ident | None = None
@@ -307,6 +315,7 @@ Statement = (
     | ResetAll
     | DiscardAll
     | Show
+    | ExplainResourceGroup
     | Select
     | CreateTableAs
     | InsertSelect

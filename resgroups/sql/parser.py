@@ -264,6 +264,19 @@ class _ToAst(Transformer[Token, Any]):
     def discard_all(self) -> ast.DiscardAll:
         return ast.DiscardAll()
 
+    def explain_resource_group(
+        self, target: tuple[ast.PrincipalKind, ast.Ident] | None
+    ) -> ast.ExplainResourceGroup:
+        if target is None:
+            return ast.ExplainResourceGroup()
+        return ast.ExplainResourceGroup(*target)
+
+    def explain_for_user(self, name: ast.Ident) -> tuple[ast.PrincipalKind, ast.Ident]:
+        return ast.PrincipalKind.USER, name
+
+    def explain_for_account(self, name: ast.Ident) -> tuple[ast.PrincipalKind, ast.Ident]:
+        return ast.PrincipalKind.SERVICE_ACCOUNT, name
+
     def show_users(self) -> ast.Show:
         return ast.Show(ast.PrincipalKind.USER)
 

@@ -138,6 +138,7 @@ RULES: Final[dict[type, Rule]] = {
     ast.GrantUse: Rule(principals.grant_use, _DDL, True),
     ast.RevokeUse: Rule(principals.revoke_use, _DDL, True),
     ast.Show: Rule(principals.show, _DDL, True),
+    ast.ExplainResourceGroup: Rule(principals.explain_resource_group),
     ast.SetResourceGroup: Rule(set_resource_group),
     ast.ResetResourceGroup: Rule(reset_resource_group),
     ast.ResetAll: Rule(reset_resource_group),

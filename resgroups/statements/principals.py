@@ -7,12 +7,12 @@ and returns the one change record it makes; SHOW and the session statements
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
-from resgroups.access import find_group, may_assume
+from resgroups.access import Identity, check_group_admin, explain, find_group, may_assume
 from resgroups.auth import hash_password, md5_verifier
 from resgroups.catalog import Principal, Snapshot
-from resgroups.errors import CatalogError, PermissionDenied, did_you_mean
+from resgroups.errors import CatalogError, FeatureNotSupported, PermissionDenied, did_you_mean
 from resgroups.result import Result
 from resgroups.sql import ast
 from resgroups.sql.ast import PrincipalKind
@@ -227,3 +227,40 @@ def show(session: Session, stmt: ast.Show) -> Result:
             row += (p.priority if group else None,)
         rows.append(row)
     return Result.table(columns, rows, types)
+
+
+EXPLAIN_COLUMNS: Final = ("candidate", "source", "priority", "eligible", "reason", "chosen")
+EXPLAIN_TYPES: Final = ("text", "text", "int", "bool", "text", "bool")
+
+
+def explain_resource_group(session: Session, stmt: ast.ExplainResourceGroup) -> Result:
+    """EXPLAIN RESOURCE GROUP: the rules resolution considers, in order, and the one
+    that decides (for the session, or for a principal logging in afresh, which
+    takes RESOURCE GROUP ADMIN to ask)."""
+    engine = session.engine
+    snap = engine.snapshot
+    if stmt.name is None:
+        who, chosen = session.identity, session.chosen_group_id
+    else:
+        if not engine.access_control:
+            raise FeatureNotSupported(
+                "EXPLAIN RESOURCE GROUP FOR USER|SERVICE ACCOUNT requires access control "
+                "(without it there are no principals or mappings)"
+            )
+        check_group_admin(snap, session.identity, access_control=True)
+        assert stmt.kind is not None
+        principal = find_principal(session, snap, stmt.name, stmt.kind)
+        who, chosen = Identity(principal.name, login_id=principal.id), None
+    if not engine.enabled or not snap.has_catalog:
+        why = (
+            "resource groups are disabled: queries run unmanaged"
+            if not engine.enabled
+            else "this replica has not received the catalog yet: queries run unmanaged"
+        )
+        rows: list[tuple[object, ...]] = [(None, "unmanaged", None, True, why, True)]
+    else:
+        rows = [
+            (c.candidate, c.source, c.priority, c.eligible, c.reason, c.chosen)
+            for c in explain(snap, who, chosen, access_control=engine.access_control)
+        ]
+    return Result.table(EXPLAIN_COLUMNS, rows, EXPLAIN_TYPES)

@@ -215,6 +215,7 @@ class Engine:
             self.clock.monotonic,
             slice_ms=slice_ms,
             granularity_ms=granularity_ms,
+            cpus=self.cpus,
         )
         self._pool_views = {name: PoolView(self.dispatcher, name) for name in self.pools}
         self.memory_ledger = MemoryLedger(process_memory_limit)

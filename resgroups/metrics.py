@@ -39,6 +39,20 @@ PER_GROUP: Final = (
     ("admission_rejections", "admission_rejections", "Queries refused: queue full.", True),
     ("admission_timeouts", "admission_timeouts", "Queue waits ended by a timeout.", True),
     ("admitted", "admitted_total", "Passes through the admission gate.", True),
+    (
+        "cpu_entitled_pct",
+        "cpu_entitled_pct",
+        "Weight's share of the CPUs among groups wanting CPU over the window, within limits.",
+        False,
+    ),
+    ("cpu_used_pct", "cpu_used_pct", "CPU charged over the window, % of the CPUs.", False),
+    ("cpu_share_error_pct", "cpu_share_error_pct", "Used minus entitled CPU share.", False),
+)
+# fractional CPU limits only: the token bucket (a group without one has no sample)
+BUCKET: Final = (
+    ("cpu_budget_millis", "CPU budget now; negative for debt."),
+    ("cpu_refill_cores", "Budget refill rate, in cores."),
+    ("cpu_burst_millis", "The most CPU budget the group can hold."),
 )
 
 
@@ -58,6 +72,13 @@ class _Collector(Collector):
             for s in stats:
                 family.add_metric([s.name], getattr(s, field))
             yield family
+        for field, help_text in BUCKET:
+            bucket = GaugeMetricFamily(GROUP + field, help_text, labels=["resource_group"])
+            for s in stats:
+                value = getattr(s, field)
+                if value is not None:
+                    bucket.add_metric([s.name], value)
+            yield bucket
         yield GaugeMetricFamily(
             INSTANCE + "enabled", "1 while resource groups are enabled.", value=int(engine.enabled)
         )

@@ -31,6 +31,12 @@ EXPECTED_COLUMNS = [
     ("scheduling_policy", "text"),
     ("admitted_total", "int"),
     ("fleet_active_queries", "int"),
+    ("cpu_entitled_pct", "float"),
+    ("cpu_used_pct", "float"),
+    ("cpu_share_error_pct", "float"),
+    ("cpu_budget_millis", "float"),
+    ("cpu_refill_cores", "float"),
+    ("cpu_burst_millis", "float"),
 ]
 
 
@@ -64,6 +70,12 @@ def test_default_row_shows_the_unset_values(engine: resgroups.Engine) -> None:
         "scheduling_policy": "fifo",
         "admitted_total": 0,
         "fleet_active_queries": None,  # not in fleet mode
+        "cpu_entitled_pct": 0.0,  # nothing has wanted CPU yet
+        "cpu_used_pct": 0.0,
+        "cpu_share_error_pct": 0.0,
+        "cpu_budget_millis": None,  # no fractional CPU limit: no token bucket
+        "cpu_refill_cores": None,
+        "cpu_burst_millis": None,
     }
 
 

@@ -99,6 +99,7 @@ from enum import Enum
 from typing import Final, TypeVar
 
 from resgroups.errors import InternalError
+from resgroups.sched.shares import Share, ShareWindow
 
 K = TypeVar("K")
 NS: Final = 1_000_000_000
@@ -287,8 +288,12 @@ class CpuScheduler:
         *,
         slice_ms: float = 10.0,
         granularity_ns: int = DEFAULT_GRANULARITY_NS,
+        cpus: float | None = None,
+        share_window_s: float = 10.0,
     ) -> None:
         self.sizes = dict(pools)
+        # entitled and used CPU per group over a sliding window (shares.py)
+        self.shares = ShareWindow(cpus or float(sum(pools.values())), window_s=share_window_s)
         self.free = dict(pools)
         self.waiting_in = dict.fromkeys(pools, 0)  # runners waiting, per pool
         self.slice_s = slice_ms / 1000
@@ -329,6 +334,8 @@ class CpuScheduler:
         if g.fractional and not was_fractional:
             g.budget_ns = g.burst
         g.budget_ns = min(g.budget_ns, g.burst)
+        if g in self.busy:  # new weights and limits share the time from now on
+            self.shares.changed(self.busy, now)
         return self.dispatch(now)
 
     def forget(self, group_id: int) -> None:
@@ -371,7 +378,7 @@ class CpuScheduler:
         runner.runnable_since = now
         self.waiting_in[runner.pool] += 1
         queue = runner.group.waiting.setdefault(runner.pool, [])
-        self._busy(runner.group)
+        self._busy(runner.group, now)
         # arrival order: a parked runner goes back to its place, not to the end
         index = len(queue)
         while index > 0 and queue[index - 1].seq > runner.seq:
@@ -382,13 +389,13 @@ class CpuScheduler:
         """``runner`` is done with its worker (finished, or a query suspends); charges
         its last CPU. Returns the runners granted the freed worker."""
         if runner.state is RunnerState.WAITING:
-            self._unwait(runner)
+            self._unwait(runner, now)
             runner.state = RunnerState.DONE
             return []
         if runner.state is not RunnerState.RUNNING:
             raise InternalError(f"{runner!r} released while {runner.state.value}")
         self._charge(runner, cpu_ns, now)
-        self._unhold(runner)
+        self._unhold(runner, now)
         runner.state = RunnerState.DONE
         return self.dispatch(now, pools=self._freed(runner))
 
@@ -397,19 +404,21 @@ class CpuScheduler:
         group's cap counts workers across pools (None: all)."""
         return None if runner.group.limit_cores is not None else (runner.pool,)
 
-    def _unwait(self, runner: Runner) -> None:
+    def _unwait(self, runner: Runner, now: float) -> None:
         queue = runner.group.waiting.get(runner.pool, [])
         queue.remove(runner)
         self.waiting_in[runner.pool] -= 1
-        self._maybe_idle(runner.group)
+        self._maybe_idle(runner.group, now)
 
-    def _busy(self, g: GroupCpu) -> None:
-        if g.charged:
+    def _busy(self, g: GroupCpu, now: float) -> None:
+        if g.charged and g not in self.busy:
             self.busy.add(g)
+            self.shares.changed(self.busy, now)
 
-    def _maybe_idle(self, g: GroupCpu) -> None:
-        if g.idle:
+    def _maybe_idle(self, g: GroupCpu, now: float) -> None:
+        if g.idle and g in self.busy:
             self.busy.discard(g)
+            self.shares.changed(self.busy, now)
 
     # ---- slices ---------------------------------------------------------------------------
 
@@ -426,7 +435,7 @@ class CpuScheduler:
             runner.granted_at = now
             runner.fresh = False
             return Decision(True, "renew")
-        self._unhold(runner)
+        self._unhold(runner, now)
         self._enqueue(runner, now, fresh=False)  # still runnable: no placement
         granted = self.dispatch(now, pools=self._freed(runner))
         if runner in granted:  # it was the one the rules picked after all
@@ -486,6 +495,7 @@ class CpuScheduler:
         if not g.charged:
             return
         g.cpu_ns_total += cpu_ns
+        self.shares.charge(g.group_id, cpu_ns, now)
         g.cpu_by_user[runner.user] = g.cpu_by_user.get(runner.user, 0) + cpu_ns
         g.vtime += cpu_ns * 100 / g.weight
         if g.fractional:
@@ -560,7 +570,7 @@ class CpuScheduler:
     def _grant(self, r: Runner, now: float) -> None:
         g = r.group
         if r.state is RunnerState.WAITING:
-            self._unwait(r)
+            self._unwait(r, now)
         self.free[r.pool] -= 1
         r.state = RunnerState.RUNNING
         r.scheduled = self.engaged and not self.degraded
@@ -576,12 +586,12 @@ class CpuScheduler:
             key = (r.pool, r.query_id)
             g.held_by_query[key] = g.held_by_query.get(key, 0) + 1
         g.running.add(r)
-        self._busy(g)
+        self._busy(g, now)
 
-    def _unhold(self, r: Runner) -> None:
+    def _unhold(self, r: Runner, now: float) -> None:
         g = r.group
         g.running.discard(r)
-        self._maybe_idle(g)
+        self._maybe_idle(g, now)
         self.free[r.pool] += 1
         if r.scheduled:
             g.held -= 1
@@ -605,6 +615,18 @@ class CpuScheduler:
         if g.held >= g.cap:
             return "cpu_limit"
         return "worker"
+
+    def fairness(self, now: float) -> dict[int, Share]:
+        """Each group's entitled and used CPU percentage over the share window."""
+        return self.shares.read(now)
+
+    def budget(self, group_id: int, now: float) -> float | None:
+        """A fractional-limit group's CPU budget now, in ns (negative: debt); None
+        for other groups."""
+        g = self.groups.get(group_id)
+        if g is None or not g.fractional:
+            return None
+        return min(g.burst, g.budget_ns + (now - g.budget_at) * g.rate)
 
     def next_wakeup(self, now: float) -> float:
         """When a waiting runner may next be able to run (a budget refills); inf if never."""

@@ -23,10 +23,17 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 
 from resgroups.catalog.model import GroupDef, Snapshot
+from resgroups.sched.cpu import BURST_S
 from resgroups.sched.memory import MemoryLedger
-from resgroups.sched.pool import Dispatcher
+from resgroups.sched.pool import CpuReading, Dispatcher
 from resgroups.sched.runtime import GroupRuntime
-from resgroups.sched.stats import CounterReading, GroupStatistics, group_statistics
+from resgroups.sched.stats import (
+    NO_CPU_READING,
+    CounterReading,
+    CpuShareReading,
+    GroupStatistics,
+    group_statistics,
+)
 
 
 class GroupRuntimes:
@@ -170,6 +177,7 @@ class GroupRuntimes:
         ledger = self._memory
         with ledger.lock:
             memory = {gid: budget.used for gid, budget in ledger.groups.items()}
+        cpu = {gid: _share_reading(r) for gid, r in self._dispatcher.cpu_readings().items()}
         return [
             group_statistics(
                 g,
@@ -180,6 +188,19 @@ class GroupRuntimes:
                 cpus=self._cpus,
                 process_memory_limit=process_memory_limit,
                 fleet_active=None if fleet_counts is None else fleet_counts.get(g.name, 0),
+                cpu=cpu.get(g.id, NO_CPU_READING),
             )
             for g in snapshot.groups
         ]
+
+
+def _share_reading(reading: CpuReading) -> CpuShareReading:
+    budget, limit = reading.budget_ns, reading.limit_cores
+    fractional = budget is not None and limit is not None
+    return CpuShareReading(
+        entitled_pct=reading.share.entitled_pct,
+        used_pct=reading.share.used_pct,
+        budget_ms=budget / 1e6 if budget is not None else None,
+        refill_cores=limit if fractional else None,
+        burst_ms=limit * BURST_S * 1000 if fractional and limit is not None else None,
+    )

@@ -25,10 +25,11 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from resgroups.errors import EngineClosed, Error
 from resgroups.sched.cpu import CpuScheduler, Runner, RunnerState
+from resgroups.sched.shares import Share
 
 log = logging.getLogger("resgroups.sched")
 
@@ -38,6 +39,12 @@ T = TypeVar("T")
 
 def _holds_worker(runner: Runner) -> bool:
     return runner.state is RunnerState.RUNNING
+
+
+class CpuReading(NamedTuple):
+    share: Share
+    budget_ns: float | None  # fractional limits only
+    limit_cores: float | None
 
 
 class TaskWork(Protocol):
@@ -79,9 +86,10 @@ class Dispatcher:
         *,
         slice_ms: float,
         granularity_ms: float,
+        cpus: float | None = None,
     ) -> None:
         self.core = CpuScheduler(
-            pools, slice_ms=slice_ms, granularity_ns=round(granularity_ms * 1e6)
+            pools, slice_ms=slice_ms, granularity_ns=round(granularity_ms * 1e6), cpus=cpus
         )
         self.lock = threading.Lock()
         self.now = now
@@ -225,6 +233,20 @@ class Dispatcher:
             event = self._events[runner] = threading.Event()
         self._wait(runner, event, check, deadline)
         return False
+
+    def cpu_readings(self) -> dict[int, CpuReading]:
+        """Per group: entitled and used CPU over the share window, and for a
+        fractional limit the budget now (ns); one consistent moment."""
+        with self.lock:
+            now = self.now()
+            core = self.core
+            shares = core.fairness(now)
+            return {
+                gid: CpuReading(
+                    shares.get(gid, Share(0.0, 0.0)), core.budget(gid, now), g.limit_cores
+                )
+                for gid, g in core.groups.items()
+            }
 
     def blocked_by(self, runner: Runner) -> str | None:
         """Why a waiting runner has no worker: "cpu_budget", "cpu_limit" or "worker"

@@ -13,6 +13,19 @@ from typing import Final, NamedTuple
 from resgroups.catalog.model import GroupDef
 
 
+class CpuShareReading(NamedTuple):
+    """A group's share of the CPU over the window, and its token bucket."""
+
+    entitled_pct: float = 0.0
+    used_pct: float = 0.0
+    budget_ms: float | None = None
+    refill_cores: float | None = None
+    burst_ms: float | None = None
+
+
+NO_CPU_READING: Final = CpuShareReading()
+
+
 class CounterReading(NamedTuple):
     """Live counters of one group at one instant (all 0 until work has run)."""
 
@@ -49,6 +62,12 @@ class GroupStatistics:
     scheduling_policy: str
     admitted_total: int
     fleet_active_queries: int | None  # fleet mode (§11): leases held fleet-wide; else NULL
+    cpu_entitled_pct: float  # weight's share among groups wanting CPU over the window
+    cpu_used_pct: float  # CPU charged over the same window, % of the process's CPUs
+    cpu_share_error_pct: float  # used minus entitled
+    cpu_budget_millis: float | None  # fractional CPU limit: tokens now (negative: debt)
+    cpu_refill_cores: float | None  # fractional CPU limit: the refill rate, in cores
+    cpu_burst_millis: float | None  # fractional CPU limit: the most the budget holds
 
     def row(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in COLUMN_NAMES)
@@ -75,6 +94,7 @@ def group_statistics(
     cpus: float,
     process_memory_limit: int,
     fleet_active: int | None = None,
+    cpu: CpuShareReading = NO_CPU_READING,
 ) -> GroupStatistics:
     """Combine a group's definition with its counters into the row of §9."""
     limit_centi = group.cpu_limit_centi_pct
@@ -103,4 +123,10 @@ def group_statistics(
         scheduling_policy=group.scheduling_policy,
         admitted_total=counters.admitted_total,
         fleet_active_queries=fleet_active,
+        cpu_entitled_pct=cpu.entitled_pct,
+        cpu_used_pct=cpu.used_pct,
+        cpu_share_error_pct=cpu.used_pct - cpu.entitled_pct,
+        cpu_budget_millis=cpu.budget_ms,
+        cpu_refill_cores=cpu.refill_cores,
+        cpu_burst_millis=cpu.burst_ms,
     )

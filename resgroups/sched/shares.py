@@ -1,0 +1,144 @@
+"""Fairness as data: each group's entitled and used share of the CPU over a window.
+
+The entitlement is exact over time. Whenever the set of groups that want CPU
+(work running or waiting: the scheduler's ``busy`` set) changes, the time
+since the last change is shared among the groups that wanted CPU during it:
+by weight, each capped at its CPU limit, what a cap leaves over going to the
+others by weight (water-filling). CPU charged at slice ends is the use. Both
+go into one-second buckets; a reading sums the last ``window_s`` seconds
+(fewer while the engine is younger than that), so a group that goes idle
+hands its entitlement to the others within one window.
+
+Shares are percentages of the CPUs available to the process: a group that
+runs fewer threads than its share of cores cannot use its entitlement and
+shows a negative error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Final, NamedTuple, Protocol
+
+NS: Final = 1_000_000_000
+
+
+class Wanting(Protocol):
+    """What the window needs of a group (``GroupCpu``)."""
+
+    @property
+    def group_id(self) -> int: ...
+
+    @property
+    def weight(self) -> int: ...
+
+    @property
+    def limit_cores(self) -> float | None: ...
+
+
+class Share(NamedTuple):
+    entitled_pct: float
+    used_pct: float
+
+
+def water_fill(groups: Iterable[Wanting], cpus: float) -> dict[int, float]:
+    """Each group's fraction of the CPUs: by weight, capped at its limit, the
+    excess redistributed by weight among the uncapped."""
+    left = {g.group_id: g for g in groups}
+    share: dict[int, float] = {}
+    remaining = 1.0
+    while left:
+        total = sum(g.weight for g in left.values())
+        capped = {
+            gid: min(1.0, g.limit_cores / cpus)
+            for gid, g in left.items()
+            if g.limit_cores is not None and remaining * g.weight / total >= g.limit_cores / cpus
+        }
+        if not capped:
+            for gid, g in left.items():
+                share[gid] = remaining * g.weight / total
+            break
+        for gid, cap in capped.items():
+            share[gid] = cap
+            remaining -= cap
+            del left[gid]
+        remaining = max(0.0, remaining)
+    return share
+
+
+class ShareWindow:
+    """Entitled and used CPU per group over a sliding window. Not thread-safe:
+    the scheduling core calls it under its lock."""
+
+    def __init__(self, cpus: float, *, window_s: float = 10.0, bucket_s: float = 1.0) -> None:
+        self.cpus = cpus
+        self.window_s = window_s
+        self.bucket_s = bucket_s
+        self._buckets: dict[int, dict[int, list[float]]] = {}  # index -> gid -> [ent, cpu]
+        self._since: float | None = None  # when the current set of wanting groups began
+        self._started: float | None = None
+        self._shares: dict[int, float] = {}  # the current set's fractions
+
+    def _bucket(self, index: int) -> dict[int, list[float]]:
+        bucket = self._buckets.get(index)
+        if bucket is None:
+            bucket = self._buckets[index] = {}
+            oldest = index - math.ceil(self.window_s / self.bucket_s) - 1
+            for old in [i for i in self._buckets if i < oldest]:
+                del self._buckets[old]
+        return bucket
+
+    def _spread(self, start: float, end: float, shares: dict[int, float]) -> None:
+        """Add ``shares`` x seconds of [start, end) to the buckets it covers."""
+        start = max(start, end - self.window_s - self.bucket_s)
+        while start < end and shares:
+            index = math.floor(start / self.bucket_s)
+            stop = min(end, (index + 1) * self.bucket_s)
+            bucket = self._bucket(index)
+            for gid, fraction in shares.items():
+                bucket.setdefault(gid, [0.0, 0.0])[0] += fraction * (stop - start)
+            start = stop
+
+    def changed(self, wanting: Iterable[Wanting], now: float) -> None:
+        """The set of groups that want CPU is now ``wanting``."""
+        if self._started is None:
+            self._started = now
+        if self._since is not None:
+            self._spread(self._since, now, self._shares)
+        self._since = now
+        self._shares = water_fill(wanting, self.cpus)
+
+    def charge(self, group_id: int, cpu_ns: int, now: float) -> None:
+        if self._started is None:
+            self._started = now
+        entry = self._bucket(math.floor(now / self.bucket_s)).setdefault(group_id, [0.0, 0.0])
+        entry[1] += cpu_ns
+
+    def read(self, now: float) -> dict[int, Share]:
+        """Each group's entitled and used percentage over the window ending now."""
+        if self._started is None:
+            return {}
+        if self._since is not None:  # the open interval counts up to now
+            self._spread(self._since, now, self._shares)
+            self._since = now
+        span = min(self.window_s, now - self._started)
+        first = math.floor((now - span) / self.bucket_s)
+        totals: dict[int, list[float]] = {}
+        for index, bucket in self._buckets.items():
+            if index < first:
+                continue
+            # the oldest bucket counts only for the part inside the window
+            weight = 1.0
+            if index == first and span > 0:
+                inside = (index + 1) * self.bucket_s - (now - span)
+                weight = max(0.0, min(1.0, inside / self.bucket_s))
+            for gid, (entitled, cpu) in bucket.items():
+                total = totals.setdefault(gid, [0.0, 0.0])
+                total[0] += entitled * weight
+                total[1] += cpu * weight
+        if span <= 0:
+            return {gid: Share(self._shares.get(gid, 0.0) * 100, 0.0) for gid in totals}
+        return {
+            gid: Share(entitled / span * 100, cpu / (span * self.cpus * NS) * 100)
+            for gid, (entitled, cpu) in totals.items()
+        }

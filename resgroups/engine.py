@@ -118,6 +118,7 @@ class Engine:
         fleet_admission: str = "lease",
         *,
         md5_passwords: bool = False,
+        cpu_share_window: float = 10.0,
         granularity_ms: float = 50.0,
         clock: Clock | None = None,
         cpu_meter: Callable[[], int] | None = None,
@@ -161,6 +162,7 @@ class Engine:
         _count("workers", workers)
         _positive("slice_ms", slice_ms, allow_none=False)
         _positive("granularity_ms", granularity_ms, allow_none=False)
+        _positive("cpu_share_window", cpu_share_window, allow_none=False)
         _positive("query_timeout", query_timeout)
         _positive("query_memory_limit", query_memory_limit)
         if process_memory_limit is None or process_memory_limit < 0:
@@ -216,6 +218,7 @@ class Engine:
             slice_ms=slice_ms,
             granularity_ms=granularity_ms,
             cpus=self.cpus,
+            share_window_s=cpu_share_window,
         )
         self._pool_views = {name: PoolView(self.dispatcher, name) for name in self.pools}
         self.memory_ledger = MemoryLedger(process_memory_limit)

@@ -87,9 +87,14 @@ class Dispatcher:
         slice_ms: float,
         granularity_ms: float,
         cpus: float | None = None,
+        share_window_s: float = 10.0,
     ) -> None:
         self.core = CpuScheduler(
-            pools, slice_ms=slice_ms, granularity_ns=round(granularity_ms * 1e6), cpus=cpus
+            pools,
+            slice_ms=slice_ms,
+            granularity_ns=round(granularity_ms * 1e6),
+            cpus=cpus,
+            share_window_s=share_window_s,
         )
         self.lock = threading.Lock()
         self.now = now

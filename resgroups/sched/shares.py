@@ -5,7 +5,7 @@ The entitlement is exact over time. Whenever the set of groups that want CPU
 since the last change is shared among the groups that wanted CPU during it:
 by weight, each capped at its CPU limit, what a cap leaves over going to the
 others by weight (water-filling). CPU charged at slice ends is the use. Both
-go into one-second buckets; a reading sums the last ``window_s`` seconds
+go into buckets of a twentieth of the window; a reading sums the last ``window_s`` seconds
 (fewer while the engine is younger than that), so a group that goes idle
 hands its entitlement to the others within one window.
 
@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from typing import Final, NamedTuple, Protocol
+
+from resgroups.errors import InvalidParameter
 
 NS: Final = 1_000_000_000
 
@@ -70,10 +72,12 @@ class ShareWindow:
     """Entitled and used CPU per group over a sliding window. Not thread-safe:
     the scheduling core calls it under its lock."""
 
-    def __init__(self, cpus: float, *, window_s: float = 10.0, bucket_s: float = 1.0) -> None:
+    def __init__(self, cpus: float, *, window_s: float = 10.0) -> None:
+        if not window_s > 0:
+            raise InvalidParameter(f"cpu_share_window={window_s!r}: expected seconds > 0")
         self.cpus = cpus
         self.window_s = window_s
-        self.bucket_s = bucket_s
+        self.bucket_s = window_s / 20  # a reading's edge is off by at most 5 %
         self._buckets: dict[int, dict[int, list[float]]] = {}  # index -> gid -> [ent, cpu]
         self._since: float | None = None  # when the current set of wanting groups began
         self._started: float | None = None
@@ -127,11 +131,14 @@ class ShareWindow:
         for index, bucket in self._buckets.items():
             if index < first:
                 continue
-            # the oldest bucket counts only for the part inside the window
+            # the oldest bucket counts only for the part inside the window (of the
+            # part that holds data: nothing was recorded before the first event)
             weight = 1.0
             if index == first and span > 0:
-                inside = (index + 1) * self.bucket_s - (now - span)
-                weight = max(0.0, min(1.0, inside / self.bucket_s))
+                end = (index + 1) * self.bucket_s
+                held = end - max(index * self.bucket_s, self._started)
+                inside = end - (now - span)
+                weight = max(0.0, min(1.0, inside / held)) if held > 0 else 1.0
             for gid, (entitled, cpu) in bucket.items():
                 total = totals.setdefault(gid, [0.0, 0.0])
                 total[0] += entitled * weight

@@ -30,9 +30,13 @@ if TYPE_CHECKING:
 HELP = """\
 Statements end with ';'. Shell commands:
   \\timing   toggle printing each statement's run time
+  \\watch [SECONDS] [count=N]
+            run the previous statement again every SECONDS (2) until Ctrl-C
+            (or N times), e.g. after SELECT * FROM resource_group_queries();
   \\q        quit (Ctrl-D too)
   \\?        this help
-Try: SELECT * FROM resource_groups();"""
+Try: SELECT * FROM resource_groups(); SELECT * FROM resource_group_queries();
+     EXPLAIN RESOURCE GROUP;"""
 
 
 def format_result(result: Result) -> str:
@@ -76,6 +80,8 @@ class ShellRunner:
     quit: bool = False
     _splitter: Splitter = field(default_factory=Splitter)
     _line: int = field(default=0)
+    _previous: tuple[str, int] | None = None  # the last statement run, for \watch
+    _interrupted: bool = False  # Ctrl-C came (a plain flag: handlers take no locks)
 
     def feed_line(self, line: str) -> None:
         """One line of input: a shell command, or part of one or more statements.
@@ -100,6 +106,7 @@ class ShellRunner:
         """Run ``sql`` and print its results. Ctrl-C cancels it, as in psql: the
         statement runs on its own thread while this one waits, and an interrupt
         cancels the session's running query and returns to the prompt."""
+        self._previous = (sql, first_line)
         started = time.perf_counter()
         outcome: list[list[Result] | BaseException] = []
         finished = threading.Event()
@@ -139,6 +146,7 @@ class ShellRunner:
             return
 
         def cancel(signum: int, frame: object) -> None:
+            self._interrupted = True
             self.session.cancel()
             self.write("Cancel request sent\n")
 
@@ -148,6 +156,24 @@ class ShellRunner:
         finally:
             signal.signal(signal.SIGINT, previous)
 
+    def watch(self, args: list[str]) -> None:
+        """``\\watch``: the previous statement again every few seconds, until Ctrl-C."""
+        try:
+            seconds, count = _watch_arguments(args)
+        except ValueError as exc:
+            self.failures += 1
+            self.write(f"ERROR: \\watch: {exc}; usage: \\watch [SECONDS] [count=N]\n")
+            return
+        if self._previous is None:
+            self.failures += 1
+            self.write("ERROR: \\watch: there is no previous statement to run again\n")
+            return
+        sql, line = self._previous
+        self._interrupted = False
+        with self._ctrl_c_cancels():  # between runs too: Ctrl-C ends the watch
+            _watch_loop(self, sql, line, seconds, count)
+        self._interrupted = False
+
     def command(self, text: str) -> None:
         name = text.split()[0]
         if name in ("\\q", "\\quit"):
@@ -155,11 +181,48 @@ class ShellRunner:
         elif name == "\\timing":
             self.timing = not self.timing
             self.write(f"Timing is {'on' if self.timing else 'off'}.\n")
+        elif name == "\\watch":
+            self.watch(text.split()[1:])
         elif name in ("\\?", "\\help", "\\h"):
             self.write(HELP + "\n")
         else:
             self.failures += 1
             self.write(f"ERROR: unknown shell command {name}; \\? lists them\n")
+
+
+def _watch_loop(
+    runner: ShellRunner, sql: str, line: int, seconds: float, count: int | None
+) -> None:
+    """Run ``sql`` every ``seconds`` until Ctrl-C or ``count`` runs; a run that fails stops it."""
+    runs = 0
+    while not runner._interrupted:
+        runner.write(f"{time.strftime('%a %b %d %H:%M:%S %Y')} (every {seconds:g}s)\n\n")
+        failures = runner.failures
+        runner.run(sql, line)
+        runs += 1
+        if runner.failures != failures or (count is not None and runs >= count):
+            return
+        wake = time.monotonic() + seconds
+        while not runner._interrupted and time.monotonic() < wake:
+            time.sleep(min(0.05, max(0.0, wake - time.monotonic())))
+
+
+def _watch_arguments(args: list[str]) -> tuple[float, int | None]:
+    """``\\watch [SECONDS] [count=N]`` (psql's spellings: i=, interval=, c=)."""
+    seconds, count = 2.0, None
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and key in ("c", "count"):
+            count = int(value)
+            if count < 1:
+                raise ValueError(f"count must be at least 1, got {count}")
+        elif not sep or key in ("i", "interval"):
+            seconds = float(value if sep else arg)
+            if not 0 < seconds < 86_400:
+                raise ValueError(f"the interval must be above 0 s and below a day, got {seconds}")
+        else:
+            raise ValueError(f"unknown argument {arg!r}")
+    return seconds, count
 
 
 def run_text(runner: ShellRunner, text: str) -> None:

@@ -237,3 +237,61 @@ def test_text_inside_quotes_is_kept_exactly_as_typed() -> None:
     assert runner.failures == 0, out
     assert typed in "".join(out)
     assert "(1 row)" in out[-1]
+
+
+def test_watch_runs_the_previous_statement_again() -> None:
+    with resgroups.Engine() as engine:
+        out: list[str] = []
+        runner = shell.ShellRunner(engine.connect(), out.append)
+        runner.command("\\watch 1")
+        assert "no previous statement" in "".join(out)
+        out.clear()
+        runner.run("SELECT count(*) AS n FROM resource_group_queries()")
+        out.clear()
+        runner.command("\\watch 0.05 count=3")
+        text = "".join(out)
+        assert text.count("(every 0.05s)") == 3
+        assert text.count("(1 row)") == 3
+        for bad in ("\\watch x", "\\watch 0", "\\watch count=0", "\\watch nope=1"):
+            out.clear()
+            runner.command(bad)
+            assert "ERROR: \\watch:" in "".join(out), bad
+        assert runner.failures == 5
+
+
+def test_ctrl_c_ends_a_watch_in_a_real_shell_process(tmp_path: Path) -> None:
+    (tmp_path / "script.sql").write_text(
+        "SELECT count(*) AS watched FROM resource_group_queries();\n"
+        "\\watch 0.05\n"
+        "SELECT 42 AS answer;\n"
+    )
+    with (tmp_path / "script.sql").open() as stdin:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "resgroups.cli", "shell"],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    assert child.stdout is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(child.stdout), daemon=True)  # type: ignore[arg-type]
+    try:
+        reader.start()
+        deadline = time.monotonic() + 30
+        while sum("(every" in line for line in list(lines)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        child.send_signal(signal.SIGINT)
+        child.wait(30)
+        reader.join(30)
+        err = child.stderr.read() if child.stderr is not None else ""
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for pipe in (child.stdout, child.stderr):
+            if pipe is not None:
+                pipe.close()
+    out = "".join(lines)
+    assert out.count("(every 0.05s)") >= 2, out + err
+    assert "42" in out  # the watch ended and the script went on
+    assert child.returncode == 0, err

@@ -123,10 +123,11 @@ def group_statistics(
         scheduling_policy=group.scheduling_policy,
         admitted_total=counters.admitted_total,
         fleet_active_queries=fleet_active,
-        cpu_entitled_pct=cpu.entitled_pct,
-        cpu_used_pct=cpu.used_pct,
-        cpu_share_error_pct=cpu.used_pct - cpu.entitled_pct,
-        cpu_budget_millis=cpu.budget_ms,
+        # window estimates: three decimals are more than they can tell
+        cpu_entitled_pct=round(cpu.entitled_pct, 3),
+        cpu_used_pct=round(cpu.used_pct, 3),
+        cpu_share_error_pct=round(cpu.used_pct - cpu.entitled_pct, 3),
+        cpu_budget_millis=None if cpu.budget_ms is None else round(cpu.budget_ms, 3),
         cpu_refill_cores=cpu.refill_cores,
         cpu_burst_millis=cpu.burst_ms,
     )

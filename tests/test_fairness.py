@@ -115,3 +115,19 @@ def test_a_task_above_one_core_leaves_the_group_in_debt() -> None:
     core.release(task, 400_000_000, 0.01)  # the task used 400 ms of CPU
     assert core.budget(1, 0.01) == pytest.approx(150e6 - 400e6)  # in debt (negative)
     assert core.budget(1, 0.11) == pytest.approx(150e6 - 400e6 + 0.1 * 1.5e9)  # refilling
+
+
+def test_fairness_and_the_token_bucket_in_metrics() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with resgroups.Engine(workers=2) as engine:
+        half_core = 50 / engine.cpus
+        engine.connect().execute(f"CREATE RESOURCE GROUP half WITH (cpu_limit = '{half_core}%')")
+        families = {f.name: f for f in text_string_to_metric_families(engine.metrics_text())}
+        for name in ("cpu_entitled_pct", "cpu_used_pct", "cpu_share_error_pct"):
+            samples = families[f"resgroups_resource_group_{name}"].samples
+            assert {s.labels["resource_group"] for s in samples} == {"DEFAULT", "half"}
+        budget = families["resgroups_resource_group_cpu_budget_millis"].samples
+        assert [(s.labels["resource_group"], s.value) for s in budget] == [("half", 50.0)]
+        burst = families["resgroups_resource_group_cpu_burst_millis"].samples
+        assert [s.value for s in burst] == [50.0]

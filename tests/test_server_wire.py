@@ -216,6 +216,24 @@ def test_transaction_status_follows_begin_errors_and_rollback(server: ServerProc
         conn.commit()
 
 
+def test_explainability_over_the_wire(server: ServerProcess) -> None:
+    """resource_group_queries() and EXPLAIN RESOURCE GROUP reach psycopg typed:
+    started_at arrives as an aware datetime (timestamptz)."""
+    with connect(server, autocommit=True) as conn, conn.cursor(name="held") as cur:
+        conn.autocommit = False
+        cur.execute("SELECT x FROM long_sequence(1000000)")
+        cur.fetchmany(1)  # a paging cursor: suspended between fetches
+        with connect(server, autocommit=True) as watcher:
+            rows = watcher.execute(
+                "SELECT user_name, state, blocked_by, started_at FROM resource_group_queries()"
+            ).fetchall()
+            assert [r[:3] for r in rows] == [("analyst", "suspended", None)]
+            assert rows[0][3].tzinfo is not None
+            explained = watcher.execute("EXPLAIN RESOURCE GROUP").fetchall()
+            assert [r[0] for r in explained if r[5]] == ["DEFAULT"]
+        conn.rollback()
+
+
 def test_sessions_are_per_connection_and_reset_clears_them(server: ServerProcess) -> None:
     with connect(server, autocommit=True) as a, connect(server, autocommit=True) as b:
         a.execute("CREATE RESOURCE GROUP mine")

@@ -201,17 +201,23 @@ def test_ctrl_c_cancels_the_running_statement_and_keeps_the_shell() -> None:
         assert not session._running
 
 
-def test_ctrl_c_in_a_real_shell_process_cancels_and_continues(tmp_path: Path) -> None:
-    script = "SELECT sum(x) FROM long_sequence(10000000000);\nSELECT 42 AS answer;\n"
+def shell_process(tmp_path: Path, script: str) -> subprocess.Popen[str]:
+    """``resgroups shell`` reading ``script`` from a file as its standard input."""
     (tmp_path / "script.sql").write_text(script)
     with (tmp_path / "script.sql").open() as stdin:
-        child = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "resgroups.cli", "shell"],
             stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
+
+
+def test_ctrl_c_in_a_real_shell_process_cancels_and_continues(tmp_path: Path) -> None:
+    child = shell_process(
+        tmp_path, "SELECT sum(x) FROM long_sequence(10000000000);\nSELECT 42 AS answer;\n"
+    )
     try:
         process = psutil.Process(child.pid)
         deadline = time.monotonic() + 30
@@ -260,19 +266,12 @@ def test_watch_runs_the_previous_statement_again() -> None:
 
 
 def test_ctrl_c_ends_a_watch_in_a_real_shell_process(tmp_path: Path) -> None:
-    (tmp_path / "script.sql").write_text(
+    child = shell_process(
+        tmp_path,
         "SELECT count(*) AS watched FROM resource_group_queries();\n"
         "\\watch 0.05\n"
-        "SELECT 42 AS answer;\n"
+        "SELECT 42 AS answer;\n",
     )
-    with (tmp_path / "script.sql").open() as stdin:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "resgroups.cli", "shell"],
-            stdin=stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
     assert child.stdout is not None
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(child.stdout), daemon=True)  # type: ignore[arg-type]

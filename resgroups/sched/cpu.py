@@ -334,8 +334,7 @@ class CpuScheduler:
         if g.fractional and not was_fractional:
             g.budget_ns = g.burst
         g.budget_ns = min(g.budget_ns, g.burst)
-        if g in self.busy:  # new weights and limits share the time from now on
-            self.shares.changed(self.busy, now)
+        self.shares.reconfigured(self.busy, now)  # weights and limits apply from now on
         return self.dispatch(now)
 
     def forget(self, group_id: int) -> None:
@@ -413,12 +412,19 @@ class CpuScheduler:
     def _busy(self, g: GroupCpu, now: float) -> None:
         if g.charged and g not in self.busy:
             self.busy.add(g)
-            self.shares.changed(self.busy, now)
+            if self.engaged:  # disengaged, no CPU is sampled: nothing to share out
+                self.shares.changed(self.busy, now)
 
     def _maybe_idle(self, g: GroupCpu, now: float) -> None:
         if g.idle and g in self.busy:
             self.busy.discard(g)
-            self.shares.changed(self.busy, now)
+            if self.engaged:
+                self.shares.changed(self.busy, now)
+
+    def set_engaged(self, engaged: bool, now: float) -> None:
+        """Slicing starts or stops; the share window follows only while engaged."""
+        self.engaged = engaged
+        self.shares.changed(self.busy if engaged else (), now)
 
     # ---- slices ---------------------------------------------------------------------------
 

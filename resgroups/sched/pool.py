@@ -307,7 +307,7 @@ class Dispatcher:
         with self.lock:
             if self.core.engaged == engaged:
                 return
-            self.core.engaged = engaged
+            self.core.set_engaged(engaged, self.now())
             # caps and budgets apply (or stop applying): hand out what may go now
             self._wake(self._guarded(partial(self.core.dispatch, self.now())))
 

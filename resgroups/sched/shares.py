@@ -47,6 +47,9 @@ def water_fill(groups: Iterable[Wanting], cpus: float) -> dict[int, float]:
     """Each group's fraction of the CPUs: by weight, capped at its limit, the
     excess redistributed by weight among the uncapped."""
     left = {g.group_id: g for g in groups}
+    if len(left) == 1:  # the common case: one group alone takes what its limit allows
+        ((gid, g),) = left.items()
+        return {gid: 1.0 if g.limit_cores is None else min(1.0, g.limit_cores / cpus)}
     share: dict[int, float] = {}
     remaining = 1.0
     while left:
@@ -82,6 +85,7 @@ class ShareWindow:
         self._since: float | None = None  # when the current set of wanting groups began
         self._started: float | None = None
         self._shares: dict[int, float] = {}  # the current set's fractions
+        self._fills: dict[frozenset[Wanting], dict[int, float]] = {}  # by wanting set
 
     def _bucket(self, index: int) -> dict[int, list[float]]:
         bucket = self._buckets.get(index)
@@ -94,6 +98,17 @@ class ShareWindow:
 
     def _spread(self, start: float, end: float, shares: dict[int, float]) -> None:
         """Add ``shares`` x seconds of [start, end) to the buckets it covers."""
+        if not shares:
+            return
+        index = math.floor(start / self.bucket_s)
+        if end <= (index + 1) * self.bucket_s:  # the common case: within one bucket
+            bucket = self._bucket(index)
+            for gid, fraction in shares.items():
+                entry = bucket.get(gid)
+                if entry is None:
+                    entry = bucket[gid] = [0.0, 0.0]
+                entry[0] += fraction * (end - start)
+            return
         start = max(start, end - self.window_s - self.bucket_s)
         while start < end and shares:
             index = math.floor(start / self.bucket_s)
@@ -110,7 +125,18 @@ class ShareWindow:
         if self._since is not None:
             self._spread(self._since, now, self._shares)
         self._since = now
-        self._shares = water_fill(wanting, self.cpus)
+        key = frozenset(wanting)  # the groups themselves: hashing them is cheap
+        shares = self._fills.get(key)
+        if shares is None:
+            if len(self._fills) > 1024:
+                self._fills.clear()
+            shares = self._fills[key] = water_fill(key, self.cpus)
+        self._shares = shares
+
+    def reconfigured(self, wanting: Iterable[Wanting], now: float) -> None:
+        """A group's weight or limit changed: new shares from now on."""
+        self._fills.clear()
+        self.changed(wanting, now)
 
     def charge(self, group_id: int, cpu_ns: int, now: float) -> None:
         if self._started is None:

@@ -88,7 +88,8 @@ def test_queued_behind_the_group_limit_then_running() -> None:
         first = Body(engine, "first", "one")
         assert first.entered.wait(30)
         second = Body(engine, "second", "one")
-        third = Body(engine, "third", "one")
+        wait_until(state_is(admin, second, "queued", "group_queue"), timeout=30)
+        third = Body(engine, "third", "one")  # queued after second: arrival order
         with bodies(first, second, third):
             wait_until(state_is(admin, third, "queued", "group_queue"), timeout=30)
             row = row_of(admin, second.query.id)

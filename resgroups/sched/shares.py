@@ -110,13 +110,17 @@ class ShareWindow:
                 entry[0] += fraction * (end - start)
             return
         start = max(start, end - self.window_s - self.bucket_s)
-        while start < end and shares:
-            index = math.floor(start / self.bucket_s)
-            stop = min(end, (index + 1) * self.bucket_s)
+        # integer bucket indices, not a walk by float boundaries: a boundary that
+        # rounds onto ``start`` must not stop the walk (it once looped forever)
+        first, last = math.floor(start / self.bucket_s), math.floor(end / self.bucket_s)
+        for index in range(first, last + 1):
+            low = max(start, index * self.bucket_s)
+            high = min(end, (index + 1) * self.bucket_s)
+            if high <= low:
+                continue
             bucket = self._bucket(index)
             for gid, fraction in shares.items():
-                bucket.setdefault(gid, [0.0, 0.0])[0] += fraction * (stop - start)
-            start = stop
+                bucket.setdefault(gid, [0.0, 0.0])[0] += fraction * (high - low)
 
     def changed(self, wanting: Iterable[Wanting], now: float) -> None:
         """The set of groups that want CPU is now ``wanting``."""

@@ -1,0 +1,68 @@
+"""The share window on its own: water-filling by weight under limits, and the
+window's accounting over arbitrary (float-unfriendly) times."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from resgroups.sched.shares import ShareWindow, water_fill
+
+
+@dataclass(frozen=True)
+class G:
+    group_id: int
+    weight: int = 100
+    limit_cores: float | None = None
+
+
+def test_water_fill_by_weight_with_caps_and_the_excess_redistributed() -> None:
+    a, b, c = G(1, 300, limit_cores=0.5), G(2, 100), G(3, 100)
+    shares = water_fill([a, b, c], cpus=2)
+    assert shares[1] == pytest.approx(0.25)  # 300/500 = 60 % > its 25 % cap
+    assert shares[2] == pytest.approx(0.375)  # the other 75 % split 1:1
+    assert shares[3] == pytest.approx(0.375)
+    assert water_fill([G(1, limit_cores=4.0)], cpus=2) == {1: 1.0}
+    assert water_fill([], cpus=2) == {}
+
+
+times = st.lists(
+    st.tuples(
+        st.sampled_from([0.1, 0.2, 0.3, 0.05, 0.7, 1e-9, 3.0, 0.2 * 3, 0.1 * 7]),
+        st.sets(st.sampled_from([1, 2, 3])),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(times, st.sampled_from([1.0, 2.0, 4.0, 10.0]))
+def test_the_window_shares_out_exactly_the_time_someone_wanted(
+    steps: list[tuple[float, set[int]]], window: float
+) -> None:
+    groups = {1: G(1, 200), 2: G(2, 100), 3: G(3, 100, limit_cores=0.2)}
+    shares = ShareWindow(cpus=2, window_s=window)
+    now = 1000.1
+    wanted: list[tuple[float, float, bool]] = []  # (start, end, anyone wanted)
+    current: set[int] = set()
+    shares.changed([], now)
+    for advance, busy in steps:
+        wanted.append((now, now + advance, bool(current)))
+        now += advance
+        current = busy
+        shares.changed([groups[g] for g in busy], now)
+    reading = shares.read(now + 0.0)
+    for share in reading.values():
+        assert 0.0 <= share.entitled_pct <= 100.0 + 1e-6
+    span = min(window, now - 1000.1)
+    busy_time = sum(
+        max(0.0, min(end, now) - max(start, now - span)) for start, end, any_ in wanted if any_
+    )
+    # with group 3 capped the total can fall short of 100 %, never exceed it
+    total = sum(s.entitled_pct for s in reading.values())
+    if span > 0:
+        assert total <= busy_time / span * 100 * 1.06 + 1e-6

@@ -26,6 +26,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ from resgroups.cpus import available_cpus
 from resgroups.errors import (
     CatalogLagError,
     EngineClosed,
+    Error,
     FeatureNotSupported,
     InvalidParameter,
     ReadOnlyReplica,
@@ -48,7 +50,8 @@ from resgroups.exec.tables import TableStore
 from resgroups.follower import CatalogFollower
 from resgroups.metrics import EngineMetrics
 from resgroups.pgschema import redact
-from resgroups.query import Query
+from resgroups.query import Holdings, Query
+from resgroups.reconcile import Reconciler
 from resgroups.sched.groups import GroupRuntimes
 from resgroups.sched.memory import MemoryLedger, QueryMemory, query_ceiling
 from resgroups.sched.pool import Dispatcher, PoolView
@@ -119,6 +122,8 @@ class Engine:
         *,
         md5_passwords: bool = False,
         cpu_share_window: float = 10.0,
+        stall_threshold: float = 30.0,
+        reconcile_interval: float = 30.0,
         granularity_ms: float = 50.0,
         clock: Clock | None = None,
         cpu_meter: Callable[[], int] | None = None,
@@ -163,6 +168,8 @@ class Engine:
         _positive("slice_ms", slice_ms, allow_none=False)
         _positive("granularity_ms", granularity_ms, allow_none=False)
         _positive("cpu_share_window", cpu_share_window, allow_none=False)
+        _positive("stall_threshold", stall_threshold, allow_none=False)
+        _positive("reconcile_interval", reconcile_interval, allow_none=False)
         _positive("query_timeout", query_timeout)
         _positive("query_memory_limit", query_memory_limit)
         if process_memory_limit is None or process_memory_limit < 0:
@@ -188,6 +195,7 @@ class Engine:
         # wire clients that log in with md5 (an md5 verifier is password-equivalent
         # for such a login, so it is off unless asked for)
         self.md5_passwords = md5_passwords
+        self.stall_threshold = stall_threshold  # a worker without a checkpoint this long
         self.authenticator = Authenticator(
             access_control=access_control,
             admin_user=admin_user,
@@ -201,7 +209,10 @@ class Engine:
         self.clock: Clock = clock or MonotonicClock()
         self._closed = False
         self._close_lock = threading.Lock()
-        self._queries: set[Query] = set()
+        # open queries by id: a weak reference (a handle lost without __exit__
+        # dies) and what the query holds, for the reconcile loop to give back
+        self._queries: dict[int, tuple[weakref.ref[Query], Holdings]] = {}
+        self.zombies_reclaimed = 0
         self._query_ids = itertools.count(1)
         writer = role == "primary"
         self._log: CatalogLog = open_log(catalog, lock=writer)
@@ -252,6 +263,8 @@ class Engine:
             except BaseException:
                 self._log.close()
                 raise
+        self._reconciler = Reconciler(self.reconcile, interval=reconcile_interval)
+        self._reconciler.start()
         self._follower = CatalogFollower(self._catalog)
         if not writer or self._log.shared:  # PostgreSQL: every engine follows the log
             self._follower.start()
@@ -344,13 +357,22 @@ class Engine:
                 own, acl, self.query_memory_limit, budget.limit, self.process_memory_limit
             )
             session.ceiling_cache = (key, ceiling)
+        # weakly: the registry keeps the budgets of a query whose handle is lost
+        # (for the reconcile loop), and they must not keep the query itself alive
+        fail = weakref.WeakMethod(query.fail)
+
+        def on_failure(error: Error) -> None:
+            method = fail()
+            if method is not None:
+                method(error)
+
         return QueryMemory(
             self.memory_ledger,
             group.id,
             budget,
             ceiling,
             f"group={group.name}, user={query.user}",
-            query.fail,
+            on_failure,
         )
 
     def pool(self, name: str) -> PoolView:
@@ -369,19 +391,57 @@ class Engine:
 
     def open_query(self, query: Query) -> None:
         self._check_open()
-        self._queries.add(query)
+        self._queries[query.id] = (weakref.ref(query), query.held)
 
     def next_query_id(self) -> int:
         return next(self._query_ids)
 
+    def stalled_workers(self) -> dict[str, int]:
+        """Per pool: the workers held by queries that have run past the stall
+        threshold without reaching a checkpoint."""
+        stalled = dict.fromkeys(self.pools, 0)
+        for query in self.live_queries():
+            progress = query.progress()
+            if progress is not None and progress.stalled:
+                stalled[progress.pool] = stalled.get(progress.pool, 0) + progress.workers_held
+        return stalled
+
     def live_queries(self) -> list[Query]:
         """The queries open now (a copy): queued, running, parked or suspended."""
-        return list(self._queries)
+        alive = (ref() for ref, _ in list(self._queries.values()))
+        return [query for query in alive if query is not None]
 
     def close_query(self, query: Query) -> None:
-        self._queries.discard(query)
+        self._queries.pop(query.id, None)
         if query.runtime is not None:
             self.runtimes.query_ended(query.runtime)
+
+    def reconcile(self) -> int:
+        """Check the counters against the live queries and repair what drifted: a
+        query whose handle is gone without ``__exit__`` (its thread died) still
+        held a slot, a worker, a lease or memory; give it all back, log it as a
+        zombie and count it. Runs every ``reconcile_interval`` seconds on its
+        own thread, and on demand. Returns how many zombies it reclaimed."""
+        reclaimed = 0
+        for query_id, (ref, held) in list(self._queries.items()):
+            if ref() is not None or self._queries.pop(query_id, None) is None:
+                continue
+            runtime = held.runtime
+            leaked = held.give_back(self.dispatcher, self.fleet)
+            if runtime is not None:
+                self.runtimes.query_ended(runtime)
+            reclaimed += 1
+            log.warning(
+                "reconcile: query %d of user %s in group %s is gone without giving back "
+                "what it held (a zombie); its slot, worker, lease and %d bytes are reclaimed",
+                query_id,
+                held.user,
+                held.group,
+                leaked,
+            )
+        with self._unmanaged_lock:
+            self.zombies_reclaimed += reclaimed
+        return reclaimed
 
     # ---- sessions ------------------------------------------------------------------
 
@@ -455,9 +515,11 @@ class Engine:
                 runtime.gate.fail_queued(closing)
             # real time: this is a real wait for real threads, whatever the clock
             deadline = time.monotonic() + grace
-            while self._queries and time.monotonic() < deadline:
+            while self.live_queries() and time.monotonic() < deadline:
                 time.sleep(0.005)
-            leftover = list(self._queries)
+            self._reconciler.stop()
+            self.reconcile()  # what lost threads left behind
+            leftover = self.live_queries()
             for query in leftover:
                 log.warning("closing the engine: cancelling a query still running after %ss", grace)
                 query.cancel()

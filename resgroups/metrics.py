@@ -79,6 +79,19 @@ class _Collector(Collector):
                 if value is not None:
                     bucket.add_metric([s.name], value)
             yield bucket
+        stalled = GaugeMetricFamily(
+            "resgroups_pool_stalled_workers",
+            "Workers held by queries with no checkpoint for longer than the stall threshold.",
+            labels=["pool"],
+        )
+        for pool, count in engine.stalled_workers().items():
+            stalled.add_metric([pool], count)
+        yield stalled
+        yield CounterMetricFamily(
+            INSTANCE + "zombies_reclaimed",
+            "Queries gone without giving back what they held, reclaimed by the reconcile loop.",
+            value=engine.zombies_reclaimed,
+        )
         yield GaugeMetricFamily(
             INSTANCE + "enabled", "1 while resource groups are enabled.", value=int(engine.enabled)
         )

@@ -78,6 +78,8 @@ class QueryProgress(NamedTuple):
     workers_held: int
     kind: str
     started_at: datetime | None
+    stalled: bool  # running, but no checkpoint for longer than the stall threshold
+    pool: str  # the pool whose workers it holds
 
 
 PROGRESS_COLUMNS: Final = (
@@ -85,7 +87,50 @@ PROGRESS_COLUMNS: Final = (
     ("blocked_by", "text"), ("queue_position", "int"), ("waited_millis", "int"),
     ("timeout_in_millis", "int"), ("cpu_nanos", "int"), ("memory_used_bytes", "int"),
     ("workers_held", "int"), ("kind", "text"), ("started_at", "timestamptz"),
+    ("stalled", "bool"), ("pool", "text"),
 )  # fmt: skip
+
+
+class Holdings:
+    """What a managed query holds, kept beside it in the engine's registry, so that
+    a query whose handle is lost without ``__exit__`` (a thread that died) can
+    still give everything back: the reconcile loop finds its weak reference
+    dead and calls :meth:`give_back` (SPEC: reconcile)."""
+
+    __slots__ = ("group", "lease_id", "published", "query_id", "runner", "runtime",
+                 "suspended", "ticket", "user")  # fmt: skip
+
+    def __init__(self, query_id: int, user: str) -> None:
+        self.query_id = query_id
+        self.user = user
+        self.group: str | None = None
+        self.runtime: GroupRuntime | None = None
+        self.published: QueryMemory | None = None
+        self.ticket: Ticket | None = None
+        self.runner: Runner | None = None
+        self.lease_id: str | None = None
+        self.suspended = False
+
+    def give_back(self, dispatcher: Dispatcher, fleet: FleetCoordinator | None) -> int:
+        """Release the worker, the slot, the lease and every byte; the bytes."""
+        runner, self.runner = self.runner, None
+        ticket, self.ticket = self.ticket, None
+        lease, self.lease_id = self.lease_id, None
+        if runner is not None:
+            dispatcher.release(runner, 0)
+        if lease is not None and fleet is not None:
+            fleet.release(lease)
+        runtime = self.runtime
+        if ticket is not None and runtime is not None:
+            if ticket.state is TicketState.ACTIVE:
+                runtime.gate.leave(ticket)
+            elif ticket.state is TicketState.QUEUED:
+                runtime.gate.withdraw(ticket, QueryCancelled("the query is gone"))
+        if self.suspended and runtime is not None:
+            runtime.suspend(-1)
+            self.suspended = False
+        published, self.published = self.published, None
+        return published.finish() if published is not None else 0
 
 
 class QueryState(Enum):
@@ -119,7 +164,7 @@ class Task:
         if self._runner is None:
             query.checkpoint()
         else:
-            now = query._now()
+            now = query._seen = query._now()  # a task's progress is its query's
             if now >= query._stop_at:
                 query._checkpoint_slow()
             if now >= self._slice_end:
@@ -263,6 +308,8 @@ class Query:
         self._deadline = math.inf  # the one field checkpoint() reads: stop or slice end
         self._slice_s = engine.slice_ms / 1000
         self._slice_end = math.inf
+        self._probe_s = engine.stall_threshold / 4  # see _arm
+        self._seen = 0.0  # the engine clock at the last checkpoint that reached the slow path
         self._cpu_mark = 0
         self._cancelled = False
         self._runtime: GroupRuntime | None = None
@@ -273,6 +320,7 @@ class Query:
         self._lease_id: str | None = None  # fleet mode: this query's lease (held or sought)
         self._suspended_at = 0.0
         self.id = engine.next_query_id()  # resource_group_queries().query_id
+        self.held = Holdings(self.id, self.user)  # mirrored for the reconcile loop
         self.started_at: datetime | None = None  # wall clock at submission
         self._submitted = 0.0  # the engine clock at submission
         self._lease_waiting = False  # waiting for a fleet lease
@@ -323,13 +371,18 @@ class Query:
         self._arm()
 
     def _arm(self) -> None:
-        """Set the checkpoint deadline: the stop time, or the end of a new slice."""
+        """Set the checkpoint deadline: the stop time, the end of a new slice, or
+        the next health probe, whichever comes first. The probe makes the slow
+        path run every quarter of the stall threshold, and the slow path notes
+        when the query last reached a checkpoint (``_seen``), so the fast path
+        stays one compare."""
         runner = self._runner
+        now = self._seen = self._now()
         if runner is not None and runner.scheduled:
-            self._slice_end = self._now() + self._slice_s
+            self._slice_end = now + self._slice_s
         else:
             self._slice_end = math.inf
-        self._deadline = min(self._stop_at, self._slice_end)
+        self._deadline = min(self._stop_at, self._slice_end, now + self._probe_s)
         if self._cancelled:  # cancel() may have run in between
             self._deadline = -math.inf
 
@@ -392,9 +445,10 @@ class Query:
                 self.session.managed_group_def(export=self.kind == "export") if managed else None
             )
             if group is not None:
-                self.group = group.name
-                self._runtime = engine.runtime_for(group)
-                self._published = engine.query_memory(self, group)
+                held = self.held
+                self.group = held.group = group.name
+                self._runtime = held.runtime = engine.runtime_for(group)
+                self._published = held.published = engine.query_memory(self, group)
                 self.memory = MemoryCounter(self._published)
                 self._admit()
             self.waited_s = self._now() - submitted
@@ -426,13 +480,13 @@ class Query:
         if runtime is None:
             raise InternalError("an unmanaged query has no gate to pass")
         ticket = Ticket(self.user, query_deadline=self._timeout_at)
-        self._ticket = ticket
+        self._ticket = self.held.ticket = ticket
         runtime.gate.enter(ticket, self._is_cancelled)
         fleet = self.session.engine.fleet
         if fleet is not None:  # fleet mode: the local slot first, then the lease (§11)
             self._fleet_lease(fleet, runtime)
-        runner = Runner(runtime.cpu, self.pool_name, self.user, id(self), self.kind)
-        self._runner = runner
+        runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
+        self._runner = self.held.runner = runner
         self._dispatcher.acquire(runner, self._wait_error, self._timeout_at)
         self._cpu_mark = self._meter() if runner.scheduled else 0
         self._arm()
@@ -441,7 +495,7 @@ class Query:
         """A fleet-wide lease for a group with a max_active_queries (the limit this
         engine's catalog holds); none, and no round trip, for a group without.
         Waiting for it counts as queued, within the queue and query timeouts."""
-        self._lease_id = fleet.new_lease_id()  # released at the end whatever happens
+        self._lease_id = self.held.lease_id = fleet.new_lease_id()  # released at the end
         group = runtime.definition
         limit = group.max_active_queries
         if limit is None:
@@ -487,6 +541,8 @@ class Query:
         """
         runner, self._runner = self._runner, None
         ticket, self._ticket = self._ticket, None
+        held = self.held
+        held.runner = held.ticket = held.lease_id = None
         try:
             if runner is not None:
                 used = 0
@@ -516,9 +572,11 @@ class Query:
             self._give_back()
         finally:
             self._end_memory()
+            self.held.published = None
             self.state = QueryState.DONE
             if self._runtime is not None and was_suspended:
                 self._runtime.suspend(-1)
+                self.held.suspended = False
             self.session.query_ended(self)
             self.session.engine.close_query(self)
 
@@ -574,6 +632,8 @@ class Query:
             workers_held=workers,
             kind=self.kind,
             started_at=self.started_at,
+            stalled=shown == "running" and now - self._seen > self._probe_s * 4,
+            pool=self.pool_name,
         )
 
     # ---- cursors -------------------------------------------------------------------
@@ -588,6 +648,7 @@ class Query:
             self._suspended_at = self._now()
             if self._runtime is not None:
                 self._runtime.suspend(+1)
+                self.held.suspended = True
             self.state = QueryState.SUSPENDED
 
     def resume(self) -> None:
@@ -610,6 +671,7 @@ class Query:
                     self._give_back()
                     raise
                 self._runtime.suspend(-1)
+                self.held.suspended = False
             self.state = QueryState.RUNNING
 
     # ---- cancellation and parallel work ---------------------------------------------
@@ -651,7 +713,7 @@ class Query:
             if self.kind != "ctas":
                 group = cpu
         return [
-            Runner(group, self.pool_name, self.user, id(self), self.kind, is_task=True)
+            Runner(group, self.pool_name, self.user, self.id, self.kind, is_task=True)
             for _ in range(count)
         ]
 

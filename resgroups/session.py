@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,9 @@ class Session:
         self.engine = engine
         self._identity = identity
         self._chosen: int | None = None  # the chosen group's id (a rename keeps it)
-        self._running: set[Query] = set()  # this session's queries in flight
+        # this session's queries in flight; weak, so that a query whose handle is
+        # lost is left for the reconcile loop to reclaim (Engine.reconcile)
+        self._running: weakref.WeakSet[Query] = weakref.WeakSet()
         self._cancel_requested = False  # cancel() during a script stops what is left
         self.work_cpu_ns = 0  # CPU the built-in executor spent on this session's queries
         self.ceiling_cache: tuple[object, int | None] | None = None  # see Engine.query_memory

@@ -39,6 +39,7 @@ from resgroups.clock import Clock, MonotonicClock
 from resgroups.cpus import available_cpus
 from resgroups.errors import (
     CatalogLagError,
+    CoordinationUnavailable,
     EngineClosed,
     Error,
     FeatureNotSupported,
@@ -263,6 +264,8 @@ class Engine:
             except BaseException:
                 self._log.close()
                 raise
+            self.fleet.held_leases = self._acquired_leases
+            self.fleet.on_lost = self._leases_lost
         self._reconciler = Reconciler(self.reconcile, interval=reconcile_interval)
         self._reconciler.start()
         self._follower = CatalogFollower(self._catalog)
@@ -439,9 +442,41 @@ class Engine:
                 held.group,
                 leaked,
             )
+        if self.fleet is not None:  # lease rows of this instance that no live query holds
+            live = {held.lease_id for _, held in list(self._queries.values()) if held.lease_id}
+            for lease in self.fleet.reconcile(live):
+                reclaimed += 1
+                log.warning(
+                    "reconcile: fleet lease %s of this instance is held by no live query "
+                    "(a zombie); deleted",
+                    lease,
+                )
         with self._unmanaged_lock:
             self.zombies_reclaimed += reclaimed
         return reclaimed
+
+    def _acquired_leases(self) -> set[str]:
+        """The fleet leases this instance's open queries hold (for the heartbeat)."""
+        return {
+            held.lease_id
+            for _, held in list(self._queries.values())
+            if held.leased and held.lease_id is not None
+        }
+
+    def _leases_lost(self, lost: set[str]) -> None:
+        """The sweep reclaimed these leases while this instance's heartbeat lapsed
+        (a stopped process): their queries fail at their next checkpoint, so a
+        lost lease never runs past the fleet limit."""
+        for ref, held in list(self._queries.values()):
+            query = ref()
+            if query is not None and held.lease_id in lost:
+                query.fail(
+                    CoordinationUnavailable(
+                        f"the fleet lease of query {held.query_id} [group={held.group}] was "
+                        "reclaimed while this instance's heartbeat lapsed; the query "
+                        "cannot go on without it"
+                    )
+                )
 
     # ---- sessions ------------------------------------------------------------------
 

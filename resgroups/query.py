@@ -97,7 +97,7 @@ class Holdings:
     still give everything back: the reconcile loop finds its weak reference
     dead and calls :meth:`give_back` (SPEC: reconcile)."""
 
-    __slots__ = ("group", "lease_id", "published", "query_id", "runner", "runtime",
+    __slots__ = ("group", "lease_id", "leased", "published", "query_id", "runner", "runtime",
                  "suspended", "ticket", "user")  # fmt: skip
 
     def __init__(self, query_id: int, user: str) -> None:
@@ -109,6 +109,7 @@ class Holdings:
         self.ticket: Ticket | None = None
         self.runner: Runner | None = None
         self.lease_id: str | None = None
+        self.leased = False  # the fleet lease is held (its row exists), not just sought
         self.suspended = False
 
     def give_back(self, dispatcher: Dispatcher, fleet: FleetCoordinator | None) -> int:
@@ -116,6 +117,7 @@ class Holdings:
         runner, self.runner = self.runner, None
         ticket, self.ticket = self.ticket, None
         lease, self.lease_id = self.lease_id, None
+        self.leased = False
         if runner is not None:
             dispatcher.release(runner, 0)
         if lease is not None and fleet is not None:
@@ -512,6 +514,7 @@ class Query:
                 cancelled=self._is_cancelled,
                 now=self._now,
             )
+            self.held.leased = True
         except QueueTimeout:
             runtime.fleet_timed_out()
             raise
@@ -543,6 +546,7 @@ class Query:
         ticket, self._ticket = self._ticket, None
         held = self.held
         held.runner = held.ticket = held.lease_id = None
+        held.leased = False
         try:
             if runner is not None:
                 used = 0

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import gc
 import logging
+import signal
 import threading
+from pathlib import Path
 
+import psycopg
 import pytest
+from nodes import Node
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
 
@@ -96,3 +100,66 @@ def test_the_reconcile_loop_runs_on_its_own() -> None:
         gc.collect()
         wait_until(lambda: engine.zombies_reclaimed == 1, timeout=30)
         assert engine.connect().execute("SELECT count(*) FROM long_sequence(2)").rows == [(2,)]
+
+
+FLEET_NODE = Path(__file__).parent / "programs" / "fleet_node.py"
+
+
+def test_a_stopped_instance_is_unhealthy_loses_its_lease_and_fails_its_query(
+    pg_catalog: str,
+) -> None:
+    """SIGSTOP one fleet member: the other lists it unhealthy and, after the expiry,
+    its lease is reclaimed and the slot serves the other; after SIGCONT its next
+    heartbeat notices, its query fails with CoordinationUnavailable, and it serves
+    again."""
+    with Node(pg_catalog, "--worker", program=FLEET_NODE) as node:
+        stopped_id = node.wait_for(lambda line: "holding" in line)["holding"]
+        with resgroups.Engine(
+            coordination=pg_catalog,
+            workers=1,
+            lease_heartbeat=0.5,
+            lease_expiry=2.0,
+            sweep_interval=0.5,
+        ) as engine:
+            admin = engine.connect()
+            admin.execute(  # each engine has its own catalog; leases go by group name
+                "CREATE RESOURCE GROUP one WITH (max_active_queries = 1, queue_timeout = '60s')"
+            )
+
+            def instances() -> dict[str, tuple[int, bool]]:
+                rows = admin.execute(
+                    "SELECT instance_id, leases_held, healthy FROM resource_group_instances()"
+                ).rows
+                return {str(r[0]): (int(r[1]), bool(r[2])) for r in rows}
+
+            wait_until(lambda: instances().get(stopped_id) == (1, True), timeout=30)
+            wait_until(lambda: instances().get(engine.instance_id, (0, False))[1], timeout=30)
+            node.proc.send_signal(signal.SIGSTOP)
+            try:
+                # unhealthy once its heartbeat lapses, and its lease reclaimed by the sweep
+                wait_until(lambda: instances().get(stopped_id) == (0, False), timeout=30)
+                admin.execute("SET RESOURCE GROUP one")
+                with admin.query():  # the one fleet-wide slot is this engine's now
+                    node.proc.send_signal(signal.SIGCONT)
+                    failed = node.wait_for(lambda line: "failed" in line)
+                    assert failed == {"failed": "CoordinationUnavailable", "sqlstate": "08006"}
+            finally:
+                node.proc.send_signal(signal.SIGCONT)
+            node.wait_for(lambda line: "served" in line)  # it serves again
+            wait_until(lambda: instances().get(stopped_id, (0, True))[1], timeout=30)
+
+
+def test_the_reconcile_deletes_lease_rows_no_live_query_holds(pg_catalog: str) -> None:
+    with resgroups.Engine(coordination=pg_catalog, workers=1, reconcile_interval=3600) as engine:
+        with psycopg.connect(pg_catalog, autocommit=True) as db:
+            db.execute(
+                "INSERT INTO resgroups_fleet_leases (query_id, group_name, instance_id)"
+                " VALUES ('orphan', 'g', %s)",
+                [engine.instance_id],
+            )
+            assert engine.reconcile() == 1
+            rows = db.execute("SELECT count(*) FROM resgroups_fleet_leases").fetchone()
+            assert rows == (0,)
+        assert engine.zombies_reclaimed == 1
+        with pytest.raises(resgroups.FeatureNotSupported):
+            resgroups.Engine().connect().execute("SELECT * FROM resource_group_instances()")

@@ -19,6 +19,8 @@ its local slot (SPEC §11).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -61,6 +63,11 @@ class FleetCoordinator:
         self.name = self.store.name
         self.releases = BatchedReleases(self.store)
         self.errors = 0  # coordination errors (resgroups_resource_groups_coordination_errors_total)
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        # the engine's view of its leases: those acquired (checked at each heartbeat),
+        # and a callback for those a sweep reclaimed while this instance was away
+        self.held_leases: Callable[[], set[str]] = set
+        self.on_lost: Callable[[set[str]], None] = lambda lost: None
         self.counts: dict[str, int] = {}  # fleet-wide leases per group, as last read
         self._changed = threading.Condition()
         self._generation = 0
@@ -163,8 +170,18 @@ class FleetCoordinator:
             t = time.monotonic()
             try:
                 if t >= next_renew:
-                    self.store.renew()
+                    expected = self.held_leases()  # before the renew: see lost_leases
+                    renewed = self.store.renew(self.host, self.pid)
                     next_renew = t + self.heartbeat
+                    lost = expected - renewed
+                    if lost:
+                        log.error(
+                            "fleet: %d lease(s) of %s were reclaimed while its heartbeat "
+                            "lapsed; their queries fail at their next checkpoint",
+                            len(lost),
+                            self.instance_id,
+                        )
+                        self.on_lost(lost)
                 if t >= next_count:  # fleet_active_queries, every second
                     self.counts = self.store.counts()
                     next_count = t + 1.0
@@ -182,6 +199,27 @@ class FleetCoordinator:
                 self.errors += 1
                 log.debug("fleet maintenance: %s", exc)
             self._stop.wait(0.2)
+
+    def instances(self) -> list[tuple[Any, ...]]:
+        """The fleet's instances and their health (resource_group_instances())."""
+        try:
+            return self.store.instances(self.expiry)
+        except StoreUnavailable as exc:
+            self.errors += 1
+            raise CoordinationUnavailable(f"fleet coordination: {exc}") from None
+
+    def reconcile(self, live: set[str]) -> list[str]:
+        """Delete this instance's lease rows that no live query holds (``live``:
+        the lease ids of every open query, acquiring ones included)."""
+        try:
+            gone = self.store.orphans(sorted(live))
+        except StoreUnavailable as exc:
+            self.errors += 1
+            log.debug("fleet reconcile: %s", exc)
+            return []
+        if gone:
+            self.poke()
+        return gone
 
     def close(self) -> None:
         """Flush the queued releases, release every lease of this instance, stop."""

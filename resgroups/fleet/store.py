@@ -83,23 +83,52 @@ class LeaseStore:
             raise self._unavailable("release", exc) from exc
 
     def release_instance(self) -> int:
+        """A clean shutdown: every lease of this instance released, its row gone."""
         rows = self._run(
             "release the instance's leases",
-            "WITH gone AS (DELETE FROM resgroups_fleet_leases WHERE instance_id = %s RETURNING 1)"
+            "WITH gone AS (DELETE FROM resgroups_fleet_leases WHERE instance_id = %s RETURNING 1),"
+            " bye AS (DELETE FROM resgroups_fleet_instances WHERE instance_id = %s)"
             " SELECT count(*), pg_notify(%s, count(*)::text) FROM gone",
-            (self.instance_id, CHANNEL),
+            (self.instance_id, self.instance_id, CHANNEL),
         )
         return int(rows[0][0])
 
-    def renew(self) -> int:
-        """The heartbeat: every lease of this instance renewed now."""
+    def renew(self, host: str, pid: int) -> set[str]:
+        """The heartbeat: this instance's row stamped and every lease of it renewed
+        now, in one statement; the leases it still holds."""
         rows = self._run(
             "renew leases",
-            "WITH renewed AS (UPDATE resgroups_fleet_leases SET renewed_at = now()"
-            " WHERE instance_id = %s RETURNING 1) SELECT count(*) FROM renewed",
-            (self.instance_id,),
+            "WITH beat AS (INSERT INTO resgroups_fleet_instances (instance_id, host, pid)"
+            "  VALUES (%s, %s, %s) ON CONFLICT (instance_id)"
+            "  DO UPDATE SET heartbeat_at = now(), host = EXCLUDED.host, pid = EXCLUDED.pid),"
+            " renewed AS (UPDATE resgroups_fleet_leases SET renewed_at = now()"
+            "  WHERE instance_id = %s RETURNING query_id)"
+            " SELECT query_id FROM renewed",
+            (self.instance_id, host, pid, self.instance_id),
         )
-        return int(rows[0][0])
+        return {str(r[0]) for r in rows}
+
+    def instances(self, expiry_s: float) -> list[tuple[Any, ...]]:
+        """Every instance of the fleet: (id, host, pid, last heartbeat, leases held,
+        healthy: a heartbeat within ``expiry_s``), oldest first."""
+        return self._run(
+            "list the instances",
+            "SELECT i.instance_id, i.host, i.pid, i.heartbeat_at,"
+            " (SELECT count(*) FROM resgroups_fleet_leases l WHERE l.instance_id = i.instance_id),"
+            " i.heartbeat_at > now() - make_interval(secs => %s)"
+            " FROM resgroups_fleet_instances i ORDER BY i.started_at, i.instance_id",
+            (expiry_s,),
+        )
+
+    def orphans(self, live: list[str]) -> list[str]:
+        """Delete this instance's lease rows that no live query holds; their ids."""
+        rows = self._run(
+            "delete orphaned leases",
+            "DELETE FROM resgroups_fleet_leases WHERE instance_id = %s"
+            " AND NOT (query_id = ANY(%s)) RETURNING query_id",
+            (self.instance_id, live),
+        )
+        return [str(r[0]) for r in rows]
 
     def sweep(self, expiry_s: float) -> tuple[int, list[str]] | None:
         """As the one sweep owner (None when another instance is sweeping): expire

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from resgroups.access import check_group_admin, is_group_admin
-from resgroups.errors import DatatypeMismatch, UndefinedFunction, did_you_mean
+from resgroups.errors import (
+    DatatypeMismatch,
+    FeatureNotSupported,
+    UndefinedFunction,
+    did_you_mean,
+)
 from resgroups.query import PROGRESS_COLUMNS, Query
 from resgroups.sched.stats import COLUMNS
 from resgroups.sql.select import Relation
@@ -54,10 +59,36 @@ def _resource_group_queries(session: Session, args: tuple[Any, ...]) -> list[tup
     return [tuple(p) for p in sorted(mine, key=lambda p: p.query_id)]
 
 
+INSTANCE_COLUMNS: Final = (
+    ("instance_id", "text"), ("host", "text"), ("pid", "int"),
+    ("last_heartbeat", "timestamptz"), ("leases_held", "int"), ("healthy", "bool"),
+)  # fmt: skip
+
+
+def _resource_group_instances(session: Session, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """The fleet's instances and their health (fleet mode); RESOURCE GROUP ADMIN."""
+    if args:
+        raise DatatypeMismatch(f"resource_group_instances() takes no arguments, got {len(args)}")
+    engine = session.engine
+    check_group_admin(engine.snapshot, session.identity, access_control=engine.access_control)
+    if engine.fleet is None:
+        raise FeatureNotSupported(
+            "resource_group_instances() lists the instances of a fleet: start the engine "
+            "with coordination='postgresql://...' (resgroups serve --coordination ...)"
+        )
+    return [
+        (str(i), str(h), int(p), at, int(n), bool(ok))
+        for i, h, p, at, n, ok in engine.fleet.instances()
+    ]
+
+
 TABLE_FUNCTIONS: Final[dict[str, TableFunction]] = {
     "resource_groups": TableFunction("resource_groups", COLUMNS, _resource_groups, True),
     "resource_group_queries": TableFunction(
         "resource_group_queries", PROGRESS_COLUMNS, _resource_group_queries, True
+    ),
+    "resource_group_instances": TableFunction(
+        "resource_group_instances", INSTANCE_COLUMNS, _resource_group_instances, True
     ),
 }
 

@@ -35,9 +35,17 @@ def main() -> int:
         help="hold group 'one' (max_active_queries = 1) on 'enter', give it back on "
         "'exit' (stdin lines), printing the wall-clock time of each release",
     )
+    parser.add_argument(
+        "--worker",
+        action="store_true",
+        help="one query in group 'one' that checkpoints until it fails (printing the "
+        "error), then one more query (printing 'served'); heartbeat 0.5 s, expiry 2 s",
+    )
     args = parser.parse_args()
     if args.holder:
         return holder(args.dsn)
+    if args.worker:
+        return worker(args.dsn)
     out = threading.Lock()
     errors: list[str] = []
 
@@ -100,6 +108,29 @@ def holder(dsn: str) -> int:
                 print(json.dumps({"released": time.time()}), flush=True)
             elif command == "quit":
                 break
+    return 0
+
+
+def worker(dsn: str) -> int:
+    with resgroups.Engine(
+        coordination=dsn, workers=1, lease_heartbeat=0.5, lease_expiry=2.0, sweep_interval=0.5
+    ) as engine:
+        session = engine.connect()
+        session.execute(
+            "CREATE RESOURCE GROUP IF NOT EXISTS one WITH "
+            "(max_active_queries = 1, queue_timeout = '60s')"
+        )
+        session.execute("SET RESOURCE GROUP one")
+        try:
+            with session.query() as q:
+                print(json.dumps({"holding": engine.instance_id}), flush=True)
+                while True:
+                    q.checkpoint()
+                    time.sleep(0.01)
+        except resgroups.Error as exc:
+            print(json.dumps({"failed": type(exc).__name__, "sqlstate": exc.sqlstate}), flush=True)
+        with session.query():
+            print(json.dumps({"served": True}), flush=True)
     return 0
 
 

@@ -13,9 +13,9 @@ the ``catalog_lag_seconds`` gauge.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Final
 
+from resgroups.background import Background
 from resgroups.catalog import Catalog
 
 log = logging.getLogger("resgroups.catalog")
@@ -23,30 +23,15 @@ log = logging.getLogger("resgroups.catalog")
 MAX_BACKOFF: Final = 5.0
 
 
-class CatalogFollower:
+class CatalogFollower(Background):
+    thread_name = "resgroups-catalog-follower"
+
     def __init__(self, catalog: Catalog, *, interval: float = 0.1) -> None:
+        super().__init__()
         self._catalog = catalog
         self._interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.failures = 0  # consecutive failed catch-ups
         self.last_error: str | None = None
-
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._run, name="resgroups-catalog-follower", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._stop.set()
-        thread.join(timeout)
 
     def _run(self) -> None:
         wait = self._interval

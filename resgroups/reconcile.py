@@ -8,32 +8,20 @@ loop goes on at its next turn.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
+
+from resgroups.background import Background
 
 log = logging.getLogger("resgroups.reconcile")
 
 
-class Reconciler:
+class Reconciler(Background):
+    thread_name = "resgroups-reconcile"
+
     def __init__(self, check: Callable[[], int], *, interval: float) -> None:
+        super().__init__()
         self._check = check
         self._interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="resgroups-reconcile", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._stop.set()
-        thread.join(timeout)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

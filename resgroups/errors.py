@@ -52,6 +52,12 @@ class Error(Exception):
         if sqlstate is not None:
             self.sqlstate = sqlstate
 
+    @property
+    def brief(self) -> str:
+        """The message for a client that draws its own caret from a position (a
+        PostgreSQL driver, JSON): without the caret drawing."""
+        return self.message
+
 
 class SqlSyntaxError(Error):
     """The text is not a statement resgroups knows; ``line``/``column`` are 1-based."""
@@ -79,6 +85,12 @@ class SqlSyntaxError(Error):
         self.expected = list(expected)
         self.context = context
         self.position = position  # 0-based character offset into the statement text
+
+    @property
+    def brief(self) -> str:
+        if not self.context:
+            return self.message
+        return self.message[: -len(self.context)].rstrip("\n")
 
 
 class InvalidParameter(Error):

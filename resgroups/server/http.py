@@ -208,7 +208,7 @@ class HttpFront:
         try:
             _, result = await self._run(request)
         except Error as exc:
-            body: dict[str, Any] = {"query": query, "error": _message(exc)}
+            body: dict[str, Any] = {"query": query, "error": exc.brief}
             if isinstance(exc, SqlSyntaxError):
                 body["position"] = exc.position
             return web.json_response(body, status=status_of(exc), dumps=_dumps)
@@ -264,15 +264,9 @@ class _Unavailable(_HttpError):
     status = 503
 
 
-def _message(exc: Error) -> str:
-    if isinstance(exc, SqlSyntaxError) and exc.context:
-        return exc.message[: -len(exc.context)].rstrip("\n")
-    return exc.message
-
-
 def _error(exc: Error) -> web.Response:
     position = exc.position + 1 if isinstance(exc, SqlSyntaxError) else None
-    body = {"error": {"sqlstate": exc.sqlstate, "message": _message(exc), "position": position}}
+    body = {"error": {"sqlstate": exc.sqlstate, "message": exc.brief, "position": position}}
     headers = {"WWW-Authenticate": 'Basic realm="resgroups"'} if status_of(exc) == 401 else None
     return web.json_response(body, status=status_of(exc), headers=headers, dumps=_dumps)
 

@@ -201,7 +201,7 @@ class Connection:
         except ProtocolViolation as exc:
             await self._fatal(exc.sqlstate, exc.message)
         except Error as exc:  # a login refused, a startup setting out of range
-            await self._fatal(exc.sqlstate, _text(exc))
+            await self._fatal(exc.sqlstate, exc.brief)
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away (or never logged in): nothing to answer
         finally:
@@ -447,7 +447,7 @@ class Connection:
             self.tx = b"E"
         if extended:
             self.skipping = True
-        self.send(wire.error_response(exc.sqlstate, _text(exc), position or _position(exc)))
+        self.send(wire.error_response(exc.sqlstate, exc.brief, position or _position(exc)))
 
     # ---- simple query ------------------------------------------------------------------
 
@@ -876,13 +876,6 @@ def _no_cursor(name: str) -> Error:
 
 def _with_notice(tag: str, notice: str) -> Result:
     return Result(status=tag, notices=[notice])
-
-
-def _text(exc: Error) -> str:
-    """The message without the caret drawing (clients draw their own from P)."""
-    if isinstance(exc, SqlSyntaxError) and exc.context:
-        return exc.message[: -len(exc.context)].rstrip("\n")
-    return exc.message
 
 
 def _position(exc: Error) -> int:

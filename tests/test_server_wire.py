@@ -468,3 +468,20 @@ def test_a_fleet_member_on_postgresql_serves_clients(pg_catalog: str) -> None:
     with psycopg.connect(pg_catalog) as db:
         ops = [r[0] for r in db.execute("SELECT record->>'op' FROM resgroups_catalog_log")]
     assert "create_group" in ops
+
+
+def test_describe_of_a_statement_with_placeholders_types_its_columns(
+    server: ServerProcess,
+) -> None:
+    """What asyncpg-style drivers do: Parse, Describe the statement, then Bind."""
+    with RawClient(server) as raw:
+        sql = b"SELECT x, x * 0.5 AS half FROM long_sequence($1) WHERE x > $2"
+        raw.send(b"P", b"s1\0" + sql + b"\0" + struct.pack("!h", 0))
+        raw.send(b"D", b"Ss1\0")
+        raw.send(b"S", b"")
+        replies = raw.read_until(b"Z")
+        kinds = [k for k, _ in replies]
+        assert kinds == [b"1", b"t", b"T", b"Z"]
+        row_description = dict(replies)[b"T"]
+        assert b"x\0" in row_description
+        assert b"half\0" in row_description

@@ -789,7 +789,7 @@ class Connection:
             count = max(placeholders(prepared.text), len(prepared.oids))
             oids = prepared.oids + [types.TEXT] * (count - len(prepared.oids))
             self.send(wire.parameter_description([o or types.TEXT for o in oids]))
-            plan = prepared.plan if prepared.planned else None
+            plan = prepared.plan if prepared.planned else self._typed_plan(prepared.text, count)
             self._describe_plan(Portal(plan), [])
         elif what == b"P":
             portal = self.portals.get(name)
@@ -798,6 +798,22 @@ class Connection:
             self._describe_plan(portal, portal.formats)
         else:
             raise ProtocolViolation(f"invalid DESCRIBE message subtype {what!r}")
+
+    def _typed_plan(self, text: str, count: int) -> Plan:
+        """A statement with placeholders planned for Describe before any value is
+        bound: with NULL for every parameter, else 0 (``long_sequence($1)`` needs a
+        number); None (NoData) when neither can be typed."""
+        assert self.session is not None
+        for value in (None, 0):
+            try:
+                bound, _ = bind(text, [value] * count)
+                plan = self._parse_text(bound, 0, None)
+                if isinstance(plan, ast.Select):
+                    self.session.describe(plan)  # raises when it cannot be typed
+                return plan
+            except Error:
+                continue
+        return None
 
     def _describe_plan(self, portal: Portal, codes: list[int]) -> None:
         """RowDescription of what the portal returns, or NoData."""

@@ -120,19 +120,30 @@ class Holdings:
         self.leased = False
         if runner is not None:
             dispatcher.release(runner, 0)
-        if lease is not None and fleet is not None:
-            fleet.release(lease)
         runtime = self.runtime
-        if ticket is not None and runtime is not None:
-            if ticket.state is TicketState.ACTIVE:
-                runtime.gate.leave(ticket)
-            elif ticket.state is TicketState.QUEUED:
-                runtime.gate.withdraw(ticket, QueryCancelled("the query is gone"))
+        return_slot(runtime, ticket, lease, fleet)
         if self.suspended and runtime is not None:
             runtime.suspend(-1)
             self.suspended = False
         published, self.published = self.published, None
         return published.finish() if published is not None else 0
+
+
+def return_slot(
+    runtime: GroupRuntime | None,
+    ticket: Ticket | None,
+    lease: str | None,
+    fleet: FleetCoordinator | None,
+) -> None:
+    """Give back a query's fleet lease (batched, off the query path; a missing
+    lease is a no-op) and its admission slot or place in the queue."""
+    if lease is not None and fleet is not None:
+        fleet.release(lease)
+    if ticket is not None and runtime is not None:
+        if ticket.state is TicketState.ACTIVE:
+            runtime.gate.leave(ticket)
+        elif ticket.state is TicketState.QUEUED:
+            runtime.gate.withdraw(ticket, QueryCancelled("query left the queue"))
 
 
 class QueryState(Enum):
@@ -558,15 +569,7 @@ class Query:
                     self._dispatcher.release(runner, used)
         finally:
             lease, self._lease_id = self._lease_id, None
-            if lease is not None:  # batched, off the query path; a missing lease is a no-op
-                fleet = self.session.engine.fleet
-                if fleet is not None:
-                    fleet.release(lease)
-            if ticket is not None and self._runtime is not None:
-                if ticket.state is TicketState.ACTIVE:
-                    self._runtime.gate.leave(ticket)
-                elif ticket.state is TicketState.QUEUED:
-                    self._runtime.gate.withdraw(ticket, QueryCancelled("query left the queue"))
+            return_slot(self._runtime, ticket, lease, self.session.engine.fleet)
 
     def _leave(self) -> None:
         if self.state is QueryState.DONE:

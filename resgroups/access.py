@@ -91,7 +91,7 @@ def own_group(snap: Snapshot, principal: Principal | None) -> GroupDef:
     if principal is None:
         return snap.default_group
     if principal.group_id is not None:
-        mapped = snap.group(principal.group_id)
+        mapped = snap.runtime_group(principal.group_id)
         if mapped is not None:
             return mapped
     if principal.kind is PrincipalKind.USER:
@@ -102,7 +102,7 @@ def own_group(snap: Snapshot, principal: Principal | None) -> GroupDef:
         ]
         # highest priority; equal priorities: the group created first (smallest id)
         if candidates:
-            group = snap.group(max(candidates)[2])
+            group = snap.runtime_group(max(candidates)[2])
             if group is not None:
                 return group
     return snap.default_group
@@ -139,18 +139,45 @@ def find_group(snap: Snapshot, ref: Ident) -> GroupDef:
     return group
 
 
+def _variant_list(snap: Snapshot, base: GroupDef) -> str:
+    return ", ".join(f'"{v.name}"' for v in snap.variants_of(base))
+
+
+def find_runtime_group(snap: Snapshot, ref: Ident) -> GroupDef:
+    """The group ``ref`` names for a mapping, a grant or SET RESOURCE GROUP: a
+    base with variants is refused (42809), naming the variants to use instead."""
+    group = find_group(snap, ref)
+    if group.is_base:
+        raise CatalogError(
+            f"resource group {group.name} has variants, so queries do not run in it: "
+            f"name one of its variants ({_variant_list(snap, group)})",
+            sqlstate=CatalogError.FORBIDDEN,
+        )
+    return group
+
+
+def _lost_choice(snap: Snapshot, chosen: int) -> str:
+    """Why a session's SET RESOURCE GROUP choice no longer resolves."""
+    base = snap.group(chosen)
+    if base is not None:  # it exists, so it gained variants since
+        return (
+            f"resource group {base.name} chosen by SET RESOURCE GROUP has variants now; "
+            f"choose one of them ({_variant_list(snap, base)})"
+        )
+    name = snap.group_name(chosen) or f"id {chosen}"
+    return (
+        f"resource group {name} chosen by SET RESOURCE GROUP no longer exists; "
+        "RESET RESOURCE GROUP or choose another"
+    )
+
+
 def resolve(snap: Snapshot, who: Identity, chosen: int | None, *, access_control: bool) -> GroupDef:
     """The group a managed query starting now runs in (SPEC §5); ``chosen`` is
     the id of the session's choice (SET RESOURCE GROUP), named as it is now."""
     if chosen is not None:
-        group = snap.group(chosen)
+        group = snap.runtime_group(chosen)
         if group is None:
-            name = snap.group_name(chosen) or f"id {chosen}"
-            raise CatalogError(
-                f"resource group {name} chosen by SET RESOURCE GROUP no longer exists; "
-                "RESET RESOURCE GROUP or choose another",
-                sqlstate=CatalogError.UNDEFINED,
-            )
+            raise CatalogError(_lost_choice(snap, chosen), sqlstate=CatalogError.UNDEFINED)
         check_use(snap, who, group, access_control=access_control)
         return group
     return own_group(snap, login_principal(snap, who))
@@ -182,14 +209,10 @@ def explain(
     rows: list[Candidate] = []
     failed = False
     if chosen is not None:
-        group = snap.group(chosen)
+        group = snap.runtime_group(chosen)
         if group is None:
             name = snap.group_name(chosen) or f"id {chosen}"
-            error = (
-                f"resource group {name} chosen by SET RESOURCE GROUP no longer exists; "
-                "RESET RESOURCE GROUP or choose another"
-            )
-            rows.append(Candidate(name, "session", None, False, error))
+            rows.append(Candidate(name, "session", None, False, _lost_choice(snap, chosen)))
             failed = True
         elif may_use(snap, who, group, access_control=access_control):
             why = "SET RESOURCE GROUP; " + _use_reason(snap, who, group, access_control)

@@ -129,7 +129,14 @@ names = st.one_of(
     .map(ast.Ident),
     st.text(min_size=1, max_size=10).map(lambda s: ast.Ident(s, quoted=True)),
 )
-group_refs = st.one_of(names, st.just(ast.DEFAULT_GROUP))
+unquoted = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True).filter(
+    lambda s: s not in _RESERVED
+)
+group_refs = st.one_of(
+    names,
+    st.just(ast.DEFAULT_GROUP),
+    st.tuples(unquoted, unquoted).map(lambda p: ast.Ident(f"{p[0]}::{p[1]}")),  # tenants::acme
+)
 
 PARAM_VALUES = {
     "cpu_weight": st.integers(1, 10000),
@@ -197,6 +204,15 @@ selects = st.builds(
 kinds = st.sampled_from(list(ast.PrincipalKind))
 statements = st.one_of(
     st.builds(ast.CreateResourceGroup, names, params, st.booleans()),
+    st.builds(
+        ast.CreateResourceGroup,
+        names,
+        params,
+        st.booleans(),
+        st.lists(st.builds(ast.Variant, names, params), min_size=1, max_size=3).map(tuple),
+    ),
+    st.builds(ast.AddVariant, group_refs, st.builds(ast.Variant, names, params)),
+    st.builds(ast.DropVariant, group_refs, names, st.booleans()),
     st.builds(ast.AlterResourceGroupSet, group_refs, params.filter(bool)),
     st.builds(
         ast.AlterResourceGroupReset,

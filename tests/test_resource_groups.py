@@ -37,6 +37,7 @@ EXPECTED_COLUMNS = [
     ("cpu_budget_millis", "float"),
     ("cpu_refill_cores", "float"),
     ("cpu_burst_millis", "float"),
+    ("base_group", "text"),
 ]
 
 
@@ -76,6 +77,7 @@ def test_default_row_shows_the_unset_values(engine: resgroups.Engine) -> None:
         "cpu_budget_millis": None,  # no fractional CPU limit: no token bucket
         "cpu_refill_cores": None,
         "cpu_burst_millis": None,
+        "base_group": None,  # not a variant
     }
 
 

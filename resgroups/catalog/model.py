@@ -61,14 +61,43 @@ def _name_clashes(names: Iterable[tuple[str, bool]]) -> list[str]:
     ]
 
 
+VARIANT_SEPARATOR: Final = "::"
+
+
+def variant_name(base: str, variant: str) -> str:
+    """The runtime name of a base group's variant: ``tenants::acme``."""
+    return f"{base}{VARIANT_SEPARATOR}{variant}"
+
+
 @dataclass(frozen=True)
 class GroupDef:
-    """A resource group's definition; ``params`` holds only what was SET."""
+    """A resource group's definition; ``params`` holds only what was SET.
+
+    Variants (``CREATE RESOURCE GROUP tenants ... VARIANTS (acme ...)``): the
+    base keeps the parameters SET on it and the ids of its ``variants``, and is
+    not a runtime group while it has any; each variant is a runtime group named
+    ``base::variant`` whose ``params`` are the base's with its ``overrides`` on
+    top (recomputed whenever either changes), so everything downstream reads a
+    variant's policy like any group's.
+    """
 
     id: int
     name: str
     quoted: bool = False
     params: Mapping[str, ParamValue] = field(default_factory=dict)
+    base_id: int | None = None  # a variant: its base group
+    variant: Ident | None = None  # a variant: its own name within the base
+    overrides: Mapping[str, ParamValue] = field(default_factory=dict)  # a variant's own
+    variants: tuple[int, ...] = ()  # a base: its variants, in creation order
+
+    @property
+    def is_base(self) -> bool:
+        """A group with variants: a policy shape, not a group queries run in."""
+        return bool(self.variants)
+
+    @property
+    def is_variant(self) -> bool:
+        return self.base_id is not None
 
     def value(self, param: str) -> ParamValue:
         return self.params.get(param, PARAMETERS[param].default)
@@ -186,6 +215,7 @@ class Snapshot:
     mapped: Relation = EMPTY  # (principal id, group id): Principal.group_id, by group
     use_grants: Relation = EMPTY  # (principal id, group id): Principal.use_groups, by group
     dropped_group_names: Map[int, str] = _NO_DROPPED  # last name of each dropped group
+    base_ids: frozenset[int] = frozenset()  # the groups that have variants
     touched_groups: frozenset[int] = frozenset()  # created, changed or dropped by this version
 
     def evolve(self, **changes: Any) -> Snapshot:
@@ -218,14 +248,27 @@ class Snapshot:
 
     @cached_property
     def groups(self) -> tuple[GroupDef, ...]:
-        """Every group in creation order (DEFAULT first): O(n log n), for listings."""
+        """Every runtime group (bases with variants left out) in creation order,
+        DEFAULT first: O(n log n), for listings."""
+        return tuple(g for g in self.all_groups if not g.is_base)
+
+    @property
+    def all_groups(self) -> tuple[GroupDef, ...]:
+        """Every group, bases included, in creation order."""
         return tuple(sorted(self.group_by_id.values(), key=lambda g: g.id))
 
     def group_count(self) -> int:
-        return len(self.group_by_id)
+        """How many runtime groups there are: O(1)."""
+        return len(self.group_by_id) - len(self.base_ids)
 
     def group(self, group_id: int) -> GroupDef | None:
+        """A group by id, a base with variants included."""
         return self.group_by_id.get(group_id)
+
+    def runtime_group(self, group_id: int) -> GroupDef | None:
+        """A group queries can run in: None for a missing group or a base with variants."""
+        group = self.group_by_id.get(group_id)
+        return None if group is None or group.is_base else group
 
     def _groups_named(self, text: str) -> list[GroupDef]:
         return [self.group_by_id[i] for i in self.group_names_index.get(text.casefold(), ())]
@@ -249,7 +292,19 @@ class Snapshot:
         return clash[0] if clash else None
 
     def group_names(self) -> list[str]:
-        return [g.name for g in self.groups]
+        """Every group's name, bases included, in creation order."""
+        return [g.name for g in self.all_groups]
+
+    def find_variant(self, base: GroupDef, ref: Ident) -> GroupDef | None:
+        """The variant of ``base`` whose own name ``ref`` is (``acme`` of ``tenants``)."""
+        same = [v for v in self.variants_of(base) if v.variant is not None]
+        exact = [v for v in same if v.variant is not None and v.variant.text == ref.text]
+        loose = [
+            v
+            for v in same
+            if v.variant is not None and _matches(v.variant.text, v.variant.quoted, ref)
+        ]
+        return next(iter(exact or loose), None)
 
     def with_group(self, group: GroupDef) -> Snapshot:
         """The snapshot with ``group`` added, or replacing the group of its id."""
@@ -257,9 +312,13 @@ class Snapshot:
         old = self.group_by_id.get(group.id)
         if old is not None:
             names = _unindexed(names, old.name, old.id)
+        bases = self.base_ids
+        if group.is_base != (group.id in bases):
+            bases = bases | {group.id} if group.is_base else bases - {group.id}
         return self.evolve(
             group_by_id=self.group_by_id.set(group.id, group),
             group_names_index=_indexed(names, group.name, group.id),
+            base_ids=bases,
             touched_groups=self.touched_groups | {group.id},
         )
 
@@ -274,8 +333,13 @@ class Snapshot:
             group_by_id=snap.group_by_id.delete(group_id),
             group_names_index=_unindexed(snap.group_names_index, group.name, group_id),
             dropped_group_names=snap.dropped_group_names.set(group_id, group.name),
+            base_ids=snap.base_ids - {group_id},
             touched_groups=snap.touched_groups | {group_id},
         )
+
+    def variants_of(self, base: GroupDef) -> list[GroupDef]:
+        """A base's variants, in creation order."""
+        return [self.group_by_id[i] for i in base.variants]
 
     # ---- principals
     def principal(self, principal_id: int) -> Principal | None:
@@ -357,9 +421,12 @@ class Snapshot:
         for gid, g in self.group_by_id.items():
             if gid != g.id:
                 problems.append(f"group {g.name} filed under {gid}")
-            unknown = set(g.params) - set(PARAMETERS)
+            unknown = (set(g.params) | set(g.overrides)) - set(PARAMETERS)
             if unknown:
                 problems.append(f"group {g.name} has unknown parameters {unknown}")
+            problems += self._variant_problems(g)
+        if self.base_ids != {g.id for g in self.group_by_id.values() if g.is_base}:
+            problems.append("base index out of step")
         for pid, p in self.principals.items():
             if pid != p.id:
                 problems.append(f"principal {p.name} filed under {pid}")
@@ -385,10 +452,32 @@ class Snapshot:
         if problems:
             raise InternalError(f"catalog snapshot v{self.version} broken: " + "; ".join(problems))
 
+    def _variant_problems(self, g: GroupDef) -> list[str]:
+        """Does a base agree with its variants, and each variant with its base?"""
+        if g.is_base and g.is_variant:
+            return [f"variant {g.name} has variants itself"]
+        if g.is_base:
+            kids = [self.group_by_id.get(i) for i in g.variants]
+            if any(v is None or v.base_id != g.id for v in kids):
+                return [f"base {g.name} lists variants {list(g.variants)} that are not its own"]
+            if self.mapped_to(g.id) or self.use_grants.left_of(g.id):
+                return [f"base {g.name} is mapped or granted, as only runtime groups are"]
+            return []
+        if not g.is_variant:
+            return []
+        base = self.group_by_id.get(g.base_id) if g.base_id is not None else None
+        if base is None or g.id not in base.variants or g.variant is None:
+            return [f"variant {g.name} is not listed by its base {g.base_id}"]
+        if g.name != variant_name(base.name, g.variant.text):
+            return [f"variant {g.name} is not named after its base {base.name}"]
+        if dict(g.params) != {**base.params, **g.overrides}:
+            return [f"variant {g.name}'s parameters are not its base's with its overrides"]
+        return []
+
     def _index_problems(self) -> list[str]:
         """Do the indexes say exactly what the objects say?"""
         fresh = Snapshot(group_by_id=Map(), group_names_index=_NAMES, dropped_group_names=Map())
-        for g in self.groups:
+        for g in self.all_groups:
             fresh = fresh.with_group(g)
         for p in sorted(self.principals.values(), key=_by_id):
             fresh = fresh.with_principal(p)

@@ -20,7 +20,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from resgroups.auth import is_md5_verifier, is_password_hash
-from resgroups.catalog.model import GroupDef, Principal, Snapshot
+from resgroups.catalog.model import (
+    DEFAULT_GROUP_ID,
+    VARIANT_SEPARATOR,
+    GroupDef,
+    Principal,
+    Snapshot,
+    variant_name,
+)
 from resgroups.catalog.names import Ident, PrincipalKind, name_problem
 from resgroups.catalog.params import INT32_MAX, INT64_MAX, PARAMETERS, ParamValue
 from resgroups.errors import CatalogError
@@ -95,6 +102,13 @@ def _group(snap: Snapshot, group_id: object) -> GroupDef:
     return group
 
 
+def _runtime_group(snap: Snapshot, group_id: object) -> GroupDef:
+    group = _group(snap, group_id)
+    if group.is_base:
+        raise _Invalid(f"{group.name} has variants: only runtime groups are mapped or granted")
+    return group
+
+
 def _principal(snap: Snapshot, principal_id: object, *kinds: PrincipalKind) -> Principal:
     principal = snap.principal(principal_id) if isinstance(principal_id, int) else None
     if principal is None:
@@ -128,33 +142,111 @@ def _create_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     if snap.group_name_taken(Ident(name, quoted)) is not None:
         raise _Invalid(f"resource group {name} already exists")
     group = GroupDef(group_id, name, quoted, _params(a, "params"))
-    return snap.with_group(group).evolve(next_id=group_id + 1)
+    snap = snap.with_group(group).evolve(next_id=group_id + 1)
+    variants = a.get("variants", [])
+    if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
+        raise _Invalid(f"variants = {variants!r}: expected a list of variants")
+    for variant in variants:
+        snap = _add_variant(snap, {**variant, "base": group_id})
+    return snap
+
+
+def _add_variant(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
+    """A new variant of a base group; a plain group becomes a base with its first
+    (it must then be neither mapped nor granted: only runtime groups are)."""
+    base = _group(snap, a["base"])
+    variant_id = _new_id(snap, a)
+    name, quoted = _name(a)
+    if base.id == DEFAULT_GROUP_ID or base.is_variant or VARIANT_SEPARATOR in name:
+        raise _Invalid(f"variant {name!r} of {base.name}: not a variant SQL could create")
+    if not base.is_base and (snap.mapped_to(base.id) or snap.use_grants.left_of(base.id)):
+        raise _Invalid(f"{base.name} is mapped or granted, so it cannot become a base")
+    full, full_quoted = variant_name(base.name, name), base.quoted or quoted
+    if snap.group_name_taken(Ident(full, full_quoted)) is not None:
+        raise _Invalid(f"variant name {full} is taken")
+    overrides = _params(a, "params")
+    variant = GroupDef(
+        variant_id,
+        full,
+        full_quoted,
+        {**base.params, **overrides},
+        base_id=base.id,
+        variant=Ident(name, quoted),
+        overrides=overrides,
+    )
+    snap = snap.with_group(variant).evolve(next_id=variant_id + 1)
+    return snap.with_group(replace(base, variants=(*base.variants, variant_id)))
+
+
+def _with_variants_of(snap: Snapshot, base: GroupDef) -> Snapshot:
+    """Every variant of ``base`` recomputed from the base as it is now (its
+    parameters with the variant's overrides on top, its name after the base's)."""
+    for variant in snap.variants_of(base):
+        assert variant.variant is not None
+        snap = snap.with_group(
+            replace(
+                variant,
+                name=variant_name(base.name, variant.variant.text),
+                quoted=base.quoted or variant.variant.quoted,
+                params={**base.params, **variant.overrides},
+            )
+        )
+    return snap
 
 
 def _alter_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
+    """SET and RESET: of a variant, its overrides; of a base, what every variant
+    that does not override a parameter inherits."""
     group = _group(snap, a["id"])
     reset, changes = a["reset"], _params(a, "set")
     if not isinstance(reset, list) or not set(reset) <= set(PARAMETERS):
         raise _Invalid(f"reset = {reset!r}: expected a list of parameter names")
+    if group.is_variant:
+        base = _group(snap, group.base_id)
+        overrides = {k: v for k, v in group.overrides.items() if k not in reset}
+        overrides.update(changes)
+        params = {**base.params, **overrides}
+        return snap.with_group(replace(group, params=params, overrides=overrides))
     params = {k: v for k, v in group.params.items() if k not in reset}
     params.update(changes)
-    return snap.with_group(replace(group, params=params))
+    changed = replace(group, params=params)
+    return _with_variants_of(snap.with_group(changed), changed)
 
 
 def _rename_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
+    """A rename; a base's variants follow it (``tenants::acme`` -> ``firms::acme``)."""
     group = _group(snap, a["id"])
     name, quoted = _name(a)
-    taken = snap.group_name_taken(Ident(name, quoted))
-    if group.is_default or (taken is not None and taken.id != group.id):
-        raise _Invalid(f"cannot rename {group.name} to {name}")
-    return snap.with_group(replace(group, name=name, quoted=quoted))
+    if group.is_default or group.is_variant:
+        raise _Invalid(f"cannot rename {group.name}: the built-in group or a variant")
+    family = {group.id, *group.variants}
+    new_names = [(name, quoted)] + [
+        (variant_name(name, v.variant.text), quoted or v.variant.quoted)
+        for v in snap.variants_of(group)
+        if v.variant is not None
+    ]
+    for new_name, new_quoted in new_names:
+        taken = snap.group_name_taken(Ident(new_name, new_quoted))
+        if taken is not None and taken.id not in family:
+            raise _Invalid(f"cannot rename {group.name} to {name}: {new_name} is taken")
+    renamed = replace(group, name=name, quoted=quoted)
+    return _with_variants_of(snap.with_group(renamed), renamed)
 
 
 def _drop_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
+    """A drop: a base goes with its variants; a base whose last variant goes is a
+    runtime group again, with its own parameters."""
     group = _group(snap, a["id"])
-    if group.is_default or snap.mapped_to(group.id):
+    family = [*snap.variants_of(group), group]
+    if group.is_default or any(snap.mapped_to(g.id) for g in family):
         raise _Invalid(f"drops {group.name}, which must stay")
-    return snap.without_group(group.id)
+    for member in family:
+        snap = snap.without_group(member.id)
+    if group.base_id is not None:
+        base = _group(snap, group.base_id)
+        left = tuple(i for i in base.variants if i != group.id)
+        snap = snap.with_group(replace(base, variants=left))
+    return snap
 
 
 def _create_principal(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
@@ -194,7 +286,7 @@ def _membership(add: bool) -> Callable[[Snapshot, Mapping[str, Any]], Snapshot]:
 def _set_mapping(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     principal = _principal(snap, a["principal"])
     if a["group"] is not None:
-        _group(snap, a["group"])
+        _runtime_group(snap, a["group"])
     priority = _int(a, "priority", 0, INT32_MAX) if "priority" in a else 0
     if priority and principal.kind is not PrincipalKind.GROUP:
         raise _Invalid(f"MAPPING PRIORITY on {principal.kind.value} {principal.name}")
@@ -218,7 +310,7 @@ def _use(grant: bool) -> Callable[[Snapshot, Mapping[str, Any]], Snapshot]:
         if a["group"] is None:
             changed = replace(principal, use_all=grant)
         else:
-            group_id = _group(snap, a["group"]).id
+            group_id = (_runtime_group if grant else _group)(snap, a["group"]).id
             groups = (
                 principal.use_groups | {group_id} if grant else principal.use_groups - {group_id}
             )
@@ -244,6 +336,7 @@ APPLY: Final[dict[str, Callable[[Snapshot, Mapping[str, Any]], Snapshot]]] = {
     "alter_group": _alter_group,
     "rename_group": _rename_group,
     "drop_group": _drop_group,
+    "add_variant": _add_variant,
     "create_principal": _create_principal,
     "drop_principal": _drop_principal,
     "add_member": _membership(add=True),

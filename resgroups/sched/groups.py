@@ -95,7 +95,7 @@ class GroupRuntimes:
                 touched = set(self._runtimes) | set(snapshot.group_by_id)
             self.applied_version = snapshot.version
             for group_id in touched:
-                self._sync_locked(group_id, snapshot.group(group_id))
+                self._sync_locked(group_id, snapshot.runtime_group(group_id))
             self._group_count = snapshot.group_count()
             self._update_engagement()
 
@@ -140,7 +140,7 @@ class GroupRuntimes:
             runtime = self._runtimes.get(group.id)
             if runtime is None:
                 runtime = self._runtimes[group.id] = self._new(group)
-                if self._snapshot().group(group.id) is None:
+                if self._snapshot().runtime_group(group.id) is None:
                     self._mark_dropped_locked(runtime)
                 self._update_engagement()
             return runtime
@@ -189,6 +189,7 @@ class GroupRuntimes:
                 process_memory_limit=process_memory_limit,
                 fleet_active=None if fleet_counts is None else fleet_counts.get(g.name, 0),
                 cpu=cpu.get(g.id, NO_CPU_READING),
+                base_group=None if g.base_id is None else snapshot.group_name(g.base_id),
             )
             for g in snapshot.groups
         ]

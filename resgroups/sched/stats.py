@@ -68,6 +68,7 @@ class GroupStatistics:
     cpu_budget_millis: float | None  # fractional CPU limit: tokens now (negative: debt)
     cpu_refill_cores: float | None  # fractional CPU limit: the refill rate, in cores
     cpu_burst_millis: float | None  # fractional CPU limit: the most the budget holds
+    base_group: str | None  # a variant (tenants::acme): its base group (tenants); else NULL
 
     def row(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in COLUMN_NAMES)
@@ -95,6 +96,7 @@ def group_statistics(
     process_memory_limit: int,
     fleet_active: int | None = None,
     cpu: CpuShareReading = NO_CPU_READING,
+    base_group: str | None = None,
 ) -> GroupStatistics:
     """Combine a group's definition with its counters into the row of §9."""
     limit_centi = group.cpu_limit_centi_pct
@@ -130,4 +132,5 @@ def group_statistics(
         cpu_budget_millis=None if cpu.budget_ms is None else round(cpu.budget_ms, 3),
         cpu_refill_cores=cpu.refill_cores,
         cpu_burst_millis=cpu.burst_ms,
+        base_group=base_group,
     )

@@ -79,10 +79,32 @@ Expr = Literal | Column | Unary | Binary | IsNull | InList | Call
 
 
 @dataclass(frozen=True)
+class Variant:
+    """One variant of a base group: its own name and the parameters it overrides."""
+
+    name: Ident
+    params: tuple[tuple[str, ParamValue], ...] = ()
+
+
+@dataclass(frozen=True)
 class CreateResourceGroup:
     name: Ident
     params: tuple[tuple[str, ParamValue], ...] = ()
     if_not_exists: bool = False
+    variants: tuple[Variant, ...] = ()
+
+
+@dataclass(frozen=True)
+class AddVariant:
+    group: Ident
+    variant: Variant
+
+
+@dataclass(frozen=True)
+class DropVariant:
+    group: Ident
+    name: Ident
+    if_exists: bool = False
 
 
 @dataclass(frozen=True)
@@ -296,6 +318,8 @@ Statement = (
     | AlterResourceGroupReset
     | RenameResourceGroup
     | DropResourceGroup
+    | AddVariant
+    | DropVariant
     | CreatePrincipal
     | DropPrincipal
     | AddUser

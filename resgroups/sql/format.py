@@ -87,10 +87,20 @@ def _select(s: ast.Select) -> str:
     return " ".join(parts)
 
 
+def _with(params: tuple[tuple[str, ast.ParamValue], ...]) -> str:
+    return f" WITH ({_params(params)})" if params else ""
+
+
+def _variant(v: ast.Variant) -> str:
+    return quote_ident(v.name) + _with(v.params)
+
+
 def _create_group(s: ast.CreateResourceGroup) -> str:
     text = "CREATE RESOURCE GROUP " + ("IF NOT EXISTS " if s.if_not_exists else "")
-    text += quote_ident(s.name)
-    return text + (f" WITH ({_params(s.params)})" if s.params else "")
+    text += quote_ident(s.name) + _with(s.params)
+    if s.variants:
+        text += f" VARIANTS ({', '.join(_variant(v) for v in s.variants)})"
+    return text
 
 
 def _mapping(s: ast.SetMapping) -> str:
@@ -126,6 +136,14 @@ _FORMATTERS: Final[dict[type, Callable[[Any], str]]] = {
     ),
     ast.RenameResourceGroup: lambda s: (
         f"ALTER RESOURCE GROUP {quote_ident(s.name)} RENAME TO {quote_ident(s.new_name)}"
+    ),
+    ast.AddVariant: lambda s: (
+        f"ALTER RESOURCE GROUP {quote_ident(s.group)} ADD VARIANT {_variant(s.variant)}"
+    ),
+    ast.DropVariant: lambda s: (
+        f"ALTER RESOURCE GROUP {quote_ident(s.group)} DROP VARIANT "
+        + ("IF EXISTS " if s.if_exists else "")
+        + quote_ident(s.name)
     ),
     ast.DropResourceGroup: lambda s: (
         "DROP RESOURCE GROUP " + ("IF EXISTS " if s.if_exists else "") + quote_ident(s.name)

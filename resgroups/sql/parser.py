@@ -95,6 +95,10 @@ class _ToAst(Transformer[Token, Any]):
     def group_name(self, name: ast.Ident) -> ast.Ident:
         return name
 
+    def variant_group(self, base: ast.Ident, variant: ast.Ident) -> ast.Ident:
+        """``tenants::acme``: quoted (matched exactly) when either part is."""
+        return ast.Ident(f"{base.text}::{variant.text}", base.quoted or variant.quoted)
+
     # ---- parameter values
     def number_value(self, tok: Token) -> RawValue:
         _check_literal(tok)
@@ -132,9 +136,29 @@ class _ToAst(Transformer[Token, Any]):
         return True
 
     def create_resource_group(
-        self, if_not_exists: bool | None, name: ast.Ident, params: tuple[Any, ...] | None
+        self,
+        if_not_exists: bool | None,
+        name: ast.Ident,
+        params: tuple[Any, ...] | None,
+        variants: tuple[ast.Variant, ...] | None,
     ) -> ast.CreateResourceGroup:
-        return ast.CreateResourceGroup(name, params or (), bool(if_not_exists))
+        return ast.CreateResourceGroup(name, params or (), bool(if_not_exists), variants or ())
+
+    def variants(self, *variants: ast.Variant) -> tuple[ast.Variant, ...]:
+        return variants
+
+    def variant(self, name: ast.Ident, params: tuple[Any, ...] | None) -> ast.Variant:
+        return ast.Variant(name, params or ())
+
+    def add_variant(
+        self, group: ast.Ident, name: ast.Ident, params: tuple[Any, ...] | None
+    ) -> ast.AddVariant:
+        return ast.AddVariant(group, ast.Variant(name, params or ()))
+
+    def drop_variant(
+        self, group: ast.Ident, if_exists: bool | None, name: ast.Ident
+    ) -> ast.DropVariant:
+        return ast.DropVariant(group, name, bool(if_exists))
 
     def alter_resource_group_set(
         self, name: ast.Ident, *params: tuple[str, ast.ParamValue]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final
 
-from resgroups.access import check_group_admin, check_use, find_group
+from resgroups.access import check_group_admin, check_use, find_runtime_group
 from resgroups.errors import FeatureNotSupported, PermissionDenied
 from resgroups.exec import executor
 from resgroups.result import Cursor, Result, RowsCursor
@@ -45,7 +45,7 @@ class Rule:
 def set_resource_group(session: Session, stmt: ast.SetResourceGroup) -> Result:
     engine = session.engine
     snap = engine.snapshot
-    group = find_group(snap, stmt.group)
+    group = find_runtime_group(snap, stmt.group)
     check_use(snap, session.identity, group, access_control=engine.access_control)
     session.choose(group.id)
     return Result.command("SET")
@@ -123,6 +123,8 @@ RULES: Final[dict[type, Rule]] = {
     ast.AlterResourceGroupReset: Rule(groups.alter_resource_group_reset, _DDL),
     ast.RenameResourceGroup: Rule(groups.rename_resource_group, _DDL),
     ast.DropResourceGroup: Rule(groups.drop_resource_group, _DDL),
+    ast.AddVariant: Rule(groups.add_variant, _DDL),
+    ast.DropVariant: Rule(groups.drop_variant, _DDL),
     ast.CreatePrincipal: Rule(principals.create_principal, Needs.ADMIN, True),
     ast.DropPrincipal: Rule(principals.drop_principal, Needs.ADMIN, True),
     ast.AddUser: Rule(principals.add_user, Needs.ADMIN, True),

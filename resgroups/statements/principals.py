@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from resgroups.access import Identity, check_group_admin, explain, find_group, may_assume
+from resgroups.access import (
+    Identity,
+    check_group_admin,
+    explain,
+    find_runtime_group,
+    may_assume,
+)
 from resgroups.auth import hash_password, md5_verifier
 from resgroups.catalog import Principal, Snapshot
 from resgroups.errors import CatalogError, FeatureNotSupported, PermissionDenied, did_you_mean
@@ -155,7 +161,7 @@ def exit_service_account(session: Session, stmt: ast.ExitServiceAccount) -> Resu
 def set_mapping(session: Session, stmt: ast.SetMapping) -> Result:
     def build(snap: Snapshot) -> Change:
         principal = find_principal(session, snap, stmt.name, stmt.kind)
-        group = None if stmt.group is None else find_group(snap, stmt.group).id
+        group = None if stmt.group is None else find_runtime_group(snap, stmt.group).id
         return "set_mapping", {
             "principal": principal.id,
             "group": group,
@@ -196,7 +202,7 @@ def revoke_admin(session: Session, stmt: ast.RevokeAdmin) -> Result:
 def _use(session: Session, group: ast.Ident | None, ref: ast.Ident, op: str) -> None:
     def build(snap: Snapshot) -> Change:
         principal = find_principal(session, snap, ref, *ANY_KIND)
-        group_id = None if group is None else find_group(snap, group).id
+        group_id = None if group is None else find_runtime_group(snap, group).id
         return op, {"principal": principal.id, "group": group_id}
 
     session.engine.write_catalog(build)

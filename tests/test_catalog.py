@@ -34,6 +34,12 @@ SCRIPT = [
     "ALTER SERVICE ACCOUNT bot SET RESOURCE GROUP dashboards",
     "GRANT USE ON RESOURCE GROUP dashboards TO analyst",
     "ALTER USER analyst SET MEMORY LIMIT '1G'",
+    "CREATE RESOURCE GROUP tenants WITH (cpu_weight = 50, max_active_queries = 4)"
+    " VARIANTS (acme WITH (cpu_limit = '10%'), globex WITH (max_active_queries = 2))",
+    "ALTER RESOURCE GROUP tenants ADD VARIANT initech",
+    "ALTER RESOURCE GROUP tenants SET (max_active_queries = 6)",
+    'ALTER RESOURCE GROUP "tenants::acme" SET (cpu_weight = 10)',
+    "ALTER RESOURCE GROUP tenants DROP VARIANT globex",
     "ALTER RESOURCE GROUP reporting SET (memory_limit = '8G')",
     "ALTER RESOURCE GROUP dashboards RENAME TO dash",
     "ALTER RESOURCE GROUP reporting RESET (cpu_weight)",
@@ -323,23 +329,23 @@ NEXT = len(SCRIPT) + 2  # genesis, the script, then one more
         ({"op": "alter_group", "id": 1, "set": {"cpu_weight": -5}, "reset": []}, "cpu_weight"),
         ({"op": "alter_group", "id": 1, "set": {"cpu_weight": True}, "reset": []}, "cpu_weight"),
         ({"op": "alter_group", "id": 1, "set": {"nice": 3}, "reset": []}, "'nice'"),
-        ({"op": "alter_group", "id": 99, "set": {}, "reset": []}, "missing resource group"),
+        ({"op": "alter_group", "id": 109, "set": {}, "reset": []}, "missing resource group"),
         ({"op": "alter_group", "id": 1, "set": {}}, "lacks field 'reset'"),
         ({"op": "alter_group", "id": 1, "set": {"scheduling_policy": "lifo"}, "reset": []}, "lifo"),
         ({"op": "create_group", "id": 50, "name": "x", "quoted": False, "params": {}}, "id 50"),
         (
-            {"op": "create_group", "id": 6, "name": "bad name", "quoted": False, "params": {}},
+            {"op": "create_group", "id": 10, "name": "bad name", "quoted": False, "params": {}},
             "identifier",
         ),
-        ({"op": "create_group", "id": 6, "name": "", "quoted": True, "params": {}}, "not empty"),
+        ({"op": "create_group", "id": 10, "name": "", "quoted": True, "params": {}}, "not empty"),
         (
-            {"op": "create_group", "id": 6, "name": "REPORTING", "quoted": False, "params": {}},
+            {"op": "create_group", "id": 10, "name": "REPORTING", "quoted": False, "params": {}},
             "already exists",
         ),
         (
             {
                 "op": "create_principal",
-                "id": 6,
+                "id": 10,
                 "kind": "user",
                 "name": "u",
                 "quoted": False,
@@ -350,7 +356,7 @@ NEXT = len(SCRIPT) + 2  # genesis, the script, then one more
         (
             {
                 "op": "create_principal",
-                "id": 6,
+                "id": 10,
                 "kind": "user",
                 "name": "u",
                 "quoted": False,
@@ -359,7 +365,7 @@ NEXT = len(SCRIPT) + 2  # genesis, the script, then one more
             "md5 verifier",
         ),
         (
-            {"op": "create_principal", "id": 6, "kind": "robot", "name": "u", "quoted": False},
+            {"op": "create_principal", "id": 10, "kind": "robot", "name": "u", "quoted": False},
             "robot",
         ),
         ({"op": "add_member", "user": 4, "groups": [3]}, "is a group, not a user"),
@@ -367,6 +373,39 @@ NEXT = len(SCRIPT) + 2  # genesis, the script, then one more
         ({"op": "set_mapping", "principal": 3, "group": 1, "priority": 5}, "PRIORITY on user"),
         ({"op": "set_admin", "principal": 3, "value": "yes"}, "true or false"),
         ({"op": "drop_group", "id": 0}, "must stay"),
+        ({"op": "set_mapping", "principal": 4, "group": 6}, "has variants"),
+        ({"op": "grant_use", "principal": 3, "group": 6}, "has variants"),
+        ({"op": "rename_group", "id": 7, "name": "x", "quoted": False}, "a variant"),
+        (
+            {"op": "add_variant", "base": 1, "id": 10, "name": "v", "quoted": False, "params": {}},
+            "mapped or granted",
+        ),
+        (
+            {"op": "add_variant", "base": 7, "id": 10, "name": "v", "quoted": False, "params": {}},
+            "not a variant SQL could create",
+        ),
+        (
+            {
+                "op": "add_variant",
+                "base": 6,
+                "id": 10,
+                "name": "a::b",
+                "quoted": True,
+                "params": {},
+            },
+            "not a variant SQL could create",
+        ),
+        (
+            {
+                "op": "add_variant",
+                "base": 6,
+                "id": 10,
+                "name": "ACME",
+                "quoted": False,
+                "params": {},
+            },
+            "is taken",
+        ),
     ],
 )
 def test_a_whole_record_this_version_cannot_apply_is_refused(
@@ -419,13 +458,31 @@ _PARAMS = st.dictionaries(
     max_size=3,
 )
 # whole records valid against the SCRIPT's catalog (ids: reporting 1, dash 2,
-# analyst 3, analysts 4, bot 5; next id 6), each to be mutated in up to two fields
+# analyst 3, analysts 4, bot 5, tenants 6 with variants acme 7 and initech 9 (globex 8
+# dropped); next id 10), each to be mutated in up to two fields
 _VALID = [
-    ("create_group", {"id": 6, "name": "g", "quoted": False, "params": {"cpu_weight": 5}}),
+    ("create_group", {"id": 10, "name": "g", "quoted": False, "params": {"cpu_weight": 5}}),
     ("alter_group", {"id": 1, "set": {"cpu_weight": 7}, "reset": ["memory_limit"]}),
     ("rename_group", {"id": 2, "name": "dd", "quoted": True}),
     ("drop_group", {"id": 2}),
-    ("create_principal", {"id": 6, "kind": "user", "name": "u2", "quoted": False}),
+    ("drop_group", {"id": 6}),  # a base, with its variants
+    ("drop_group", {"id": 7}),  # a variant
+    ("alter_group", {"id": 6, "set": {"cpu_weight": 8}, "reset": ["max_active_queries"]}),
+    ("alter_group", {"id": 7, "set": {"memory_limit": 4096}, "reset": ["cpu_weight"]}),
+    ("rename_group", {"id": 6, "name": "firms", "quoted": False}),
+    ("add_variant", {"base": 6, "id": 10, "name": "hooli", "quoted": False, "params": {}}),
+    ("add_variant", {"base": 1, "id": 10, "name": "v", "quoted": True, "params": {}}),
+    (
+        "create_group",
+        {
+            "id": 10,
+            "name": "b",
+            "quoted": False,
+            "params": {},
+            "variants": [{"id": 11, "name": "x", "quoted": False, "params": {"cpu_weight": 3}}],
+        },
+    ),
+    ("create_principal", {"id": 10, "kind": "user", "name": "u2", "quoted": False}),
     ("drop_principal", {"id": 3}),
     ("add_member", {"user": 3, "groups": [4]}),
     ("remove_member", {"user": 3, "groups": [4]}),

@@ -107,10 +107,8 @@ def add_variant(session: Session, stmt: ast.AddVariant) -> Result:
     def build(snap: Snapshot) -> Change:
         base = _base(snap, stmt.group)
         if not base.is_base:  # its first variant: it stops being a runtime group
-            holders = snap.mapped_to(base.id) + [
-                p
-                for p in map(snap.principals.__getitem__, sorted(snap.use_grants.left_of(base.id)))
-            ]
+            granted = sorted(snap.use_grants.left_of(base.id))
+            holders = snap.mapped_to(base.id) + [snap.principals[i] for i in granted]
             if holders:
                 names = ",".join(dict.fromkeys(p.name for p in holders))
                 raise CatalogError(

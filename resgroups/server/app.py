@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Final
 from aiohttp import web
 
 from resgroups.errors import EngineClosed
+from resgroups.server.dashboard import History, Sampler
 from resgroups.server.http import HttpFront
 from resgroups.server.pgwire import Backend
 
@@ -69,7 +70,8 @@ class Server:
         self._ports = (pg_port, http_port)
         self.executor = ThreadPoolExecutor(max_requests, thread_name_prefix="resgroups-request")
         self.backend = Backend(engine, self.executor, auth_method=auth_method)
-        self.http = HttpFront(engine, self.executor)
+        self.sampler = Sampler(engine.statistics, History())
+        self.http = HttpFront(engine, self.executor, self.sampler.history)
         self._tasks: set[asyncio.Task[None]] = set()
         self._pg: asyncio.Server | None = None
         self._runner: web.AppRunner | None = None
@@ -85,6 +87,7 @@ class Server:
         server = site._server
         assert isinstance(server, asyncio.Server)
         http_bound = server.sockets[0].getsockname()[1]
+        self.sampler.start(self.executor)
         return Listeners(self.host, pg_bound, http_bound)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -102,6 +105,7 @@ class Server:
         if self._pg is not None:
             self._pg.close()
         self.backend.closing = self.http.closing = True
+        await self.sampler.stop()
         closing = EngineClosed("terminating connection due to administrator command")
         for conn in list(self.backend.connections.values()):
             conn.end(closing)  # an idle one ends now; a busy one after its request

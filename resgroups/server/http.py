@@ -1,4 +1,5 @@
-"""HTTP (aiohttp): ``/execute``, QuestDB's ``/exec``, ``/metrics`` and ``/health``.
+"""HTTP (aiohttp): ``/execute``, QuestDB's ``/exec``, ``/metrics``, ``/health``, and
+the live page: ``/`` and its ``/api/state`` (``dashboard.py``).
 
 ``GET|POST /execute?query=...&resource_group=...`` runs the statements of
 ``query`` in a session of their own (the login of HTTP basic auth when
@@ -38,6 +39,7 @@ from resgroups.errors import (
     SqlSyntaxError,
 )
 from resgroups.result import Result
+from resgroups.server import dashboard
 from resgroups.session import Session
 
 if TYPE_CHECKING:
@@ -97,9 +99,12 @@ def _dumps(body: Any) -> str:
 class HttpFront:
     """The aiohttp application over one engine."""
 
-    def __init__(self, engine: Engine, executor: Executor) -> None:
+    def __init__(
+        self, engine: Engine, executor: Executor, history: dashboard.History | None = None
+    ) -> None:
         self.engine = engine
         self.executor = executor
+        self.history = history if history is not None else dashboard.History()
         self.closing = False
         self._logins: dict[tuple[str, bytes], tuple[float, Identity]] = {}
         self._key = secrets.token_bytes(32)
@@ -112,6 +117,10 @@ class HttpFront:
                 web.post("/exec", self.exec_questdb),
                 web.get("/metrics", self.metrics),
                 web.get("/health", self.health),
+                web.get("/", self.page),
+                web.get("/api/state", self.api_state),
+                web.get("/static/{name}", dashboard.serve_static),
+                web.get("/favicon.ico", dashboard.favicon),
             ]
         )
 
@@ -250,6 +259,28 @@ class HttpFront:
             "catalog_lag_seconds": lag.seconds,
         }
         return web.json_response(body, status=200 if up else 503, dumps=_dumps)
+
+
+    async def page(self, request: web.Request) -> web.Response:
+        """The live page, for the same login as /execute."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.executor, self._login, request)
+        except Error as exc:
+            return _error(exc)
+        return await dashboard.serve_static_named("index.html")
+
+    async def api_state(self, request: web.Request) -> web.Response:
+        """What the page shows, as JSON: groups, their history, queries."""
+        loop = asyncio.get_running_loop()
+
+        def work() -> dict[str, Any]:
+            return dashboard.state(self._login(request), self.history)
+
+        try:
+            body = await loop.run_in_executor(self.executor, work)
+        except Error as exc:
+            return _error(exc)
+        return web.json_response(body, dumps=_dumps, headers={"Cache-Control": "no-store"})
 
 
 class _HttpError(Exception):

@@ -361,6 +361,12 @@ class Authenticator:
             else None
         )
 
+    @property
+    def open_admin(self) -> bool:
+        """Can anyone be the admin, with any password or none? (access control on,
+        no admin password: how the demo runs)"""
+        return self.access_control and self._admin_hash is None
+
     def login(self, snap: Snapshot, name: str, password: str | None) -> Identity:
         """The identity ``name`` logs in as; AuthenticationFailed otherwise."""
         if not self.access_control:

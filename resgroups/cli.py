@@ -86,7 +86,50 @@ def _parser() -> argparse.ArgumentParser:
         "--chart", default="resgroups-demo.png", metavar="PATH", help="where to write the PNG chart"
     )
     demo.add_argument("--scenario", default="dashboards", metavar="NAME", help="the scenario")
+    demo.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve the run with groups (the live page at /, the wire protocol) "
+        "and keep its engine up after the runs, until Ctrl-C",
+    )
+    demo.add_argument("--host", default="127.0.0.1", help="with --serve: the address (127.0.0.1)")
+    demo.add_argument("--http-port", type=int, default=9000, help="with --serve: HTTP (9000)")
+    demo.add_argument(
+        "--pg-port", type=int, default=8812, help="with --serve: the wire protocol (8812)"
+    )
     return parser
+
+
+class _ServedDemo:
+    """The demo's engine behind ``resgroups serve``'s servers (``demo --serve``)."""
+
+    def __init__(self, engine: Engine, args: argparse.Namespace) -> None:
+        from resgroups.server.app import BackgroundServer
+
+        self._server = BackgroundServer(
+            engine, host=args.host, pg_port=args.pg_port, http_port=args.http_port
+        )
+        listeners = self._server.start()
+        self.url = f"http://{listeners.host}:{listeners.http_port}/"
+
+    def wait(self) -> None:
+        import signal
+        import time
+
+        def stop(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt  # no lock taken: the main thread unwinds
+
+        previous = signal.signal(signal.SIGTERM, stop)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def close(self) -> None:
+        self._server.stop(grace=1.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             chart_path=args.chart,
             scenario_name=args.scenario,
             out=sys.stdout,
+            serve=(lambda engine: _ServedDemo(engine, args)) if args.serve else None,
         )
     if args.command == "serve":
         return _serve(args)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Final, TextIO
+from typing import Any, Final, Protocol, TextIO
 
 import resgroups
 from resgroups.cpus import available_cpus
@@ -143,6 +143,7 @@ class RunResult:
     seconds: float
     workloads: dict[str, WorkloadStats]
     timeline: list[tuple[float, dict[str, int]]]  # (seconds, cumulative CPU per workload)
+    live: Live | None = None  # --serve: the run's engine, still served
 
     def summary(self) -> dict[str, dict[str, Any]]:
         total_cpu = sum(w.cpu_ns for w in self.workloads.values()) or 1
@@ -175,6 +176,19 @@ def _setup_users(admin: resgroups.Session, scenario: Scenario) -> None:
     admin.execute_script("; ".join(f"CREATE USER {u}" for u in users))
 
 
+class Live(Protocol):
+    """``resgroups demo --serve``: an engine served (by ``resgroups serve``'s
+    servers) while the run goes and after it, until the user stops it."""
+
+    url: str  # the live page
+
+    def wait(self) -> None:
+        """Until the user asks to stop (Ctrl-C, SIGTERM)."""
+
+    def close(self) -> None:
+        """Stop serving and close the engine."""
+
+
 def run_once(
     scenario: Scenario,
     calibration: Calibration,
@@ -182,13 +196,21 @@ def run_once(
     *,
     with_groups: bool,
     progress: Callable[[float], None],
+    serve: Callable[[resgroups.Engine], Live] | None = None,
 ) -> RunResult:
-    """One timed run on a fresh engine; the statistics of every workload."""
-    with resgroups.Engine(access_control=True) as engine:
+    """One timed run on a fresh engine; the statistics of every workload. With
+    ``serve``, the engine is served from the start and stays up after the run
+    (its queries cancelled), in the result's ``live``."""
+    engine = resgroups.Engine(access_control=True)
+    live: Live | None = None
+    try:
         admin = engine.connect()
         _setup_users(admin, scenario)
         if with_groups:
             admin.execute_script("; ".join(scenario.ddl))
+        if serve is not None:
+            live = serve(engine)
+            print(f"\nwatch it live: {live.url}", file=sys.stderr, flush=True)
         stats = {w.name: WorkloadStats() for w in scenario.workloads}
         sessions: dict[str, list[resgroups.Session]] = {w.name: [] for w in scenario.workloads}
         lock = threading.Lock()
@@ -248,14 +270,27 @@ def run_once(
             time.sleep(min(0.25, max(0.0, stop - now)))
         for name, cpu in at_stop.items():
             stats[name].cpu_ns = cpu
-        # long scans still running are cancelled by close(); their latency is not counted
+        # long scans still running are cancelled; their latency is not counted
         for t in threads:
             t.join(0.01)
-        engine.close(grace=0.5)
+        if live is None:
+            engine.close(grace=0.5)
+        else:  # the engine stays up: cancel the clients' queries until they are done
+            give_up = time.monotonic() + 30
+            while any(t.is_alive() for t in threads) and time.monotonic() < give_up:
+                with lock:
+                    everyone = [s for ss in sessions.values() for s in ss]
+                for session in everyone:
+                    session.cancel()
+                for t in threads:
+                    t.join(0.1)
         for t in threads:
             t.join(10)
         label = "with groups" if with_groups else "without groups"
-        return RunResult(label, seconds, stats, timeline)
+        return RunResult(label, seconds, stats, timeline, live)
+    finally:
+        if live is None:
+            engine.close(grace=0.5)
 
 
 class Progress:
@@ -385,8 +420,16 @@ def chart(runs: list[RunResult], path: str) -> str:
 
 
 def main(
-    *, duration: float, as_json: bool, chart_path: str, scenario_name: str, out: TextIO
+    *,
+    duration: float,
+    as_json: bool,
+    chart_path: str,
+    scenario_name: str,
+    out: TextIO,
+    serve: Callable[[resgroups.Engine], Live] | None = None,
 ) -> int:
+    """The demo; with ``serve`` (``--serve``), the run with groups is served live
+    and its engine stays up after the runs until the user stops it."""
     scenario = SCENARIOS.get(scenario_name)
     if scenario is None:
         print(
@@ -417,6 +460,7 @@ def main(
             per_run,
             with_groups=with_groups,
             progress=partial(progress.update, label),
+            serve=serve if with_groups else None,
         )
         progress.finish_run(per_run)
         runs.append(run)
@@ -442,4 +486,15 @@ def main(
         print(side_by_side(runs), file=out)
         print(verdict(runs), file=out)
         print(f"chart: {path}", file=out)
+    live = runs[-1].live
+    if live is not None:
+        print(
+            f"the run with groups stays up at {live.url} (the last 5 minutes); Ctrl-C to stop",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            live.wait()
+        finally:
+            live.close()
     return 0

@@ -128,3 +128,70 @@ def test_the_verdict_says_higher_when_the_p99_went_up(
     monkeypatch.setattr(demo.RunResult, "summary", lambda self: next(summaries))
     text = demo.verdict(runs)
     assert says in text
+
+
+def test_demo_serve_shows_the_run_live_and_stays_up_until_sigterm(tmp_path: Path) -> None:
+    """``demo --serve``: the run with groups is on the live page while it runs, and
+    its engine stays up after the runs (the history kept) until SIGTERM."""
+    import re
+    import signal
+    import threading
+    import urllib.request
+
+    from waiting import wait_until
+
+    proc = subprocess.Popen(
+        [resgroups_command(), "demo", "--serve", "--duration", "6", "--json",
+         "--http-port", "0", "--pg-port", "0", "--chart", str(tmp_path / "c.png")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )  # fmt: skip
+    err: list[str] = []
+    out: list[str] = []
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    stdout, stderr = proc.stdout, proc.stderr
+    readers = [
+        # stderr a character at a time: the progress bar ends its lines with \r
+        threading.Thread(target=lambda: err.extend(iter(lambda: stderr.read(1), "")), daemon=True),
+        threading.Thread(target=lambda: out.append(stdout.read()), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+
+    def state(url: str) -> dict[str, Any]:
+        with urllib.request.urlopen(url + "api/state", timeout=30) as reply:
+            body: dict[str, Any] = json.load(reply)
+            return body
+
+    try:
+        wait_until(lambda: "watch it live: " in "".join(err), timeout=120)
+        match = re.search(r"watch it live: (http://\S+/)", "".join(err))
+        assert match is not None
+        url = match.group(1)
+        # while the run goes: its groups, and queries of its users
+        wait_until(lambda: len(state(url)["queries"]) > 0, timeout=30)
+        live = state(url)
+        assert {g["name"] for g in live["groups"]} >= {"dashboards", "reporting", "adhoc"}
+        assert {q["user_name"] for q in live["queries"]} <= {
+            "dash1", "dash2", "dash3", "dash4", "nightly", "analyst"
+        }  # fmt: skip
+        wait_until(lambda: "stays up at" in "".join(err), timeout=120)
+        after = state(url)  # the runs are over, the engine and its history are not
+        assert after["queries"] == []
+        used = after["history"]["groups"]["reporting"]["cpu_used_pct"]
+        assert any(v for v in used if v is not None)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, "".join(err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for reader in readers:
+            reader.join(10)
+        stdout.close()
+        stderr.close()
+    document = json.loads(out[0])
+    assert set(document["runs"]) == {"without_groups", "with_groups"}

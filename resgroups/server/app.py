@@ -14,10 +14,11 @@ import contextlib
 import logging
 import resource
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from aiohttp import web
 
@@ -121,6 +122,34 @@ class Server:
         if self._runner is not None:
             await self._runner.cleanup()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class BackgroundServer:
+    """A :class:`Server` on an event loop of its own thread, for a process whose
+    main thread has other work (``resgroups demo --serve``)."""
+
+    def __init__(self, engine: Engine, **options: Any) -> None:
+        self._server = Server(engine, **options)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="resgroups-serve", daemon=True
+        )
+
+    def start(self) -> Listeners:
+        """Listen; where (raises OSError when a port is taken)."""
+        self._thread.start()
+        started = asyncio.run_coroutine_threadsafe(self._server.start(), self._loop)
+        return started.result(timeout=30)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop listening, close the engine (``grace`` for running queries), end the loop."""
+        stopping = asyncio.run_coroutine_threadsafe(self._server.shutdown(grace), self._loop)
+        try:
+            stopping.result(timeout=grace + 30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
 
 
 def _raise_fd_limit() -> None:

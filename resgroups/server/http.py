@@ -128,7 +128,8 @@ class HttpFront:
 
     def _login(self, request: web.Request) -> Session:
         """A session for the request's basic-auth login (any name when access
-        control is off; the admin when no credentials are sent)."""
+        control is off; the admin when no credentials are sent and access
+        control is off or the admin has no password)."""
         header = request.headers.get("Authorization", "")
         user, password = self.engine.admin_user, None
         if header.startswith("Basic "):
@@ -137,7 +138,8 @@ class HttpFront:
             except (binascii.Error, UnicodeDecodeError):
                 raise AuthenticationFailed("malformed basic authorization header") from None
             user, _, password = decoded.partition(":")
-        elif self.engine.access_control:
+        elif self.engine.access_control and not self.engine.authenticator.open_admin:
+            # (an admin without a password would pass with any: no credentials is it)
             raise AuthenticationFailed("authentication required: send HTTP basic auth")
         key = (user, hmac.digest(self._key, (password or "").encode("utf-8", "replace"), "sha256"))
         cached = self._logins.get(key)
@@ -259,7 +261,6 @@ class HttpFront:
             "catalog_lag_seconds": lag.seconds,
         }
         return web.json_response(body, status=200 if up else 503, dumps=_dumps)
-
 
     async def page(self, request: web.Request) -> web.Response:
         """The live page, for the same login as /execute."""

@@ -37,6 +37,7 @@ from resgroups.catalog.model import GroupDef
 from resgroups.catalog.store import CatalogLog
 from resgroups.clock import Clock, MonotonicClock
 from resgroups.cpus import available_cpus
+from resgroups.deadlines import DeadlineWatcher
 from resgroups.errors import (
     CatalogLagError,
     CoordinationUnavailable,
@@ -267,6 +268,8 @@ class Engine:
             self.fleet.held_leases = self._acquired_leases
             self.fleet.on_lost = self._leases_lost
         self._reconciler = Reconciler(self.reconcile, interval=reconcile_interval)
+        # one thread for every query's on_cancel callbacks, started on first use
+        self.deadlines = DeadlineWatcher(self.clock.monotonic)
         self._reconciler.start()
         self._follower = CatalogFollower(self._catalog)
         if not writer or self._log.shared:  # PostgreSQL: every engine follows the log
@@ -561,6 +564,7 @@ class Engine:
             self._follower.stop()
             if self.fleet is not None:
                 self.fleet.close()  # flush the releases, then free every lease of ours
+            self.deadlines.close()  # their on_cancel callbacks first
             self.dispatcher.close()
             self._catalog.close()
 

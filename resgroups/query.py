@@ -338,6 +338,8 @@ class Query:
         self._submitted = 0.0  # the engine clock at submission
         self._lease_waiting = False  # waiting for a fleet lease
         self._batch: _MapBatch[Any, Any] | None = None  # the map running now, if any
+        self._on_cancel: list[Callable[[], object]] = []  # not yet called (on_cancel)
+        self._watched = False  # on_cancel was called: the deadline watcher knows it
 
     # ---- the fast path ------------------------------------------------------------
 
@@ -361,6 +363,41 @@ class Query:
         other thread of the query raises it at its next checkpoint."""
         self._failure = error
         self._stop_at = self._deadline = -math.inf
+        if self._watched:
+            self.session.engine.deadlines.wake(self)
+
+    # ---- interrupting native work (on_cancel) ------------------------------------------
+
+    def on_cancel(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` once, on another thread, as soon as the query is
+        cancelled, fails (a memory limit, a lost fleet lease) or its query
+        timeout passes, so that work inside one native call can be interrupted
+        (``duckdb_connection.interrupt()``); the query then raises QueryCancelled
+        or QueryTimeout at its next checkpoint, as always. One timer thread
+        watches every query's deadline; a callback that raises is logged, and
+        none runs once ``__exit__`` has returned."""
+        if self.state is QueryState.DONE:
+            raise InvalidParameter("on_cancel() on a query that has ended")
+        self._on_cancel.append(callback)
+        self._watched = True
+        self.session.engine.deadlines.watch(self)
+
+    def due_at(self) -> float:
+        """When the on_cancel callbacks are due, on the engine clock (the watcher's)."""
+        if self._cancelled or self._failure is not None:
+            return -math.inf
+        if self.state is QueryState.SUSPENDED:  # the timeout does not run meanwhile
+            return math.inf
+        return self._timeout_at
+
+    def fire(self) -> None:
+        """The watcher's thread: call each pending callback once."""
+        callbacks, self._on_cancel = self._on_cancel, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("%s: an on_cancel callback failed", self)
 
     def _checkpoint_slow(self) -> None:
         if self._failure is not None:
@@ -398,6 +435,17 @@ class Query:
         self._deadline = min(self._stop_at, self._slice_end, now + self._probe_s)
         if self._cancelled:  # cancel() may have run in between
             self._deadline = -math.inf
+
+    @property
+    def max_workers(self) -> int:
+        """How many workers this query's work may use at once: the size of its
+        pool, capped by its group's CPU limit in whole cores (at least one). An
+        embedded engine sizes its own threads by it (DuckDB's ``threads``)."""
+        size = self.session.engine.pools[self.pool_name]
+        cpu = self._runtime.cpu if self._runtime is not None else None
+        if cpu is None or cpu.limit_cores is None:
+            return int(size)
+        return max(1, min(int(size), int(cpu.cap)))
 
     @property
     def memory_ceiling(self) -> int | None:
@@ -576,6 +624,9 @@ class Query:
             return
         was_suspended = self.state is QueryState.SUSPENDED
         try:
+            if self._watched:  # nothing interrupts the query once it has ended
+                self._on_cancel = []
+                self.session.engine.deadlines.unwatch(self)  # waits for a firing
             self._give_back()
         finally:
             self._end_memory()
@@ -680,6 +731,8 @@ class Query:
                 self._runtime.suspend(-1)
                 self.held.suspended = False
             self.state = QueryState.RUNNING
+        if self._watched:  # its timeout runs again, later than it was
+            self.session.engine.deadlines.watch(self)
 
     # ---- cancellation and parallel work ---------------------------------------------
 
@@ -695,6 +748,8 @@ class Query:
         fleet = self.session.engine.fleet
         if fleet is not None and self._lease_id is not None:
             fleet.poke()  # a wait for a fleet lease notices at once
+        if self._watched:
+            self.session.engine.deadlines.wake(self)  # interrupt native work now
 
     @property
     def cancelled(self) -> bool:

@@ -1,0 +1,1 @@
+"""Adapters that run another engine's statements as managed queries (``duckdb``)."""

@@ -1,0 +1,80 @@
+"""DuckDB under resource groups: one statement, one managed query.
+
+>>> import duckdb
+>>> from resgroups.integrations.duckdb import execute
+>>> con = duckdb.connect("warehouse.db")
+>>> rows = execute(session, con, "SELECT region, sum(amount) FROM sales GROUP BY 1")
+
+Each call takes a cursor of ``con`` for the query, so concurrent calls on one
+connection do not share state. DuckDB runs with ``threads`` set to the
+workers the query may use (``q.max_workers``: 1 in a group limited to one
+core or less). The statement runs inside one native call, so the query's
+cancellation and its timeout reach it through ``q.on_cancel``, which
+interrupts the cursor; results come back as Arrow batches, each one a
+checkpoint and charged to the query's memory (its size) until the query ends.
+
+Install with ``pip install 'resgroups[duckdb]'`` (DuckDB and pyarrow).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import duckdb
+
+if TYPE_CHECKING:
+    from resgroups.session import Session
+
+BATCH_ROWS: Final = 100_000
+
+# the statement's kind, from its first words (comments and parentheses skipped)
+_KINDS: Final = (
+    (re.compile(r"(create\s+(or\s+replace\s+)?(temp\w*\s+)?table\b.*\bas\b)", re.I | re.S), "ctas"),
+    (re.compile(r"insert\b", re.I), "insert_select"),
+    (re.compile(r"copy\b.*\bto\b", re.I | re.S), "export"),
+    (re.compile(r"(select|with|from|values|pivot|unpivot|summarize|table)\b", re.I), "select"),
+)
+_LEADING: Final = re.compile(r"(\s+|--[^\n]*|/\*.*?\*/|\()*", re.S)
+
+
+def statement_kind(sql: str) -> str:
+    """The managed query kind of a DuckDB statement; "other" (unmanaged) for the
+    rest (SET, DDL without a query, ATTACH...)."""
+    text = sql[_LEADING.match(sql).end() :]  # type: ignore[union-attr]
+    return next((kind for pattern, kind in _KINDS if pattern.match(text)), "other")
+
+
+def execute(
+    session: Session,
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    parameters: Sequence[Any] | None = None,
+    *,
+    kind: str | None = None,
+) -> list[tuple[Any, ...]]:
+    """Run one DuckDB statement as a managed query of ``session``; its rows.
+
+    A cancel or the query timeout interrupts DuckDB at once and raises
+    QueryCancelled or QueryTimeout; the slot, the worker and every byte are
+    back when this returns or raises.
+    """
+    with session.query(kind=kind or statement_kind(sql)) as q:
+        cursor = con.cursor()
+        try:
+            cursor.execute(f"SET threads = {q.max_workers}")
+            q.on_cancel(cursor.interrupt)
+            rows: list[tuple[Any, ...]] = []
+            try:
+                reader = cursor.sql(sql, params=parameters).to_arrow_reader(BATCH_ROWS)
+                for batch in reader:
+                    q.checkpoint()
+                    q.memory.allocate(batch.nbytes)  # held until the query ends
+                    rows.extend(zip(*(column.to_pylist() for column in batch.columns), strict=True))
+            except duckdb.InterruptException:
+                q.checkpoint()  # raises QueryCancelled or QueryTimeout
+                raise
+            return rows
+        finally:
+            cursor.close()

@@ -85,7 +85,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--chart", default="resgroups-demo.png", metavar="PATH", help="where to write the PNG chart"
     )
-    demo.add_argument("--scenario", default="dashboards", metavar="NAME", help="the scenario")
+    demo.add_argument(
+        "--scenario",
+        default="dashboards",
+        metavar="NAME",
+        help="dashboards (the built-in executor, default) or duckdb (DuckDB tables)",
+    )
     demo.add_argument(
         "--serve",
         action="store_true",

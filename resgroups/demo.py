@@ -43,6 +43,7 @@ class Scenario:
     description: str
     workloads: tuple[Workload, ...]
     ddl: tuple[str, ...]  # the second run's groups and mappings
+    engine: str = "builtin"  # who runs the SQL: the built-in executor, or "duckdb"
 
 
 SCENARIOS: Final = {
@@ -89,6 +90,39 @@ SCENARIOS: Final = {
 }
 
 
+_DASHBOARDS = SCENARIOS["dashboards"]
+SCENARIOS["duckdb"] = Scenario(
+    "duckdb",
+    "the same on DuckDB (resgroups.integrations.duckdb): dashboards (short queries, 4 users) "
+    "against a nightly report (GROUP BY over the whole table) and an ad-hoc analyst",
+    (
+        Workload(
+            "dashboards",
+            _DASHBOARDS.workloads[0].users,
+            "SELECT count(*), sum(v) FROM facts WHERE i < {rows}",
+            0.05,
+            1 / 1000,
+        ),
+        Workload(
+            "report",
+            ("nightly", "nightly"),
+            "SELECT k, sum(v), max(v) FROM facts GROUP BY k",
+            0.0,
+            1.0,
+        ),
+        Workload(
+            "adhoc",
+            ("analyst",),
+            "SELECT avg(v), count(*) FROM facts WHERE i < {rows} AND k = 3",
+            0.2,
+            1 / 60,
+        ),
+    ),
+    _DASHBOARDS.ddl,
+    engine="duckdb",
+)
+
+
 # ---- calibration: the same story on a fast or a slow machine ----------------------------
 
 REPORT_SCAN_S: Final = 1.0  # one report scan, alone on this machine
@@ -96,10 +130,18 @@ _PROBE_ROWS: Final = 4_000_000
 _MIN_ROWS: Final = 10_000
 
 
+_DUCKDB_MAX_ROWS: Final = 40_000_000  # about 0.8 GB: the table stays in memory
+_DUCKDB_TABLE: Final = (
+    "CREATE OR REPLACE TABLE facts AS SELECT range AS i, (range % 1000) * 0.5 AS v, "
+    "(range % 17)::INTEGER AS k FROM range({rows})"
+)
+
+
 @dataclass(frozen=True)
 class Calibration:
     rows_per_s: float  # the report's scan rate alone on this machine (all workers)
     rows: dict[str, int]  # workload -> rows per query
+    database: Any = None  # the duckdb scenario: the connection holding the table
 
     def sql(self, workload: Workload) -> str:
         return workload.sql.format(rows=self.rows[workload.name])
@@ -109,6 +151,8 @@ def calibrate(scenario: Scenario, probes: int = 3) -> Calibration:
     """Time the report's query on a short scan and size every workload from it,
     so that one report scan takes about REPORT_SCAN_S alone on this machine."""
     report = next(w for w in scenario.workloads if w.share_of_report == 1.0)
+    if scenario.engine == "duckdb":
+        return _calibrate_duckdb(scenario, report, probes)
     with resgroups.Engine() as engine:
         session = engine.connect()
         best = math.inf
@@ -125,6 +169,52 @@ def calibrate(scenario: Scenario, probes: int = 3) -> Calibration:
             for w in scenario.workloads
         },
     )
+
+
+def _calibrate_duckdb(scenario: Scenario, report: Workload, probes: int) -> Calibration:
+    """The DuckDB table, sized so that the report's GROUP BY over all of it takes
+    about REPORT_SCAN_S on one thread (its threads in a group limited to one core)."""
+    import duckdb
+
+    database = duckdb.connect()
+    database.execute("SET threads = 1")
+    database.execute(_DUCKDB_TABLE.format(rows=_PROBE_ROWS))
+    best = math.inf
+    for _ in range(probes):
+        started = time.perf_counter()
+        database.execute(report.sql).fetchall()
+        best = min(best, time.perf_counter() - started)
+    rate = _PROBE_ROWS / best
+    table_rows = min(_DUCKDB_MAX_ROWS, int(round(rate * REPORT_SCAN_S, -4)))
+    database.execute(_DUCKDB_TABLE.format(rows=table_rows))
+    database.execute("RESET threads")
+    rows = {w.name: max(_MIN_ROWS, int(round(table_rows * w.share_of_report, -4)))
+            for w in scenario.workloads}  # fmt: skip
+    return Calibration(rate, rows, database)
+
+
+def _runner(
+    scenario: Scenario, calibration: Calibration
+) -> Callable[[resgroups.Session, str], float]:
+    """How a client runs one query: ``run(session, sql)`` -> its wait in ms."""
+    if scenario.engine != "duckdb":
+
+        def builtin(session: resgroups.Session, sql: str) -> float:
+            return float(session.execute(sql).timings.get("wait_ms", 0.0))
+
+        return builtin
+    from resgroups.integrations.duckdb import execute
+
+    def on_duckdb(session: resgroups.Session, sql: str) -> float:
+        timings: dict[str, float] = {}
+        cpu = time.thread_time_ns()  # one DuckDB thread in a group limited to a core
+        try:
+            execute(session, calibration.database, sql, timings=timings)
+        finally:
+            session.add_work_cpu(time.thread_time_ns() - cpu)
+        return timings.get("wait_ms", 0.0)
+
+    return on_duckdb
 
 
 @dataclass
@@ -212,6 +302,7 @@ def run_once(
             live = serve(engine)
             print(f"\nwatch it live: {live.url}", file=sys.stderr, flush=True)
         stats = {w.name: WorkloadStats() for w in scenario.workloads}
+        run_query = _runner(scenario, calibration)
         sessions: dict[str, list[resgroups.Session]] = {w.name: [] for w in scenario.workloads}
         lock = threading.Lock()
         started = time.monotonic()
@@ -226,7 +317,7 @@ def run_once(
             while time.monotonic() < stop:
                 t0 = time.monotonic()
                 try:
-                    result = session.execute(sql)
+                    wait_ms = run_query(session, sql)
                 except resgroups.AdmissionRejected:
                     with lock:
                         record.rejections += 1
@@ -242,7 +333,7 @@ def run_once(
                 if time.monotonic() <= stop:  # count what completed inside the run
                     with lock:
                         record.latencies_ms.append((time.monotonic() - t0) * 1000)
-                        record.waits_ms.append(result.timings.get("wait_ms", 0.0))
+                        record.waits_ms.append(wait_ms)
                 if workload.think_s:
                     time.sleep(workload.think_s)
 

@@ -82,6 +82,30 @@ def test_demo_json_and_the_dashboards_win(tmp_path: Path) -> None:
     assert chart.exists()
 
 
+def test_demo_duckdb_scenario_the_dashboards_win_and_reports_complete(tmp_path: Path) -> None:
+    """``--scenario duckdb``: the same story on DuckDB tables generated at start."""
+    chart = tmp_path / "duck.png"
+    result = subprocess.run(
+        [resgroups_command(), "demo", "--scenario", "duckdb", "--duration", "10", "--json",
+         "--chart", str(chart)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["scenario"] == "duckdb"
+    runs = doc["runs"]
+    before, after = runs["without_groups"]["dashboards"], runs["with_groups"]["dashboards"]
+    assert after["p99_ms"] is not None
+    slow = before["p99_ms"] if before["p99_ms"] is not None else float("inf")
+    assert after["p99_ms"] * 3 <= slow, (before, after)  # at least 3x lower with groups
+    for run in runs.values():  # report scans complete in both runs
+        assert run["report"]["queries"] >= 1, run["report"]
+        assert run["report"]["errors"] == 0
+    assert chart.exists()
+
+
 def test_demo_refuses_an_unknown_scenario() -> None:
     result = subprocess.run(
         [resgroups_command(), "demo", "--scenario", "nope"], capture_output=True, text=True

@@ -42,7 +42,8 @@ _LEADING: Final = re.compile(r"(\s+|--[^\n]*|/\*.*?\*/|\()*", re.S)
 def statement_kind(sql: str) -> str:
     """The managed query kind of a DuckDB statement; "other" (unmanaged) for the
     rest (SET, DDL without a query, ATTACH...)."""
-    text = sql[_LEADING.match(sql).end() :]  # type: ignore[union-attr]
+    leading = _LEADING.match(sql)
+    text = sql[leading.end() :] if leading is not None else sql
     return next((kind for pattern, kind in _KINDS if pattern.match(text)), "other")
 
 
@@ -53,14 +54,19 @@ def execute(
     parameters: Sequence[Any] | None = None,
     *,
     kind: str | None = None,
+    timings: dict[str, float] | None = None,
 ) -> list[tuple[Any, ...]]:
     """Run one DuckDB statement as a managed query of ``session``; its rows.
 
     A cancel or the query timeout interrupts DuckDB at once and raises
     QueryCancelled or QueryTimeout; the slot, the worker and every byte are
-    back when this returns or raises.
+    back when this returns or raises. ``kind`` overrides the kind read from
+    the statement; ``timings``, when given, receives ``wait_ms`` (the wait
+    for a slot and a worker).
     """
     with session.query(kind=kind or statement_kind(sql)) as q:
+        if timings is not None:
+            timings["wait_ms"] = q.waited_s * 1000
         cursor = con.cursor()
         try:
             cursor.execute(f"SET threads = {q.max_workers}")

@@ -531,6 +531,17 @@ def main(
     if duration <= 0:
         print("resgroups demo: --duration must be positive", file=sys.stderr)
         return 2
+    if scenario.engine == "duckdb":
+        import importlib.util
+
+        missing = [m for m in ("duckdb", "pyarrow") if importlib.util.find_spec(m) is None]
+        if missing:
+            print(
+                f"resgroups demo: --scenario duckdb needs {' and '.join(missing)}: "
+                "pip install 'resgroups[duckdb]'",
+                file=sys.stderr,
+            )
+            return 2
     per_run = duration / 2
     # the scans still running at the end of a run are cancelled on purpose
     logging.getLogger("resgroups").setLevel(logging.ERROR)

@@ -6,15 +6,18 @@
 1. one uncontended managed query (enter + exit, DEFAULT only) vs
    ``Semaphore.acquire() + release()``;
 2. 8 threads passing through a group with max_active_queries = 2, vs 8
-   threads on a ``Semaphore(2)``: time per admission (1 / throughput).
+   threads on a ``Semaphore(2)``: time per admission (1 / throughput);
+3. ``q.map`` over 1,000 trivial tasks on a pool of 2 workers, vs
+   ``ThreadPoolExecutor(2).map`` over the same items: time per task.
 
-The ratios print at the end (goal for 1: 3x the semaphore or less).
+The ratios print at the end (goals: 1 at most 3x, 2 at most 6x, 3 at most 2x).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pyperf
 from _threads import timed_threads
@@ -22,6 +25,8 @@ from _threads import timed_threads
 import resgroups
 
 THREADS = 8
+MAP_WORKERS = 2
+MAP_ITEMS = list(range(1000))
 
 
 def managed_query(loops: int) -> float:
@@ -72,6 +77,27 @@ def contended_semaphore(loops: int) -> float:
     return timed_threads(THREADS, loops, lambda: loop)
 
 
+def query_map(loops: int) -> float:
+    """Seconds per task of q.map (loops counted in tasks)."""
+    with resgroups.Engine(workers=MAP_WORKERS) as engine:
+        session = engine.connect("bench")
+        batches = max(1, loops // len(MAP_ITEMS))
+        t0 = pyperf.perf_counter()
+        for _ in range(batches):
+            with session.query() as q:
+                q.map(lambda task, x: x, MAP_ITEMS)
+        return (pyperf.perf_counter() - t0) * loops / (batches * len(MAP_ITEMS))
+
+
+def executor_map(loops: int) -> float:
+    with ThreadPoolExecutor(MAP_WORKERS) as executor:
+        batches = max(1, loops // len(MAP_ITEMS))
+        t0 = pyperf.perf_counter()
+        for _ in range(batches):
+            list(executor.map(lambda x: x, MAP_ITEMS))
+        return (pyperf.perf_counter() - t0) * loops / (batches * len(MAP_ITEMS))
+
+
 def _ratio(a: pyperf.Benchmark | None, b: pyperf.Benchmark | None, label: str) -> None:
     if a is not None and b is not None and a.get_nrun() and b.get_nrun():
         print(
@@ -87,9 +113,12 @@ if __name__ == "__main__":
     s = runner.bench_time_func("semaphore_acquire_release", semaphore)
     cq = runner.bench_time_func("admission_8_threads_limit_2", contended_gate)
     cs = runner.bench_time_func("semaphore_8_threads_limit_2", contended_semaphore)
+    qm = runner.bench_time_func("query_map_per_task", query_map)
+    em = runner.bench_time_func("thread_pool_executor_map_per_task", executor_map)
     if worker:
         raise SystemExit(0)
     _ratio(q, s, "uncontended: managed query / semaphore")
     _ratio(cq, cs, "8 threads, limit 2: managed query / semaphore")
+    _ratio(qm, em, "q.map / ThreadPoolExecutor.map, per task")
     if cq is not None and cq.get_nrun():
         print(f"admissions per second, 8 threads, limit 2: {1 / cq.median():,.0f}")

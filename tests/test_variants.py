@@ -8,9 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from waiting import wait_until
 
 import resgroups
+from resgroups.catalog.records import replay
 
 TENANTS = (
     "CREATE RESOURCE GROUP tenants WITH (cpu_weight = 50, max_active_queries = 4) "
@@ -338,3 +342,129 @@ def test_variants_replicate_and_survive_a_restart(tmp_path: Path) -> None:
     with resgroups.Engine(catalog=tmp_path) as reopened:
         assert rows(reopened) == expected
         assert reopened.snapshot == snapshot
+
+
+def test_variants_reach_another_primary_of_a_postgresql_catalog(pg_catalog: str) -> None:
+    with (
+        resgroups.Engine(catalog=pg_catalog) as first,
+        resgroups.Engine(catalog=pg_catalog) as second,
+    ):
+        first.connect().execute(TENANTS)
+        wait_until(lambda: second.catalog_version == first.catalog_version, timeout=10)
+        second.connect().execute('ALTER RESOURCE GROUP "tenants::acme" SET (cpu_weight = 7)')
+        wait_until(lambda: first.catalog_version == second.catalog_version, timeout=10)
+        assert rows(first) == rows(second)
+        assert rows(first)["tenants::acme"]["cpu_weight"] == 7
+
+
+# ---- a stateful property test: variant DDL against a model ---------------------------
+
+BASES = ("b0", "b1")
+VARIANTS = ("v0", "v1", "v2")
+WEIGHTS = st.integers(1, 500)
+
+
+class VariantCatalog(RuleBasedStateMachine):
+    """Random variant DDL on an engine, against a model of what each runtime group's
+    parameters must be (the base's with the variant's overrides on top); every
+    snapshot keeps its invariants and replays to itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine = resgroups.Engine(workers=1)
+        self.admin = self.engine.connect()
+        # base -> (its cpu_weight or None, {variant: its override or None}); None: absent
+        self.model: dict[str, tuple[int | None, dict[str, int | None]] | None] = dict.fromkeys(
+            BASES
+        )
+
+    def teardown(self) -> None:
+        self.engine.close()
+
+    def _run(self, sql: str, ok: bool) -> None:
+        before = self.engine.catalog_version
+        if ok:
+            self.admin.execute(sql)
+        else:
+            with pytest.raises(resgroups.Error):
+                self.admin.execute(sql)
+            assert self.engine.catalog_version == before  # a refusal writes nothing
+
+    @rule(base=st.sampled_from(BASES), weight=WEIGHTS, variants=st.sets(st.sampled_from(VARIANTS)))
+    def create(self, base: str, weight: int, variants: set[str]) -> None:
+        listed = ", ".join(sorted(variants))
+        sql = f"CREATE RESOURCE GROUP {base} WITH (cpu_weight = {weight})"
+        sql += f" VARIANTS ({listed})" if variants else ""
+        exists = self.model[base] is not None
+        self._run(sql, not exists)
+        if not exists:
+            self.model[base] = (weight, dict.fromkeys(variants))
+
+    @rule(base=st.sampled_from(BASES), variant=st.sampled_from(VARIANTS), weight=WEIGHTS)
+    def add(self, base: str, variant: str, weight: int) -> None:
+        entry = self.model[base]
+        ok = entry is not None and variant not in entry[1]
+        self._run(
+            f"ALTER RESOURCE GROUP {base} ADD VARIANT {variant} WITH (cpu_weight = {weight})", ok
+        )
+        if ok and entry is not None:
+            entry[1][variant] = weight
+
+    @rule(base=st.sampled_from(BASES), variant=st.sampled_from(VARIANTS))
+    def drop_variant(self, base: str, variant: str) -> None:
+        entry = self.model[base]
+        ok = entry is not None and variant in entry[1]
+        self._run(f"ALTER RESOURCE GROUP {base} DROP VARIANT {variant}", ok)
+        if ok and entry is not None:
+            del entry[1][variant]
+
+    @rule(base=st.sampled_from(BASES), weight=st.one_of(st.none(), WEIGHTS))
+    def alter_base(self, base: str, weight: int | None) -> None:
+        entry = self.model[base]
+        if weight is None:
+            sql = f"ALTER RESOURCE GROUP {base} RESET (cpu_weight)"
+        else:
+            sql = f"ALTER RESOURCE GROUP {base} SET (cpu_weight = {weight})"
+        self._run(sql, entry is not None)
+        if entry is not None:
+            self.model[base] = (weight, entry[1])
+
+    @rule(base=st.sampled_from(BASES), variant=st.sampled_from(VARIANTS),
+          weight=st.one_of(st.none(), WEIGHTS))  # fmt: skip
+    def alter_variant(self, base: str, variant: str, weight: int | None) -> None:
+        entry = self.model[base]
+        ok = entry is not None and variant in entry[1]
+        name = f"{base}::{variant}"
+        if weight is None:
+            sql = f"ALTER RESOURCE GROUP {name} RESET (cpu_weight)"
+        else:
+            sql = f"ALTER RESOURCE GROUP {name} SET (cpu_weight = {weight})"
+        self._run(sql, ok)
+        if ok and entry is not None:
+            entry[1][variant] = weight
+
+    @rule(base=st.sampled_from(BASES))
+    def drop_base(self, base: str) -> None:
+        self._run(f"DROP RESOURCE GROUP {base}", self.model[base] is not None)
+        self.model[base] = None
+
+    @invariant()
+    def runtime_groups_follow_the_model(self) -> None:
+        expected = {"DEFAULT": (100, None)}
+        for base, entry in self.model.items():
+            if entry is None:
+                continue
+            weight, variants = entry
+            if not variants:  # without variants, a plain group
+                expected[base] = (weight or 100, None)
+            for variant, own in variants.items():
+                expected[f"{base}::{variant}"] = (own or weight or 100, base)
+        got = {r["name"]: (r["cpu_weight"], r["base_group"]) for r in self.engine.resource_groups()}
+        assert got == expected
+        snapshot = self.engine.snapshot
+        snapshot._check_invariants()
+        assert replay(self.engine._log.read_all()) == snapshot  # the log rebuilds it
+
+
+TestVariantCatalog = VariantCatalog.TestCase
+TestVariantCatalog.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)

@@ -468,3 +468,43 @@ class VariantCatalog(RuleBasedStateMachine):
 
 TestVariantCatalog = VariantCatalog.TestCase
 TestVariantCatalog.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
+
+
+def test_each_variant_is_its_own_fleet_wide_limit(pg_catalog: str) -> None:
+    """Fleet mode: leases are taken per variant (``t::a`` and ``t::b`` each admit
+    one query across both engines), never per base."""
+    a = resgroups.Engine(coordination=pg_catalog, workers=2)
+    b = resgroups.Engine(coordination=pg_catalog, workers=2)
+    try:
+        for engine in (a, b):
+            engine.connect().execute(
+                "CREATE RESOURCE GROUP t WITH (max_active_queries = 1, queue_timeout = '30s') "
+                "VARIANTS (a, b)"
+            )
+        holder, waiter, other = a.connect(), b.connect(), b.connect()
+        holder.execute("SET RESOURCE GROUP t::a")
+        waiter.execute("SET RESOURCE GROUP t::a")
+        other.execute("SET RESOURCE GROUP t::b")
+        held = holder.query()
+        held.__enter__()
+        started = threading.Event()
+
+        def wait() -> None:
+            with waiter.query():
+                started.set()
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        try:
+            fleet = lambda: {r["name"]: r["fleet_active_queries"] for r in b.resource_groups()}  # noqa: E731
+            wait_until(lambda: fleet()["t::a"] == 1, timeout=10)
+            assert not started.is_set()  # t::a is full across the fleet
+            with other.query() as q:  # t::b is not: a variant's limit is its own
+                assert q.group == "t::b"
+        finally:
+            held.__exit__(None, None, None)
+        assert started.wait(10)
+        thread.join(10)
+    finally:
+        a.close()
+        b.close()

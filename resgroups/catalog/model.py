@@ -297,13 +297,9 @@ class Snapshot:
 
     def find_variant(self, base: GroupDef, ref: Ident) -> GroupDef | None:
         """The variant of ``base`` whose own name ``ref`` is (``acme`` of ``tenants``)."""
-        same = [v for v in self.variants_of(base) if v.variant is not None]
-        exact = [v for v in same if v.variant is not None and v.variant.text == ref.text]
-        loose = [
-            v
-            for v in same
-            if v.variant is not None and _matches(v.variant.text, v.variant.quoted, ref)
-        ]
+        own = [(v, v.variant) for v in self.variants_of(base) if v.variant is not None]
+        exact = [v for v, name in own if name.text == ref.text]
+        loose = [v for v, name in own if _matches(name.text, name.quoted, ref)]
         return next(iter(exact or loose), None)
 
     def with_group(self, group: GroupDef) -> Snapshot:

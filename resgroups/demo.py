@@ -155,20 +155,27 @@ def calibrate(scenario: Scenario, probes: int = 3) -> Calibration:
         return _calibrate_duckdb(scenario, report, probes)
     with resgroups.Engine() as engine:
         session = engine.connect()
-        best = math.inf
-        for _ in range(probes):
-            started = time.perf_counter()
-            session.execute(report.sql.format(rows=_PROBE_ROWS))
-            best = min(best, time.perf_counter() - started)
+        best = _best_of(probes, lambda: session.execute(report.sql.format(rows=_PROBE_ROWS)))
     rate = _PROBE_ROWS / best
-    report_rows = rate * REPORT_SCAN_S
-    return Calibration(
-        rate,
-        {
-            w.name: max(_MIN_ROWS, int(round(report_rows * w.share_of_report, -4)))
-            for w in scenario.workloads
-        },
-    )
+    return Calibration(rate, _rows_per_workload(scenario, rate * REPORT_SCAN_S))
+
+
+def _best_of(probes: int, run: Callable[[], object]) -> float:
+    """The shortest of ``probes`` timed runs, in seconds."""
+    best = math.inf
+    for _ in range(probes):
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _rows_per_workload(scenario: Scenario, report_rows: float) -> dict[str, int]:
+    """Each workload's rows per query: its share of one report scan."""
+    return {
+        w.name: max(_MIN_ROWS, int(round(report_rows * w.share_of_report, -4)))
+        for w in scenario.workloads
+    }
 
 
 def _calibrate_duckdb(scenario: Scenario, report: Workload, probes: int) -> Calibration:
@@ -179,18 +186,11 @@ def _calibrate_duckdb(scenario: Scenario, report: Workload, probes: int) -> Cali
     database = duckdb.connect()
     database.execute("SET threads = 1")
     database.execute(_DUCKDB_TABLE.format(rows=_PROBE_ROWS))
-    best = math.inf
-    for _ in range(probes):
-        started = time.perf_counter()
-        database.execute(report.sql).fetchall()
-        best = min(best, time.perf_counter() - started)
-    rate = _PROBE_ROWS / best
+    rate = _PROBE_ROWS / _best_of(probes, lambda: database.execute(report.sql).fetchall())
     table_rows = min(_DUCKDB_MAX_ROWS, int(round(rate * REPORT_SCAN_S, -4)))
     database.execute(_DUCKDB_TABLE.format(rows=table_rows))
     database.execute("RESET threads")
-    rows = {w.name: max(_MIN_ROWS, int(round(table_rows * w.share_of_report, -4)))
-            for w in scenario.workloads}  # fmt: skip
-    return Calibration(rate, rows, database)
+    return Calibration(rate, _rows_per_workload(scenario, table_rows), database)
 
 
 def _runner(
@@ -379,9 +379,11 @@ def run_once(
             t.join(10)
         label = "with groups" if with_groups else "without groups"
         return RunResult(label, seconds, stats, timeline, live)
-    finally:
-        if live is None:
-            engine.close(grace=0.5)
+    except BaseException:  # nothing stays up after a failed run, served or not
+        if live is not None:
+            live.close()
+        engine.close(grace=0.5)
+        raise
 
 
 class Progress:

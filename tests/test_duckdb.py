@@ -5,6 +5,7 @@ runs one statement as a managed query."""
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -233,8 +234,9 @@ def test_arrow_batches_are_charged_to_the_query_and_released_at_its_end(con: Any
 def test_a_limited_group_runs_duckdb_single_threaded(con: Any) -> None:
     with resgroups.Engine(workers=2) as engine:
         admin = engine.connect()
-        half = 50 / engine.cpus * 2 if engine.cpus >= 2 else 100
-        admin.execute(f"CREATE RESOURCE GROUP one WITH (cpu_limit = '{min(half, 100):g}%')")
+        # one core's share, rounded down to the two decimals a cpu_limit takes
+        one_core = min(100.0, math.floor(10_000 / engine.cpus) / 100)
+        admin.execute(f"CREATE RESOURCE GROUP one WITH (cpu_limit = '{one_core:.2f}%')")
         threads = []
         for group in ("one", "DEFAULT"):
             admin.execute(f"SET RESOURCE GROUP {group}")

@@ -38,7 +38,7 @@ def _matches(name: str, quoted: bool, ref: Ident) -> bool:
     return not quoted and not ref.quoted and name.casefold() == ref.text.casefold()
 
 
-def _conflicts(name: str, quoted: bool, new: Ident) -> bool:
+def conflicts(name: str, quoted: bool, new: Ident) -> bool:
     """Would an object called ``new`` be confused with one called ``name``?
 
     Only two quoted names may differ in case alone, so an unquoted reference
@@ -50,7 +50,7 @@ def _conflicts(name: str, quoted: bool, new: Ident) -> bool:
 
 
 def _name_clashes(names: Iterable[tuple[str, bool]]) -> list[str]:
-    """Names that break the rule of ``_conflicts`` (O(n))."""
+    """Names that break the rule of ``conflicts`` (O(n))."""
     buckets: dict[str, list[tuple[str, bool]]] = {}
     for name, quoted in names:
         buckets.setdefault(name.casefold(), []).append((name, quoted))
@@ -288,7 +288,7 @@ class Snapshot:
     def group_name_taken(self, new: Ident) -> GroupDef | None:
         if new.text.casefold() == DEFAULT_GROUP_NAME.casefold():
             return self.default_group
-        clash = [g for g in self._groups_named(new.text) if _conflicts(g.name, g.quoted, new)]
+        clash = [g for g in self._groups_named(new.text) if conflicts(g.name, g.quoted, new)]
         return clash[0] if clash else None
 
     def group_names(self) -> list[str]:
@@ -351,7 +351,7 @@ class Snapshot:
     def principal_name_taken(self, new: Ident) -> Principal | None:
         for i in self.principal_names_index.get(new.text.casefold(), ()):
             p = self.principals[i]
-            if _conflicts(p.name, p.quoted, new):
+            if conflicts(p.name, p.quoted, new):
                 return p
         return None
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from resgroups.access import find_group
 from resgroups.catalog import GroupDef, Snapshot
-from resgroups.catalog.model import VARIANT_SEPARATOR, variant_name
+from resgroups.catalog.model import VARIANT_SEPARATOR, conflicts, variant_name
 from resgroups.errors import CatalogError
 from resgroups.result import Result
 from resgroups.sql import ast
@@ -43,8 +43,7 @@ def _variant_args(
             f"a base from its variant ({variant_name(base.text, 'name')})",
             sqlstate=INVALID_NAME,
         )
-    same = [s for s in siblings if s.text.casefold() == name.text.casefold()]
-    if any(s.text == name.text or not (s.quoted and name.quoted) for s in same):
+    if any(conflicts(s.text, s.quoted, name) for s in siblings):
         raise CatalogError(
             f"variant {name.text} of resource group {base.text} already exists",
             sqlstate=CatalogError.DUPLICATE,

@@ -26,7 +26,6 @@ import os
 import secrets
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -42,7 +41,6 @@ from resgroups.errors import (
     CatalogLagError,
     CoordinationUnavailable,
     EngineClosed,
-    Error,
     FeatureNotSupported,
     InvalidParameter,
     ReadOnlyReplica,
@@ -52,10 +50,10 @@ from resgroups.exec.tables import TableStore
 from resgroups.follower import CatalogFollower
 from resgroups.metrics import EngineMetrics
 from resgroups.pgschema import redact
-from resgroups.query import Holdings, Query
+from resgroups.query import Holdings, Placement, Query
 from resgroups.reconcile import Reconciler
 from resgroups.sched.groups import GroupRuntimes
-from resgroups.sched.memory import MemoryLedger, QueryMemory, query_ceiling
+from resgroups.sched.memory import MemoryLedger, query_ceiling
 from resgroups.sched.pool import Dispatcher, PoolView
 from resgroups.sched.runtime import GroupRuntime
 from resgroups.sched.stats import GroupStatistics
@@ -191,6 +189,7 @@ class Engine:
         self.workers = int(workers) if workers else max(1, round(self.cpus))
         self.pools = {"default": self.workers, **dict(pools or {})}
         self.slice_ms = slice_ms
+        self.slice_s = slice_ms / 1000
         self.access_control = access_control
         self.admin_user = admin_user
         # also keep PostgreSQL md5 verifiers of passwords set from now on, for
@@ -198,6 +197,7 @@ class Engine:
         # for such a login, so it is off unless asked for)
         self.md5_passwords = md5_passwords
         self.stall_threshold = stall_threshold  # a worker without a checkpoint this long
+        self.probe_s = stall_threshold / 4  # a running query's slow checkpoint, at least this often
         self.authenticator = Authenticator(
             access_control=access_control,
             admin_user=admin_user,
@@ -211,9 +211,9 @@ class Engine:
         self.clock: Clock = clock or MonotonicClock()
         self._closed = False
         self._close_lock = threading.Lock()
-        # open queries by id: a weak reference (a handle lost without __exit__
-        # dies) and what the query holds, for the reconcile loop to give back
-        self._queries: dict[int, tuple[weakref.ref[Query], Holdings]] = {}
+        # open queries by id: what each holds, with a weak reference to the query
+        # (a handle lost without __exit__ dies), for the reconcile loop to give back
+        self._queries: dict[int, Holdings] = {}
         self.zombies_reclaimed = 0
         self._query_ids = itertools.count(1)
         writer = role == "primary"
@@ -349,37 +349,17 @@ class Engine:
         """The live state of a group a query resolved to (even one dropped since)."""
         return self.runtimes.runtime_for(group)
 
-    def query_memory(self, query: Query, group: GroupDef) -> QueryMemory:
-        """The budgets of a managed query starting now, its ceiling fixed (SPEC §8)."""
-        session = query.session
+    def placement(self, session: Session, group: GroupDef) -> Placement:
+        """Where a managed query of ``session`` resolved to ``group`` runs: the
+        group's live runtime, its memory budget and the query's ceiling (SPEC
+        §8). The session keeps it while the catalog and the principal stay the
+        same (``Session.placement``)."""
         budget = self.memory_ledger.group(group.id, group.name)
-        key = (self.snapshot.version, session.identity, group.id, budget.limit)
-        cached = session.ceiling_cache
-        if cached is not None and cached[0] == key:
-            ceiling = cached[1]  # same catalog, principal and group: the same ceiling
-        else:
-            own, acl = memory_limits(self.snapshot, session.identity)
-            ceiling = query_ceiling(
-                own, acl, self.query_memory_limit, budget.limit, self.process_memory_limit
-            )
-            session.ceiling_cache = (key, ceiling)
-        # weakly: the registry keeps the budgets of a query whose handle is lost
-        # (for the reconcile loop), and they must not keep the query itself alive
-        fail = weakref.WeakMethod(query.fail)
-
-        def on_failure(error: Error) -> None:
-            method = fail()
-            if method is not None:
-                method(error)
-
-        return QueryMemory(
-            self.memory_ledger,
-            group.id,
-            budget,
-            ceiling,
-            f"group={group.name}, user={query.user}",
-            on_failure,
+        own, acl = memory_limits(self.snapshot, session.identity)
+        ceiling = query_ceiling(
+            own, acl, self.query_memory_limit, budget.limit, self.process_memory_limit
         )
+        return Placement(group, self.runtimes.runtime_for(group), budget, ceiling)
 
     def pool(self, name: str) -> PoolView:
         try:
@@ -397,7 +377,7 @@ class Engine:
 
     def open_query(self, query: Query) -> None:
         self._check_open()
-        self._queries[query.id] = (weakref.ref(query), query.held)
+        self._queries[query.id] = query.held
 
     def next_query_id(self) -> int:
         return next(self._query_ids)
@@ -412,15 +392,21 @@ class Engine:
                 stalled[progress.pool] = stalled.get(progress.pool, 0) + progress.workers_held
         return stalled
 
+    def live_query(self, query_id: int) -> Query | None:
+        """The open query with this id (None: ended, or its handle is lost)."""
+        held = self._queries.get(query_id)
+        return held.query_ref() if held is not None else None
+
     def live_queries(self) -> list[Query]:
         """The queries open now (a copy): queued, running, parked or suspended."""
-        alive = (ref() for ref, _ in list(self._queries.values()))
+        alive = (held.query_ref() for held in list(self._queries.values()))
         return [query for query in alive if query is not None]
 
     def close_query(self, query: Query) -> None:
         self._queries.pop(query.id, None)
-        if query.runtime is not None:
-            self.runtimes.query_ended(query.runtime)
+        runtime = query.runtime
+        if runtime is not None and runtime.dropped:
+            self.runtimes.query_ended(runtime)
 
     def reconcile(self) -> int:
         """Check the counters against the live queries and repair what drifted: a
@@ -429,8 +415,8 @@ class Engine:
         zombie and count it. Runs every ``reconcile_interval`` seconds on its
         own thread, and on demand. Returns how many zombies it reclaimed."""
         reclaimed = 0
-        for query_id, (ref, held) in list(self._queries.items()):
-            if ref() is not None or self._queries.pop(query_id, None) is None:
+        for query_id, held in list(self._queries.items()):
+            if held.query_ref() is not None or self._queries.pop(query_id, None) is None:
                 continue
             runtime = held.runtime
             leaked = held.give_back(self.dispatcher, self.fleet)
@@ -446,7 +432,7 @@ class Engine:
                 leaked,
             )
         if self.fleet is not None:  # lease rows of this instance that no live query holds
-            live = {held.lease_id for _, held in list(self._queries.values()) if held.lease_id}
+            live = {held.lease_id for held in list(self._queries.values()) if held.lease_id}
             for lease in self.fleet.reconcile(live):
                 reclaimed += 1
                 log.warning(
@@ -462,7 +448,7 @@ class Engine:
         """The fleet leases this instance's open queries hold (for the heartbeat)."""
         return {
             held.lease_id
-            for _, held in list(self._queries.values())
+            for held in list(self._queries.values())
             if held.leased and held.lease_id is not None
         }
 
@@ -470,8 +456,8 @@ class Engine:
         """The sweep reclaimed these leases while this instance's heartbeat lapsed
         (a stopped process): their queries fail at their next checkpoint, so a
         lost lease never runs past the fleet limit."""
-        for ref, held in list(self._queries.values()):
-            query = ref()
+        for held in list(self._queries.values()):
+            query = held.query_ref()
             if query is not None and held.lease_id in lost:
                 query.fail(
                     CoordinationUnavailable(

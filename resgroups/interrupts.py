@@ -37,7 +37,8 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any, Final
 
-_MAIN: Final = threading.main_thread().ident
+MAIN_IDENT: Final = threading.main_thread().ident  # only this thread runs signal handlers
+_MAIN: Final = MAIN_IDENT
 _SIGNALS: Final = tuple(
     getattr(signal, name)
     for name in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP", "SIGUSR1", "SIGUSR2")
@@ -89,13 +90,46 @@ _setsignal: Final[Callable[[int, object], object]] = _signal.signal
 _installed: list[tuple[int, object, _Deferring]] = []  # (signal, original, wrapper)
 
 
+# the last wrap's plan, reused while the program's handlers stay the same: the
+# handlers it found, what it installed, and the handlers as it left them
+_found: tuple[object, ...] = ()
+_plan: tuple[tuple[int, object, _Deferring], ...] = ()
+_view: tuple[object, ...] = ()
+
+
 def _wrap_handlers() -> None:
-    for signum in _SIGNALS:
-        handler = _getsignal(signum)
+    """Wrap every callable handler (the outermost hold begins). Costs one C-level
+    read of the handlers, and one store per callable handler, while the program's
+    handlers are the ones the last wrap found (the common case)."""
+    global _found, _plan, _view
+    found = tuple(map(_getsignal, _SIGNALS))
+    if _installed:  # still wrapped since a detached hold: wrap only what is new
+        if found != _view:
+            _wrap_each(found)
+        return
+    if found != _found:
+        _plan = tuple(
+            (signum, handler, _Deferring(handler))
+            for signum, handler in zip(_SIGNALS, found, strict=True)
+            if callable(handler) and not isinstance(handler, _Deferring)
+        )
+        wrapped = {signum: wrapper for signum, _, wrapper in _plan}
+        _view = tuple(wrapped.get(s, h) for s, h in zip(_SIGNALS, found, strict=True))
+        _found = found
+    for entry in _plan:
+        _setsignal(entry[0], entry[2])
+    _installed.extend(_plan)
+
+
+def _wrap_each(found: tuple[object, ...]) -> None:
+    """The handlers changed while wrapped: wrap each callable one not wrapped yet."""
+    global _view
+    for signum, handler in zip(_SIGNALS, found, strict=True):
         if callable(handler) and not isinstance(handler, _Deferring):
             wrapper = _Deferring(handler)
             _setsignal(signum, wrapper)
             _installed.append((signum, handler, wrapper))
+    _view = tuple(map(_getsignal, _SIGNALS))
 
 
 def _restore_handlers() -> None:

@@ -25,6 +25,9 @@ import logging
 import math
 import signal
 import threading
+import time
+import weakref
+from _thread import get_ident
 from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -42,12 +45,14 @@ from resgroups.errors import (
     QueryTimeout,
     QueueTimeout,
 )
-from resgroups.interrupts import Hold
+from resgroups.interrupts import MAIN_IDENT, Hold
+from resgroups.sched import fastpath
 from resgroups.sched.admission import Ticket, TicketState
 from resgroups.sched.cpu import Runner, RunnerState
-from resgroups.sched.memory import MemoryCounter, QueryMemory
+from resgroups.sched.memory import Budget, MemoryCounter, QueryMemory
 
 if TYPE_CHECKING:
+    from resgroups.catalog.model import GroupDef
     from resgroups.fleet.coordinator import FleetCoordinator
     from resgroups.sched.pool import Dispatcher
     from resgroups.sched.runtime import GroupRuntime
@@ -91,18 +96,30 @@ PROGRESS_COLUMNS: Final = (
 )  # fmt: skip
 
 
+class Placement(NamedTuple):
+    """Where a session's managed queries run, as resolved at one catalog version:
+    the group, its live runtime, its memory budget and the query memory ceiling
+    (SPEC §5, §8). A session keeps the last one (``Session.placement``)."""
+
+    group: GroupDef
+    runtime: GroupRuntime
+    budget: Budget
+    ceiling: int | None
+
+
 class Holdings:
     """What a managed query holds, kept beside it in the engine's registry, so that
     a query whose handle is lost without ``__exit__`` (a thread that died) can
     still give everything back: the reconcile loop finds its weak reference
     dead and calls :meth:`give_back` (SPEC: reconcile)."""
 
-    __slots__ = ("group", "lease_id", "leased", "published", "query_id", "runner", "runtime",
-                 "suspended", "ticket", "user")  # fmt: skip
+    __slots__ = ("group", "lease_id", "leased", "published", "query_id", "query_ref", "runner",
+                 "runtime", "suspended", "ticket", "user")  # fmt: skip
 
-    def __init__(self, query_id: int, user: str) -> None:
-        self.query_id = query_id
-        self.user = user
+    def __init__(self, query: Query) -> None:
+        self.query_id = query.id
+        self.user = query.user
+        self.query_ref = weakref.ref(query)  # dead: the handle is lost (a zombie)
         self.group: str | None = None
         self.runtime: GroupRuntime | None = None
         self.published: QueryMemory | None = None
@@ -127,6 +144,12 @@ class Holdings:
             self.suspended = False
         published, self.published = self.published, None
         return published.finish() if published is not None else 0
+
+    def fail(self, error: Error) -> None:
+        """The query's memory failed for good: tell the query, if it still lives."""
+        query = self.query_ref()
+        if query is not None:
+            query.fail(error)
 
 
 def return_slot(
@@ -167,7 +190,7 @@ class Task:
         self._batch = batch
         self._runner = runner  # None: running on the query's own thread
         # each task has its own accumulator, published when the task ends
-        self.memory = MemoryCounter(query._published)
+        self.memory = MemoryCounter(query._published)  # map() created it for its tasks
         self.cpu_mark = query._meter() if runner is not None and runner.scheduled else 0
         self._slice_end = query._now() + query._slice_s if self.cpu_mark else math.inf
 
@@ -297,49 +320,87 @@ class _MapBatch(Generic[T, R]):
 class Query:
     """One managed (or unmanaged) query of a session; use it as a context manager."""
 
+    # What every query starts with, as class attributes: a new query stores only
+    # what differs (the per-query cost, docs/queries.md "Cost").
+    group: str | None = None
+    state = QueryState.NEW
+    leaked_bytes = 0
+    waited_s = 0.0  # time from submission to holding a slot and a worker
+    cpu_ns = 0  # CPU charged to the group for this query (while scheduled)
+    _published: QueryMemory | None = None  # created when the query first tracks memory
+    _memory: MemoryCounter | None = None  # q.memory, created on first use
+    _budget: Budget | None = None  # the group's memory budget (managed queries)
+    _ceiling: int | None = None  # the memory ceiling, fixed at the start
+    _failure: Error | None = None
+    _timeout_at = math.inf
+    _stop_at = math.inf  # the timeout, or -inf once cancelled
+    _deadline = math.inf  # the one field checkpoint() reads: stop or slice end
+    _slice_end = math.inf
+    _seen = 0.0  # the engine clock at the last checkpoint that reached the slow path
+    _cpu_mark = 0
+    _cancelled = False
+    _runtime: GroupRuntime | None = None
+    _ticket: Ticket | None = None
+    _runner: Runner | None = None
+    _lease_id: str | None = None  # fleet mode: this query's lease (held or sought)
+    _suspended_at = 0.0
+    _started = 0.0  # the wall clock at submission (time.time(); see started_at)
+    _submitted = 0.0  # the engine clock at submission
+    _lease_waiting = False  # waiting for a fleet lease
+    _batch: _MapBatch[Any, Any] | None = None  # the map running now, if any
+    _watched = False  # on_cancel was called: the deadline watcher knows it
+
     def __init__(self, session: Session, kind: str, pool: str) -> None:
         if kind not in KINDS:
             raise InvalidParameter(f"query kind {kind!r} is not one of {', '.join(KINDS)}")
         engine = session.engine
+        if pool not in engine.pools:
+            engine.pool(pool)  # an unknown pool fails here, naming the pools
         self.session = session
         self.kind = kind
         self.pool_name = pool
         self.user = session.user
-        self.group: str | None = None
-        self._published: QueryMemory | None = None  # set once the group is known
-        self.memory = MemoryCounter(None)  # re-bound to the budgets on entry
-        self._failure: Error | None = None
-        self.state = QueryState.NEW
-        self.leaked_bytes = 0
-        self.waited_s = 0.0  # time from submission to holding a slot and a worker
-        self.cpu_ns = 0  # CPU charged to the group for this query (while scheduled)
         self._now = engine.clock.monotonic
         self._meter = engine.cpu_meter
         self._timeout = engine.query_timeout
-        self._timeout_at = math.inf
-        self._stop_at = math.inf  # the timeout, or -inf once cancelled
-        self._deadline = math.inf  # the one field checkpoint() reads: stop or slice end
-        self._slice_s = engine.slice_ms / 1000
-        self._slice_end = math.inf
-        self._probe_s = engine.stall_threshold / 4  # see _arm
-        self._seen = 0.0  # the engine clock at the last checkpoint that reached the slow path
-        self._cpu_mark = 0
-        self._cancelled = False
-        self._runtime: GroupRuntime | None = None
-        engine.pool(pool)  # an unknown pool fails here, naming the pools
+        self._slice_s = engine.slice_s
+        self._probe_s = engine.probe_s  # a quarter of the stall threshold: see _arm
         self._dispatcher: Dispatcher = engine.dispatcher
-        self._ticket: Ticket | None = None
-        self._runner: Runner | None = None
-        self._lease_id: str | None = None  # fleet mode: this query's lease (held or sought)
-        self._suspended_at = 0.0
         self.id = engine.next_query_id()  # resource_group_queries().query_id
-        self.held = Holdings(self.id, self.user)  # mirrored for the reconcile loop
-        self.started_at: datetime | None = None  # wall clock at submission
-        self._submitted = 0.0  # the engine clock at submission
-        self._lease_waiting = False  # waiting for a fleet lease
-        self._batch: _MapBatch[Any, Any] | None = None  # the map running now, if any
+        self.held = Holdings(self)  # mirrored for the reconcile loop
         self._on_cancel: list[Callable[[], object]] = []  # not yet called (on_cancel)
-        self._watched = False  # on_cancel was called: the deadline watcher knows it
+
+    @property
+    def started_at(self) -> datetime | None:
+        """The wall clock at submission (None: not entered yet)."""
+        return datetime.fromtimestamp(self._started, UTC) if self._started else None
+
+    @property
+    def memory(self) -> MemoryCounter:
+        """The accountant of this query's own thread (``allocate``/``release``)."""
+        counter = self._memory
+        if counter is None:
+            counter = self._memory = MemoryCounter(self._memory_state())
+        return counter
+
+    def _memory_state(self) -> QueryMemory | None:
+        """The query's published memory, created on first use (None: unmanaged, or
+        not entered). Only the query's own thread creates it (map() does so before
+        its tasks start)."""
+        published = self._published
+        if published is None and self._budget is not None and self.state is not QueryState.NEW:
+            ledger = self.session.engine.memory_ledger
+            runtime = self._runtime
+            assert runtime is not None
+            published = self._published = self.held.published = QueryMemory(
+                ledger,
+                runtime.group_id,
+                self._budget,
+                self._ceiling,
+                f"group={self.group}, user={self.user}",
+                self.held.fail,
+            )
+        return published
 
     # ---- the fast path ------------------------------------------------------------
 
@@ -351,7 +412,8 @@ class Query:
     def _end_memory(self) -> None:
         """Publish what is pending and return every byte the query still holds."""
         try:
-            self.memory.flush()
+            if self._memory is not None:
+                self._memory.flush()
         except InvalidParameter as exc:  # released more than it allocated: do not mask
             log.warning("%s: memory accounting error at the end of the query: %s", self, exc)
         finally:
@@ -450,7 +512,7 @@ class Query:
     @property
     def memory_ceiling(self) -> int | None:
         """The query's memory ceiling, fixed when it started (None: none)."""
-        return self._published.ceiling if self._published is not None else None
+        return self._ceiling
 
     @property
     def runtime(self) -> GroupRuntime | None:
@@ -467,9 +529,13 @@ class Query:
         its slot and worker, this returns without a point where a signal
         handler could raise (no ``__exit__`` would follow): a signal that
         arrives in its last steps runs at the query's next hold (a checkpoint,
-        or ``__exit__``)."""
+        or ``__exit__``). On any other thread no signal handler runs, and no
+        hold is needed."""
         if self.state is not QueryState.NEW:
             raise InternalError("a query is entered once")
+        if get_ident() != MAIN_IDENT:
+            self._enter()  # gives back what it took, if it fails
+            return self
         hold = Hold(self._interrupted)
         hold.__enter__()  # a signal before this point finds nothing taken
         try:
@@ -487,31 +553,32 @@ class Query:
         return self
 
     def _enter(self) -> None:
-        engine = self.session.engine
+        session = self.session
+        engine = session.engine
         if self._cancelled:  # cancelled before it started: honoured for every kind
             self.state = QueryState.DONE
             raise QueryCancelled(f"query cancelled before it started [user={self.user}]")
         self.state = QueryState.ADMITTING
         submitted = self._submitted = self._now()
-        self.started_at = datetime.now(UTC)
+        self._started = time.time()
         if self._timeout is not None:
             self._timeout_at = self._stop_at = self._deadline = submitted + self._timeout
         try:
             engine.open_query(self)
-            self.session.query_started(self)
+            session.query_started(self)
             # an unmanaged query resolves nothing: a dropped or forbidden choice
             # cannot fail what consumes nothing
-            managed = self.kind in MANAGED_KINDS
-            group = (
-                self.session.managed_group_def(export=self.kind == "export") if managed else None
-            )
-            if group is not None:
-                held = self.held
-                self.group = held.group = group.name
-                self._runtime = held.runtime = engine.runtime_for(group)
-                self._published = held.published = engine.query_memory(self, group)
-                self.memory = MemoryCounter(self._published)
-                self._admit()
+            if self.kind in MANAGED_KINDS:
+                placement = session.placement(export=self.kind == "export")
+                if placement is not None:
+                    held = self.held
+                    self.group = held.group = placement.group.name
+                    self._runtime = held.runtime = placement.runtime
+                    self._budget = placement.budget
+                    self._ceiling = placement.ceiling
+                    if self._memory is not None:  # q.memory was read before entry
+                        self._memory = MemoryCounter(self._memory_state())
+                    self._admit()
             self.waited_s = self._now() - submitted
             self.state = QueryState.RUNNING
         except BaseException:
@@ -524,6 +591,9 @@ class Query:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if get_ident() != MAIN_IDENT:
+            self._leave()
+            return
         with Hold():  # an interrupt waits until everything is back
             self._leave()
 
@@ -536,19 +606,32 @@ class Query:
             self._stop_at = self._deadline = -math.inf
 
     def _admit(self) -> None:
-        """Pass the gate, then take a worker (keeping the slot while waiting for one)."""
+        """Pass the gate, then take a worker (keeping the slot while waiting for one).
+
+        The fast path first: when nobody waits in the group's queue or for a
+        worker of the pool, the slot and the worker are taken together under the
+        dispatcher's one lock, which every gate shares (``Dispatcher.admit``).
+        Otherwise it takes nothing, and the slow path runs the same state
+        machines with their waits: the gate, the fleet lease, then a worker.
+        """
         runtime = self._runtime
         if runtime is None:
             raise InternalError("an unmanaged query has no gate to pass")
-        ticket = Ticket(self.user, query_deadline=self._timeout_at)
-        self._ticket = self.held.ticket = ticket
-        runtime.gate.enter(ticket, self._is_cancelled)
-        fleet = self.session.engine.fleet
-        if fleet is not None:  # fleet mode: the local slot first, then the lease (§11)
-            self._fleet_lease(fleet, runtime)
+        held = self.held
+        ticket = Ticket(self.user, self._timeout_at)
         runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
-        self._runner = self.held.runner = runner
-        self._dispatcher.acquire(runner, self._wait_error, self._timeout_at)
+        self._ticket = held.ticket = ticket
+        self._runner = held.runner = runner
+        fleet = self.session.engine.fleet
+        gate = runtime.gate
+        if fleet is not None or not fastpath.admit(self._dispatcher, gate.gate, ticket, runner):
+            gate.enter(ticket, self._is_cancelled)
+            if fleet is not None:  # fleet mode: the local slot first, then the lease (§11)
+                self._fleet_lease(fleet, runtime)
+            # a worker is asked for once the slot is held: its arrival order counts from here
+            runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
+            self._runner = held.runner = runner
+            self._dispatcher.acquire(runner, self._wait_error, self._timeout_at)
         self._cpu_mark = self._meter() if runner.scheduled else 0
         self._arm()
 
@@ -606,6 +689,23 @@ class Query:
         held = self.held
         held.runner = held.ticket = held.lease_id = None
         held.leased = False
+        runtime = self._runtime
+        if (
+            runner is not None
+            and ticket is not None
+            and runtime is not None
+            and self._lease_id is None
+            and runner.state is RunnerState.RUNNING
+            and ticket.state is TicketState.ACTIVE
+        ):  # the fast path: the worker and the slot back under the one lock
+            used = 0
+            try:  # a fault of the CPU meter must not keep the worker
+                if runner.scheduled:
+                    used = self._meter() - self._cpu_mark
+                    self.cpu_ns += used
+            finally:
+                fastpath.leave(self._dispatcher, runtime.gate.gate, ticket, runner, used)
+            return
         try:
             if runner is not None:
                 used = 0
@@ -702,7 +802,8 @@ class Query:
             raise InvalidParameter(f"suspend() on a {self.state.value} query")
         with Hold():
             self._give_back()
-            self.memory.flush()  # charged while suspended: publish what is pending
+            if self._memory is not None:  # charged while suspended: publish what is pending
+                self._memory.flush()
             self._suspended_at = self._now()
             if self._runtime is not None:
                 self._runtime.suspend(+1)
@@ -788,6 +889,7 @@ class Query:
         """
         if self.state is not QueryState.RUNNING:
             raise FeatureNotSupported(f"map() on a {self.state.value} query")
+        self._memory_state()  # created here, on this thread, for its tasks to share
         batch: _MapBatch[T, R] = _MapBatch(self, fn, list(items))
         if not batch.items:
             return []

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import threading
-import weakref
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from resgroups.access import Identity, login_principal, resolve, still_assumed
 from resgroups.catalog.model import GroupDef
 from resgroups.errors import QueryCancelled
-from resgroups.query import Query, QueryState
+from resgroups.query import Placement, Query, QueryState
 from resgroups.result import Cursor, Result
 from resgroups.sql import ast
 from resgroups.sql.parser import parse_script
@@ -32,12 +31,14 @@ class Session:
         self.engine = engine
         self._identity = identity
         self._chosen: int | None = None  # the chosen group's id (a rename keeps it)
-        # this session's queries in flight; weak, so that a query whose handle is
-        # lost is left for the reconcile loop to reclaim (Engine.reconcile)
-        self._running: weakref.WeakSet[Query] = weakref.WeakSet()
+        # the ids of this session's queries in flight (the engine's registry holds
+        # them weakly, so that a query whose handle is lost is left for the
+        # reconcile loop to reclaim: Engine.reconcile)
+        self._running: set[int] = set()
         self._cancel_requested = False  # cancel() during a script stops what is left
         self.work_cpu_ns = 0  # CPU the built-in executor spent on this session's queries
-        self.ceiling_cache: tuple[object, int | None] | None = None  # see Engine.query_memory
+        # the last placement, with the snapshot, identity and choice it was resolved for
+        self._placed: tuple[object, Identity, int | None, Placement] | None = None
         self._cpu_lock = threading.Lock()
 
     def add_work_cpu(self, nanos: int) -> None:
@@ -62,17 +63,22 @@ class Session:
         self._chosen = group_id
 
     def query_started(self, query: Query) -> None:
-        self._running.add(query)  # set.add / discard are atomic under the GIL
+        self._running.add(query.id)  # set.add / discard are atomic under the GIL
 
     def query_ended(self, query: Query) -> None:
-        self._running.discard(query)
+        self._running.discard(query.id)
+
+    def running_queries(self) -> list[Query]:
+        """This session's queries in flight (a handle lost without exit is not)."""
+        queries = (self.engine.live_query(query_id) for query_id in list(self._running))
+        return [query for query in queries if query is not None]
 
     def cancel(self) -> int:
         """Cancel every query this session has in flight, from any thread (what
         Ctrl-C in the shell and a wire protocol cancel request do); how many.
         A suspended cursor is not in flight: it is left for its next fetch."""
         self._cancel_requested = True
-        running = [q for q in list(self._running) if q.state is not QueryState.SUSPENDED]
+        running = [q for q in self.running_queries() if q.state is not QueryState.SUSPENDED]
         for query in running:
             query.cancel()
         return len(running)
@@ -106,6 +112,28 @@ class Session:
         return resolve(
             engine.snapshot, self._identity, chosen, access_control=engine.access_control
         )
+
+    def placement(self, *, export: bool = False) -> Placement | None:
+        """Where a managed query starting now runs (None: unmanaged). Resolution
+        depends only on the catalog snapshot, this session's identity and its
+        choice, so while those are the same objects the last answer is reused:
+        the per-query path then resolves nothing (docs/queries.md "Cost")."""
+        snap = self.engine.snapshot
+        chosen = None if export else self._chosen
+        placed = self._placed
+        if (
+            placed is not None
+            and placed[0] is snap
+            and placed[1] is self._identity
+            and placed[2] == chosen
+        ):
+            return placed[3]
+        group = self.managed_group_def(export=export)
+        if group is None:
+            return None
+        placement = self.engine.placement(self, group)
+        self._placed = (snap, self._identity, chosen, placement)
+        return placement
 
     def query(self, kind: str = "select", pool: str = "default") -> Query:
         """A managed query: ``with session.query(kind="select") as q: ...``.

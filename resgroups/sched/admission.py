@@ -151,6 +151,7 @@ class Gate:
         self._arrivals = itertools.count()
         self._held: dict[str, int] = {}  # user -> active tickets
         self._last_admitted: dict[str, float] = {}  # user -> time of last admission
+        self.waiting = 0  # len(self._queue), read on the fast path without a call
         self._grandfathered = 0
         self._queue_grandfathered = 0  # |Q| when max_queued was last lowered
         self.admitted_total = 0
@@ -186,14 +187,21 @@ class Gate:
         ticket.arrival = next(self._arrivals)
         self._queue.add(ticket)
         self._deadlines.add(ticket)
+        self.waiting += 1
 
     def _dequeue(self, ticket: Ticket) -> None:
         self._queue.remove(ticket)
         self._deadlines.remove(ticket)
+        self.waiting -= 1
 
     def _limit(self) -> float:
         limit = self.config.max_active
         return math.inf if limit is None else max(limit, self._grandfathered)
+
+    def has_room_now(self) -> bool:
+        """Would a new ticket be admitted at once: nobody queued, a slot free."""
+        limit = self.config.max_active
+        return not self.waiting and (limit is None or len(self._active) < limit)
 
     def _has_room(self) -> bool:
         limit = self.config.max_active
@@ -209,8 +217,7 @@ class Gate:
         """
         if ticket.state is not TicketState.NEW:
             raise InternalError(f"{ticket!r} submitted twice")
-        limit = self.config.max_active
-        if not self._queue and (limit is None or len(self._active) < limit):
+        if self.has_room_now():
             self._admit(ticket, now)
             return True
         max_queued = self.config.max_queued
@@ -242,7 +249,7 @@ class Gate:
         ticket.state = TicketState.RELEASED
         if self._grandfathered > len(self._active):
             self._grandfathered = len(self._active)
-        return self._admit_waiting(now) if self._queue else []
+        return self._admit_waiting(now) if self.waiting else []
 
     def withdraw(self, ticket: Ticket, error: Error) -> bool:
         """Take a queued ticket out (cancelled, or the engine closing). False if not queued."""
@@ -334,6 +341,8 @@ class Gate:
         queued = set(self._queue)
         if len(queued) != len(self._queue):
             problems.append("a ticket is queued twice")
+        if self.waiting != len(self._queue):
+            problems.append(f"waiting {self.waiting} != {len(self._queue)} queued")
         if queued != set(self._deadlines) or len(self._deadlines) != len(self._queue):
             problems.append("the deadline view and the arrival view of the queue differ")
         if queued & self._active:
@@ -362,6 +371,13 @@ class Gate:
             )
 
 
+def wake(tickets: list[Ticket]) -> None:
+    """Wake the waiters of tickets whose state changed."""
+    for ticket in tickets:
+        if ticket.wake is not None:
+            ticket.wake.set()
+
+
 class GateRuntime:
     """A :class:`Gate` for real threads: a lock, and an event per waiting ticket.
 
@@ -369,18 +385,20 @@ class GateRuntime:
     cancellation, rejection). Whoever changes the gate wakes the tickets it
     changed; a waiter whose deadline passes expires the due tickets itself,
     so no timer thread is needed.
+
+    ``lock`` may be shared: an engine's gates all use its dispatcher's lock,
+    so that a query's fast path takes a slot and a worker under one lock
+    (``Dispatcher.admit``). Nothing here takes another lock while holding it.
     """
 
-    def __init__(self, config: GateConfig, now: Callable[[], float]) -> None:
+    def __init__(
+        self, config: GateConfig, now: Callable[[], float], lock: threading.Lock | None = None
+    ) -> None:
         self.gate = Gate(config)
-        self.lock = threading.Lock()
+        self.lock = lock if lock is not None else threading.Lock()
         self.now = now
 
-    @staticmethod
-    def _wake(tickets: list[Ticket]) -> None:
-        for ticket in tickets:
-            if ticket.wake is not None:
-                ticket.wake.set()
+    _wake = staticmethod(wake)
 
     def enter(self, ticket: Ticket, cancelled: Callable[[], bool] | None = None) -> None:
         """Block until ``ticket`` holds a slot; raise why not otherwise."""

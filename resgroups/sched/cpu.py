@@ -371,6 +371,12 @@ class CpuScheduler:
         self._enqueue(runner, now, fresh=True)
         return self.dispatch(now, pools=(runner.pool,))
 
+    def may_grant_now(self, runner: Runner, now: float) -> bool:
+        """Would :meth:`submit` grant ``runner`` a worker at once: one is free in its
+        pool, nobody waits there, and its group's cap and budget allow it."""
+        pool = runner.pool
+        return bool(self.free[pool]) and not self.waiting_in[pool] and self._may_run(runner, now)
+
     def _enqueue(self, runner: Runner, now: float, *, fresh: bool) -> None:
         runner.state = RunnerState.WAITING
         runner.fresh = fresh

@@ -213,17 +213,16 @@ class Dispatcher:
     def release(self, runner: Runner, cpu_ns: int) -> None:
         """The runner gives its worker back (charging its last CPU), or leaves its wait."""
         with self.lock:
-            if runner.state is RunnerState.DONE:
-                return
-            now = self.now()
-            try:  # _guarded, inlined on the per-query path
-                if self.fault_hook is not None and self.core.engaged and not self.core.degraded:
-                    self.fault_hook()
-                granted = self.core.release(runner, cpu_ns, now)
-            except Exception as exc:
-                granted = self._degrade(exc, partial(self.core.release, runner, cpu_ns, now))
-            if granted:
-                self._wake(granted)
+            if runner.state is not RunnerState.DONE:
+                self._wake(self._release_locked(runner, cpu_ns, self.now()))
+
+    def _release_locked(self, runner: Runner, cpu_ns: int, now: float) -> list[Runner]:
+        try:  # _guarded, inlined on the per-query path
+            if self.fault_hook is not None and self.core.engaged and not self.core.degraded:
+                self.fault_hook()
+            return self.core.release(runner, cpu_ns, now)
+        except Exception as exc:
+            return self._degrade(exc, partial(self.core.release, runner, cpu_ns, now))
 
     def slice_end(
         self, runner: Runner, cpu_ns: int, check: Callable[[], Error | None], deadline: float

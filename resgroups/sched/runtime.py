@@ -35,7 +35,7 @@ class GroupRuntime:
         self.group_id = group.id
         self.definition = group
         self.dropped = False
-        self.gate = GateRuntime(gate_config(group), now)
+        self.gate = GateRuntime(gate_config(group), now, dispatcher.lock)  # one lock: pool.py
         self.suspended = 0  # cursors between pages (guarded by the gate's lock)
         self.fleet_waiting = 0  # holding a local slot, waiting for a fleet lease (gate's lock)
         self._dispatcher = dispatcher

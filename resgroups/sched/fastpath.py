@@ -1,0 +1,89 @@
+"""A managed query's fast path: a slot and a worker in one step, and back in one.
+
+Goal
+    The per-query cost every user pays (SPEC §6, docs/queries.md "Cost"): in
+    the common case (the group below its limit with nobody queued, a free
+    worker with nobody waiting for one in the pool) a query takes its slot
+    and its worker under the dispatcher's one lock, which every gate of the
+    engine shares, in straight-line code, and gives both back the same way.
+
+What it is
+    :func:`admit` is ``Gate.submit`` followed by ``CpuScheduler.submit`` for
+    exactly the case where both succeed at once: it first checks that both
+    would (``Gate.has_room_now``, ``CpuScheduler.may_grant_now``, the same
+    predicates the slow path's methods use), then makes the changes those
+    methods make in that case. When either would queue or park, it changes
+    nothing and returns False: the query takes the slow path (the gate's
+    ``enter``, then ``Dispatcher.acquire``), with the same state machines.
+    :func:`leave` is the slow path's ``Dispatcher.release`` and
+    ``Gate.release`` under one lock.
+
+How it is checked
+    ``tests/test_fastpath.py`` runs random workloads through an engine with
+    the fast path and one without, and compares every counter after every
+    step; the gate's and the scheduler's invariant checks hold throughout.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from resgroups.sched.admission import Gate, Ticket, TicketState, wake
+from resgroups.sched.cpu import Runner, RunnerState
+
+if TYPE_CHECKING:
+    from resgroups.sched.pool import Dispatcher
+
+_ACTIVE = TicketState.ACTIVE
+_DONE = RunnerState.DONE
+
+
+def admit(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner) -> bool:
+    """Take a slot of ``gate`` and a worker for ``runner`` at once (True), or
+    nothing at all (False: one of them would have to wait)."""
+    core = dispatcher.core
+    pool = runner.pool
+    with dispatcher.lock:
+        limit = gate.config.max_active
+        if (
+            gate.waiting
+            or (limit is not None and len(gate._active) >= limit)
+            or not core.free[pool]
+            or core.waiting_in[pool]
+            or dispatcher.closed
+            or dispatcher.fault_hook is not None
+        ):
+            return False
+        now = dispatcher.now()
+        g = runner.group
+        engaged = core.engaged and not core.degraded and g.charged
+        if engaged and not core._may_run(runner, now):  # its cap or its budget
+            return False
+        # Gate.submit, the case of a free slot: Gate._admit
+        ticket.state = _ACTIVE
+        gate._active.add(ticket)
+        user = ticket.user
+        held = gate._held
+        held[user] = held.get(user, 0) + 1
+        gate._last_admitted[user] = now
+        gate.admitted_total += 1
+        # CpuScheduler.submit, the uncontended case: place an idle group, _grant
+        if engaged and g not in core.busy:
+            core._place(g)  # an idle group becoming runnable: no banking
+        runner.fresh = True
+        runner.runnable_since = now
+        core._grant(runner, now)
+        return True
+
+
+def leave(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner, cpu_ns: int) -> None:
+    """Give back the worker of ``runner`` (charging ``cpu_ns``) and the slot of
+    ``ticket`` under the one lock (``Dispatcher.release`` and ``Gate.release``);
+    wake whoever takes them."""
+    with dispatcher.lock:
+        now = dispatcher.now()
+        try:
+            if runner.state is not _DONE:
+                dispatcher._wake(dispatcher._release_locked(runner, cpu_ns, now))
+        finally:
+            wake(gate.release(ticket, now))

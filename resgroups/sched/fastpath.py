@@ -52,6 +52,7 @@ def admit(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner) ->
             or core.waiting_in[pool]
             or dispatcher.closed
             or dispatcher.fault_hook is not None
+            or not dispatcher.fast_path
         ):
             return False
         now = dispatcher.now()

@@ -99,6 +99,7 @@ class Dispatcher:
         self.lock = threading.Lock()
         self.now = now
         self.fault_hook: Callable[[], None] | None = None  # tests inject scheduler faults
+        self.fast_path = True  # False: every query takes the slow path (tests compare them)
         self._events: dict[Runner, threading.Event] = {}
         self._granted_tasks: dict[str, deque[tuple[Runner, TaskWork]]] = {p: deque() for p in pools}
         self._pending_work: dict[Runner, TaskWork] = {}

@@ -4,7 +4,9 @@
     python perf/bench_admission.py -o admission.json # pyperf, several processes
 
 1. one uncontended managed query (enter + exit, DEFAULT only) vs
-   ``Semaphore.acquire() + release()``;
+   ``Semaphore.acquire() + release()``, on the main thread (where a query
+   holds off signal handlers while it takes and gives back: see
+   resgroups/interrupts.py) and on another thread (where no handler runs);
 2. 8 threads passing through a group with max_active_queries = 2, vs 8
    threads on a ``Semaphore(2)``: time per admission (1 / throughput);
 3. ``q.map`` over 1,000 trivial tasks on a pool of 2 workers, vs
@@ -46,6 +48,19 @@ def semaphore(loops: int) -> float:
         sem.acquire()
         sem.release()
     return pyperf.perf_counter() - t0
+
+
+def on_a_thread(bench: Callable[[int], float]) -> Callable[[int], float]:
+    """``bench`` run on a thread of its own (not the main thread)."""
+
+    def run(loops: int) -> float:
+        result: list[float] = []
+        thread = threading.Thread(target=lambda: result.append(bench(loops)))
+        thread.start()
+        thread.join()
+        return result[0]
+
+    return run
 
 
 def contended_gate(loops: int) -> float:
@@ -111,13 +126,16 @@ if __name__ == "__main__":
     worker = runner.parse_args().worker
     q = runner.bench_time_func("managed_query_enter_exit", managed_query)
     s = runner.bench_time_func("semaphore_acquire_release", semaphore)
+    qt = runner.bench_time_func("managed_query_enter_exit_thread", on_a_thread(managed_query))
+    st = runner.bench_time_func("semaphore_acquire_release_thread", on_a_thread(semaphore))
     cq = runner.bench_time_func("admission_8_threads_limit_2", contended_gate)
     cs = runner.bench_time_func("semaphore_8_threads_limit_2", contended_semaphore)
     qm = runner.bench_time_func("query_map_per_task", query_map)
     em = runner.bench_time_func("thread_pool_executor_map_per_task", executor_map)
     if worker:
         raise SystemExit(0)
-    _ratio(q, s, "uncontended: managed query / semaphore")
+    _ratio(q, s, "uncontended, main thread: managed query / semaphore")
+    _ratio(qt, st, "uncontended, other thread: managed query / semaphore")
     _ratio(cq, cs, "8 threads, limit 2: managed query / semaphore")
     _ratio(qm, em, "q.map / ThreadPoolExecutor.map, per task")
     if cq is not None and cq.get_nrun():

@@ -209,6 +209,7 @@ class Engine:
         self.query_memory_limit = query_memory_limit
         self.process_memory_limit = process_memory_limit
         self.clock: Clock = clock or MonotonicClock()
+        self.now = self.clock.monotonic  # the engine clock, bound once (the query path)
         self._closed = False
         self._close_lock = threading.Lock()
         # open queries by id: what each holds, with a weak reference to the query

@@ -349,6 +349,7 @@ class Query:
     _lease_waiting = False  # waiting for a fleet lease
     _batch: _MapBatch[Any, Any] | None = None  # the map running now, if any
     _watched = False  # on_cancel was called: the deadline watcher knows it
+    _on_cancel: tuple[Callable[[], object], ...] = ()  # not yet called (on_cancel)
 
     def __init__(self, session: Session, kind: str, pool: str) -> None:
         if kind not in KINDS:
@@ -360,7 +361,7 @@ class Query:
         self.kind = kind
         self.pool_name = pool
         self.user = session.user
-        self._now = engine.clock.monotonic
+        self._now = engine.now
         self._meter = engine.cpu_meter
         self._timeout = engine.query_timeout
         self._slice_s = engine.slice_s
@@ -368,7 +369,6 @@ class Query:
         self._dispatcher: Dispatcher = engine.dispatcher
         self.id = engine.next_query_id()  # resource_group_queries().query_id
         self.held = Holdings(self)  # mirrored for the reconcile loop
-        self._on_cancel: list[Callable[[], object]] = []  # not yet called (on_cancel)
 
     @property
     def started_at(self) -> datetime | None:
@@ -440,7 +440,7 @@ class Query:
         none runs once ``__exit__`` has returned."""
         if self.state is QueryState.DONE:
             raise InvalidParameter("on_cancel() on a query that has ended")
-        self._on_cancel.append(callback)
+        self._on_cancel = (*self._on_cancel, callback)
         self._watched = True
         self.session.engine.deadlines.watch(self)
 
@@ -454,7 +454,7 @@ class Query:
 
     def fire(self) -> None:
         """The watcher's thread: call each pending callback once."""
-        callbacks, self._on_cancel = self._on_cancel, []
+        callbacks, self._on_cancel = self._on_cancel, ()
         for callback in callbacks:
             try:
                 callback()
@@ -725,12 +725,13 @@ class Query:
         was_suspended = self.state is QueryState.SUSPENDED
         try:
             if self._watched:  # nothing interrupts the query once it has ended
-                self._on_cancel = []
+                self._on_cancel = ()
                 self.session.engine.deadlines.unwatch(self)  # waits for a firing
             self._give_back()
         finally:
-            self._end_memory()
-            self.held.published = None
+            if self._memory is not None or self._published is not None:
+                self._end_memory()
+                self.held.published = None
             self.state = QueryState.DONE
             if self._runtime is not None and was_suspended:
                 self._runtime.suspend(-1)

@@ -15,8 +15,8 @@ What it is
     methods make in that case. When either would queue or park, it changes
     nothing and returns False: the query takes the slow path (the gate's
     ``enter``, then ``Dispatcher.acquire``), with the same state machines.
-    :func:`leave` is the slow path's ``Dispatcher.release`` and
-    ``Gate.release`` under one lock.
+    :func:`leave` is ``CpuScheduler.release`` (handing the worker on only
+    when somebody may take it) and ``Gate.release`` under one lock.
 
 How it is checked
     ``tests/test_fastpath.py`` runs random workloads through an engine with
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from resgroups.sched.pool import Dispatcher
 
 _ACTIVE = TicketState.ACTIVE
+_RUNNING = RunnerState.RUNNING
 _DONE = RunnerState.DONE
 
 
@@ -79,12 +80,20 @@ def admit(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner) ->
 
 def leave(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner, cpu_ns: int) -> None:
     """Give back the worker of ``runner`` (charging ``cpu_ns``) and the slot of
-    ``ticket`` under the one lock (``Dispatcher.release`` and ``Gate.release``);
-    wake whoever takes them."""
+    ``ticket`` under the one lock; wake whoever takes them."""
+    core = dispatcher.core
     with dispatcher.lock:
         now = dispatcher.now()
         try:
-            if runner.state is not _DONE:
+            if runner.state is _RUNNING and dispatcher.fault_hook is None:
+                # CpuScheduler.release of a running runner
+                if runner.scheduled or cpu_ns:
+                    core._charge(runner, cpu_ns, now)
+                core._unhold(runner, now)
+                runner.state = _DONE
+                if core.waiting_in[runner.pool] or runner.group.limit_cores is not None:
+                    dispatcher._wake(core.dispatch(now, core._freed(runner)))
+            elif runner.state is not _DONE:  # waiting, or faults injected: the slow path's
                 dispatcher._wake(dispatcher._release_locked(runner, cpu_ns, now))
         finally:
             wake(gate.release(ticket, now))

@@ -177,6 +177,9 @@ class QueryState(Enum):
     DONE = "done"
 
 
+_ENTERED: Final = frozenset({QueryState.ADMITTING, QueryState.RUNNING, QueryState.SUSPENDED})
+
+
 class Task:
     """What a ``map`` task function receives: checkpoints and memory of its query.
 
@@ -384,11 +387,11 @@ class Query:
         return counter
 
     def _memory_state(self) -> QueryMemory | None:
-        """The query's published memory, created on first use (None: unmanaged, or
-        not entered). Only the query's own thread creates it (map() does so before
-        its tasks start)."""
+        """The query's published memory, created on first use (None: unmanaged, not
+        entered, or ended). Only the query's own thread creates it (map() does so
+        before its tasks start)."""
         published = self._published
-        if published is None and self._budget is not None and self.state is not QueryState.NEW:
+        if published is None and self._budget is not None and self.state in _ENTERED:
             ledger = self.session.engine.memory_ledger
             runtime = self._runtime
             assert runtime is not None

@@ -69,9 +69,16 @@ class Session:
         self._running.discard(query.id)
 
     def running_queries(self) -> list[Query]:
-        """This session's queries in flight (a handle lost without exit is not)."""
-        queries = (self.engine.live_query(query_id) for query_id in list(self._running))
-        return [query for query in queries if query is not None]
+        """This session's queries in flight. A query whose handle was lost without
+        exit is not: its id is dropped here, and the reconcile loop reclaims it."""
+        running = []
+        for query_id in list(self._running):
+            query = self.engine.live_query(query_id)
+            if query is None:
+                self._running.discard(query_id)
+            else:
+                running.append(query)
+        return running
 
     def cancel(self) -> int:
         """Cancel every query this session has in flight, from any thread (what

@@ -41,7 +41,6 @@ from resgroups.errors import (
     CatalogLagError,
     CoordinationUnavailable,
     EngineClosed,
-    FeatureNotSupported,
     InvalidParameter,
     ReadOnlyReplica,
     did_you_mean,
@@ -120,6 +119,7 @@ class Engine:
         coordination_pool: int = 8,
         fleet_admission: str = "lease",
         *,
+        quota_hold: float = 1.0,
         md5_passwords: bool = False,
         cpu_share_window: float = 10.0,
         stall_threshold: float = 30.0,
@@ -147,15 +147,16 @@ class Engine:
             raise InvalidParameter(
                 f"Engine(fleet_admission={fleet_admission!r}): expected 'lease' or 'quota'"
             )
-        if fleet_admission == "quota":
-            raise FeatureNotSupported(
-                "fleet_admission='quota' (a share of each limit per process) is not available "
-                "yet; the default 'lease' holds max_active_queries across the fleet"
+        if fleet_admission == "quota" and coordination is None:
+            raise InvalidParameter(
+                "Engine(fleet_admission='quota') shares each limit among the processes of a "
+                "fleet: give coordination='postgresql://...' too"
             )
         for name, value in (
             ("lease_heartbeat", lease_heartbeat),
             ("lease_expiry", lease_expiry),
             ("sweep_interval", sweep_interval),
+            ("quota_hold", quota_hold),
         ):
             _positive(name, value, allow_none=False)
         if lease_expiry <= lease_heartbeat:
@@ -244,6 +245,7 @@ class Engine:
             cpus=self.cpus,
             enabled=enabled,
             snapshot=lambda: self._catalog.snapshot,
+            quotas=fleet_admission == "quota",
         )
         # every snapshot reaches the live gates under the catalog's write lock
         self._catalog.subscribe(self.runtimes.apply)
@@ -268,6 +270,13 @@ class Engine:
                 raise
             self.fleet.held_leases = self._acquired_leases
             self.fleet.on_lost = self._leases_lost
+            if fleet_admission == "quota":
+                self.fleet.start_quotas(
+                    hold=quota_hold,
+                    demand=lambda: self.runtimes.demand(self.snapshot),
+                    limit_to=self._quota_limit,
+                    lost=self._quota_lost,
+                )
         self._reconciler = Reconciler(self.reconcile, interval=reconcile_interval)
         # one thread for every query's on_cancel callbacks, started on first use
         self.deadlines = DeadlineWatcher(self.clock.monotonic)
@@ -468,6 +477,27 @@ class Engine:
                     )
                 )
 
+    def _quota_limit(self, group_name: str, quota: int) -> int:
+        """Fleet quota mode: this instance admits at most ``quota`` queries of the
+        group at once from now on; the queries running once that applies."""
+        group = next((g for g in self.snapshot.groups if g.name == group_name), None)
+        if group is None:
+            return 0
+        return self.runtimes.runtime_for(group).set_quota(quota)
+
+    def _quota_lost(self, groups: set[str]) -> None:
+        """Fleet quota mode: this instance's quota in ``groups`` was reclaimed while
+        its heartbeat lapsed; the queries running on it fail at their next
+        checkpoint, so nothing runs past the fleet limit."""
+        for query in self.live_queries():
+            if query.group in groups:
+                query.fail(
+                    CoordinationUnavailable(
+                        f"the fleet quota of group {query.group} on this instance was "
+                        "reclaimed while its heartbeat lapsed; the query cannot go on on it"
+                    )
+                )
+
     # ---- sessions ------------------------------------------------------------------
 
     def connect(self, user: str | None = None, password: str | None = None) -> Session:
@@ -486,8 +516,10 @@ class Engine:
 
     def statistics(self) -> list[GroupStatistics]:
         """One frozen statistics record per group, DEFAULT first, creation order."""
-        counts = None if self.fleet is None else self.fleet.counts
-        return self.runtimes.statistics(self.snapshot, self.process_memory_limit, counts)
+        fleet = self.fleet
+        counts = None if fleet is None else fleet.counts
+        quotas = None if fleet is None or fleet.quotas is None else fleet.quotas.quotas
+        return self.runtimes.statistics(self.snapshot, self.process_memory_limit, counts, quotas)
 
     def resource_groups(self) -> list[dict[str, Any]]:
         """The rows of ``SELECT * FROM resource_groups()``, as dicts."""

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, TypeVar
 
 from resgroups import interrupts
 from resgroups.errors import (
+    CoordinationUnavailable,
     Error,
     FeatureNotSupported,
     InternalError,
@@ -54,6 +55,7 @@ from resgroups.sched.memory import Budget, MemoryCounter, QueryMemory
 if TYPE_CHECKING:
     from resgroups.catalog.model import GroupDef
     from resgroups.fleet.coordinator import FleetCoordinator
+    from resgroups.fleet.quotas import QuotaKeeper
     from resgroups.sched.pool import Dispatcher
     from resgroups.sched.runtime import GroupRuntime
     from resgroups.session import Session
@@ -353,6 +355,7 @@ class Query:
     _batch: _MapBatch[Any, Any] | None = None  # the map running now, if any
     _watched = False  # on_cancel was called: the deadline watcher knows it
     _on_cancel: tuple[Callable[[], object], ...] = ()  # not yet called (on_cancel)
+    _keeper: QuotaKeeper | None = None  # fleet quota mode, a limited group: its quota's keeper
 
     def __init__(self, session: Session, kind: str, pool: str) -> None:
         if kind not in KINDS:
@@ -469,6 +472,14 @@ class Query:
             raise type(self._failure)(self._failure.message)
         if self._cancelled:
             raise QueryCancelled(f"query cancelled [group={self.group}, user={self.user}]")
+        keeper = self._keeper
+        if keeper is not None and keeper.stale() and self.state is QueryState.RUNNING:
+            error = CoordinationUnavailable(
+                f"this instance's fleet quota of group {self.group} may have been "
+                "reclaimed: its heartbeat lapsed past the expiry (a paused process?)"
+            )
+            self.fail(error)
+            raise CoordinationUnavailable(error.message)
         now = self._now()
         if now >= self._timeout_at:
             raise QueryTimeout(
@@ -498,6 +509,9 @@ class Query:
         else:
             self._slice_end = math.inf
         self._deadline = min(self._stop_at, self._slice_end, now + self._probe_s)
+        keeper = self._keeper
+        if keeper is not None:  # quota mode: check again when the quota may lapse
+            self._deadline = min(self._deadline, now + keeper.valid_until - time.monotonic())
         if self._cancelled:  # cancel() may have run in between
             self._deadline = -math.inf
 
@@ -626,17 +640,36 @@ class Query:
         self._ticket = held.ticket = ticket
         self._runner = held.runner = runner
         fleet = self.session.engine.fleet
+        keeper = fleet.quotas if fleet is not None else None
+        leases = fleet if keeper is None else None  # lease mode: a lease after the slot
+        queued = None
+        if keeper is not None and runtime.definition.max_active_queries is not None:
+            self._keeper = keeper  # quota mode: the local gate admits within the quota
+            queued = keeper.poke  # queued here: the keeper asks for more at once
+            if keeper.stale():
+                self._wait_fresh_quota(keeper, runtime)
         gate = runtime.gate
-        if fleet is not None or not fastpath.admit(self._dispatcher, gate.gate, ticket, runner):
-            gate.enter(ticket, self._is_cancelled)
-            if fleet is not None:  # fleet mode: the local slot first, then the lease (§11)
-                self._fleet_lease(fleet, runtime)
+        if leases is not None or not fastpath.admit(self._dispatcher, gate.gate, ticket, runner):
+            gate.enter(ticket, self._is_cancelled, queued)
+            if leases is not None:  # fleet mode: the local slot first, then the lease (§11)
+                self._fleet_lease(leases, runtime)
             # a worker is asked for once the slot is held: its arrival order counts from here
             runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
             self._runner = held.runner = runner
             self._dispatcher.acquire(runner, self._wait_error, self._timeout_at)
         self._cpu_mark = self._meter() if runner.scheduled else 0
         self._arm()
+
+    def _wait_fresh_quota(self, keeper: QuotaKeeper, runtime: GroupRuntime) -> None:
+        """Quota mode: this instance's heartbeat lapsed, so its quota may have been
+        reclaimed; nothing is admitted on it until a renewal says it holds. The
+        wait ends at the queue or query timeout with CoordinationUnavailable."""
+        left = min(self._timeout_at - self._now(), runtime.definition.queue_timeout_ms / 1000)
+        if not keeper.wait_fresh(time.monotonic() + max(0.0, left)):
+            raise CoordinationUnavailable(
+                f"the fleet quota of group {self.group} could not be renewed before the "
+                "timeout (fleet coordination unreachable?)"
+            )
 
     def _fleet_lease(self, fleet: FleetCoordinator, runtime: GroupRuntime) -> None:
         """A fleet-wide lease for a group with a max_active_queries (the limit this

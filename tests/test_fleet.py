@@ -296,7 +296,9 @@ def test_an_unreachable_coordination_database_refuses_to_start_and_masks_the_pas
     assert refused.value.sqlstate == "08006"
     with pytest.raises(resgroups.InvalidParameter, match="postgresql://"):
         resgroups.Engine(coordination="mysql://somewhere")
-    with pytest.raises(resgroups.FeatureNotSupported, match="quota"):
-        resgroups.Engine(coordination="postgresql://x/y", fleet_admission="quota")
+    with pytest.raises(resgroups.InvalidParameter, match="coordination="):
+        resgroups.Engine(fleet_admission="quota")  # quotas are shares of a fleet's limits
+    with pytest.raises(resgroups.InvalidParameter, match="'lease' or 'quota'"):
+        resgroups.Engine(coordination="postgresql://x/y", fleet_admission="quotas")
     with pytest.raises(resgroups.InvalidParameter, match="longer than"):
         resgroups.Engine(coordination="postgresql://x/y", lease_heartbeat=10, lease_expiry=5)

@@ -38,6 +38,7 @@ EXPECTED_COLUMNS = [
     ("cpu_refill_cores", "float"),
     ("cpu_burst_millis", "float"),
     ("base_group", "text"),
+    ("fleet_quota", "int"),
 ]
 
 
@@ -78,6 +79,7 @@ def test_default_row_shows_the_unset_values(engine: resgroups.Engine) -> None:
         "cpu_refill_cores": None,
         "cpu_burst_millis": None,
         "base_group": None,  # not a variant
+        "fleet_quota": None,  # not in fleet quota mode
     }
 
 

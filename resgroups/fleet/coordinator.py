@@ -35,6 +35,7 @@ from resgroups.errors import (
     QueryTimeout,
     QueueTimeout,
 )
+from resgroups.fleet.quotas import Demand, QuotaKeeper
 from resgroups.fleet.releases import BatchedReleases
 from resgroups.fleet.store import LeaseStore, StoreUnavailable
 
@@ -68,7 +69,8 @@ class FleetCoordinator:
         # and a callback for those a sweep reclaimed while this instance was away
         self.held_leases: Callable[[], set[str]] = set
         self.on_lost: Callable[[set[str]], None] = lambda lost: None
-        self.counts: dict[str, int] = {}  # fleet-wide leases per group, as last read
+        self.counts: dict[str, int] = {}  # fleet-wide leases (or quotas) per group, as last read
+        self.quotas: QuotaKeeper | None = None  # quota mode (start_quotas); None: leases
         self._changed = threading.Condition()
         self._generation = 0
         self._stop = threading.Event()
@@ -78,6 +80,28 @@ class FleetCoordinator:
         ]
         for thread in self._threads:
             thread.start()
+
+    def start_quotas(
+        self,
+        *,
+        hold: float,
+        demand: Demand,
+        limit_to: Callable[[str, int], int],
+        lost: Callable[[set[str]], None],
+    ) -> QuotaKeeper:
+        """Quota mode (fleet/quotas.py): each limited group's slots are shared out
+        as quotas, and the local gates admit within them."""
+        self.quotas = QuotaKeeper(
+            self.store,
+            heartbeat=self.heartbeat,
+            expiry=self.expiry,
+            hold=hold,
+            demand=demand,
+            limit_to=limit_to,
+            lost=lost,
+        )
+        self.quotas.start()
+        return self.quotas
 
     @staticmethod
     def new_lease_id() -> str:
@@ -150,8 +174,10 @@ class FleetCoordinator:
                 if conn is None or conn.closed:
                     conn = self.store.listen_connection()
                     self.poke()  # missed notifications while away: everyone re-checks
-                for _ in conn.notifies(timeout=0.5, stop_after=1):
+                for notify in conn.notifies(timeout=0.5, stop_after=1):
                     self.poke()
+                    if self.quotas is not None:
+                        self.quotas.heard(notify.payload)
                 backoff = 0.1
             except (psycopg.Error, StoreUnavailable) as exc:
                 self.errors += 1
@@ -183,7 +209,8 @@ class FleetCoordinator:
                         )
                         self.on_lost(lost)
                 if t >= next_count:  # fleet_active_queries, every second
-                    self.counts = self.store.counts()
+                    quotas = self.quotas is not None
+                    self.counts = self.store.quota_totals() if quotas else self.store.counts()
                     next_count = t + 1.0
                 if t >= next_sweep:
                     swept = self.store.sweep(self.expiry)
@@ -222,7 +249,10 @@ class FleetCoordinator:
         return gone
 
     def close(self) -> None:
-        """Flush the queued releases, release every lease of this instance, stop."""
+        """Flush the queued releases, release every lease and quota of this
+        instance, stop."""
+        if self.quotas is not None:
+            self.quotas.close()
         self.releases.close()
         try:
             self.store.release_instance()

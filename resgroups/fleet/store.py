@@ -68,6 +68,38 @@ class LeaseStore:
         )
         return bool(rows[0][0])
 
+    def set_quota(self, group: str, target: int, wanted: int, limit: int) -> tuple[int, int, bool]:
+        """Quota mode, one round trip: ask for ``target`` slots of ``group`` (giving
+        back is always granted), saying ``wanted`` are wanted now; (the quota now
+        held, this instance's fair share, whether the fleet wants more than
+        ``limit``)."""
+        rows = self._run(
+            "set a quota",
+            "SELECT granted, fair, contended FROM resgroups_fleet_quota_set(%s, %s, %s, %s, %s)",
+            (group, self.instance_id, target, wanted, limit),
+        )
+        granted, fair, contended = rows[0]
+        return int(granted), int(fair), bool(contended)
+
+    def renew_quotas(self) -> dict[str, int]:
+        """Quota mode's heartbeat: this instance's quota rows renewed now; the
+        quotas they hold (a row the sweep reclaimed is missing)."""
+        rows = self._run(
+            "renew quotas",
+            "UPDATE resgroups_fleet_quotas SET renewed_at = now() WHERE instance_id = %s"
+            " RETURNING group_name, quota",
+            (self.instance_id,),
+        )
+        return {str(g): int(q) for g, q in rows}
+
+    def quota_totals(self) -> dict[str, int]:
+        """Quota mode: the slots the fleet's quotas hold, per group."""
+        rows = self._run(
+            "read the quotas",
+            "SELECT group_name, sum(quota) FROM resgroups_fleet_quotas GROUP BY group_name",
+        )
+        return {str(g): int(n) for g, n in rows}
+
     def release_many(self, query_ids: list[str]) -> int:
         """One DELETE for the batch (missing leases are no-ops) and one NOTIFY, in
         one transaction; the leases removed."""
@@ -87,9 +119,11 @@ class LeaseStore:
         rows = self._run(
             "release the instance's leases",
             "WITH gone AS (DELETE FROM resgroups_fleet_leases WHERE instance_id = %s RETURNING 1),"
+            " quotas AS (DELETE FROM resgroups_fleet_quotas WHERE instance_id = %s RETURNING 1),"
             " bye AS (DELETE FROM resgroups_fleet_instances WHERE instance_id = %s)"
-            " SELECT count(*), pg_notify(%s, count(*)::text) FROM gone",
-            (self.instance_id, self.instance_id, CHANNEL),
+            " SELECT count(*), pg_notify(%s, (count(*) + (SELECT count(*) FROM quotas))::text)"
+            " FROM gone",
+            (self.instance_id, self.instance_id, self.instance_id, CHANNEL),
         )
         return int(rows[0][0])
 
@@ -142,6 +176,11 @@ class LeaseStore:
                     return None
                 expired = conn.execute(
                     "DELETE FROM resgroups_fleet_leases"
+                    " WHERE renewed_at < now() - make_interval(secs => %s)",
+                    [expiry_s],
+                ).rowcount
+                expired += conn.execute(  # quota mode: the shares of lapsed instances
+                    "DELETE FROM resgroups_fleet_quotas"
                     " WHERE renewed_at < now() - make_interval(secs => %s)",
                     [expiry_s],
                 ).rowcount

@@ -400,12 +400,21 @@ class GateRuntime:
 
     _wake = staticmethod(wake)
 
-    def enter(self, ticket: Ticket, cancelled: Callable[[], bool] | None = None) -> None:
-        """Block until ``ticket`` holds a slot; raise why not otherwise."""
+    def enter(
+        self,
+        ticket: Ticket,
+        cancelled: Callable[[], bool] | None = None,
+        queued: Callable[[], None] | None = None,
+    ) -> None:
+        """Block until ``ticket`` holds a slot; raise why not otherwise. ``queued``
+        is called once the ticket waits in the queue (fleet quota mode asks for
+        more quota then)."""
         with self.lock:
             if self.gate.submit(ticket, self.now()):
                 return
             ticket.wake = threading.Event()
+        if queued is not None:
+            queued()
         while True:
             with self.lock:
                 if ticket.state is TicketState.ACTIVE:
@@ -442,12 +451,15 @@ class GateRuntime:
             if self.gate.withdraw(ticket, error):
                 self._wake([ticket])
 
-    def configure(self, config: GateConfig) -> None:
+    def configure(self, config: GateConfig) -> int:
+        """Apply new settings (ALTER); the tickets holding a slot once they apply."""
         with self.lock:
             if config == self.gate.config:
-                return
+                return self.gate.active
             admitted = self.gate.configure(config, self.now())
+            active = self.gate.active
         self._wake(admitted)
+        return active
 
     def fail_queued(self, error: Error) -> None:
         """Fail every waiting ticket (the engine is closing)."""

@@ -49,6 +49,7 @@ class GroupRuntimes:
         cpus: float,
         enabled: bool,
         snapshot: Callable[[], Snapshot],
+        quotas: bool = False,
     ) -> None:
         self._now = now
         self._dispatcher = dispatcher
@@ -56,6 +57,7 @@ class GroupRuntimes:
         self._cpus = cpus
         self._enabled = enabled
         self._snapshot = snapshot  # the catalog's current snapshot
+        self._quotas = quotas  # fleet quota mode: a new group's gate starts at quota 0
         self._runtimes: dict[int, GroupRuntime] = {}
         self._special: set[int] = set()  # groups with a CPU limit or the fair policy
         self._dropped: set[int] = set()  # dropped groups whose queries still run
@@ -66,7 +68,7 @@ class GroupRuntimes:
     # ---- applying the catalog ----------------------------------------------------
 
     def _new(self, group: GroupDef) -> GroupRuntime:
-        runtime = GroupRuntime(group, self._now, self._dispatcher)
+        runtime = GroupRuntime(group, self._now, self._dispatcher, 0 if self._quotas else None)
         self._configure(runtime, group)
         return runtime
 
@@ -156,6 +158,20 @@ class GroupRuntimes:
 
     # ---- observation ----------------------------------------------------------------
 
+    def demand(self, snapshot: Snapshot) -> dict[str, tuple[int, int, int]]:
+        """Fleet quota mode: (limit, running, queued) of every group of ``snapshot``
+        with a max_active_queries, by name (read without the gates' lock: the
+        quota keeper looks again at its next tick)."""
+        out = {}
+        for group in snapshot.groups:
+            limit = group.max_active_queries
+            if limit is None:
+                continue
+            runtime = self._runtimes.get(group.id)
+            gate = runtime.gate.gate if runtime is not None else None
+            out[group.name] = (limit, gate.active, gate.queued) if gate else (limit, 0, 0)
+        return out
+
     def get(self, group_id: int) -> GroupRuntime | None:
         return self._runtimes.get(group_id)
 
@@ -168,9 +184,11 @@ class GroupRuntimes:
         snapshot: Snapshot,
         process_memory_limit: int,
         fleet_counts: Mapping[str, int] | None = None,
+        fleet_quotas: Mapping[str, int] | None = None,
     ) -> list[GroupStatistics]:
         """One frozen statistics record per group of ``snapshot``, creation order;
-        ``fleet_counts`` (fleet mode) gives the leases held fleet-wide per group."""
+        ``fleet_counts`` (fleet mode) gives the leases (quota mode: the quotas)
+        held fleet-wide per group, ``fleet_quotas`` (quota mode) this instance's."""
         total_weight = sum(g.cpu_weight for g in snapshot.groups)
         with self._lock:
             runtimes = dict(self._runtimes)
@@ -190,6 +208,11 @@ class GroupRuntimes:
                 fleet_active=None if fleet_counts is None else fleet_counts.get(g.name, 0),
                 cpu=cpu.get(g.id, NO_CPU_READING),
                 base_group=None if g.base_id is None else snapshot.group_name(g.base_id),
+                fleet_quota=(
+                    None
+                    if fleet_quotas is None or g.max_active_queries is None
+                    else fleet_quotas.get(g.name, 0)
+                ),
             )
             for g in snapshot.groups
         ]

@@ -20,10 +20,15 @@ if TYPE_CHECKING:
     from resgroups.sched.pool import Dispatcher
 
 
-def gate_config(group: GroupDef) -> GateConfig:
+def gate_config(group: GroupDef, quota: int | None = None) -> GateConfig:
+    """The gate's settings: the group's, with ``max_active_queries`` lowered to the
+    instance's fleet quota in quota mode (``quota``; None: not in quota mode)."""
+    limit = group.max_active_queries
+    if limit is not None and quota is not None:
+        limit = min(limit, quota)
     return GateConfig(
         name=group.name,
-        max_active=group.max_active_queries,
+        max_active=limit,
         max_queued=group.max_queued_queries,
         queue_timeout_ms=group.queue_timeout_ms,
         policy=group.scheduling_policy,
@@ -31,11 +36,18 @@ def gate_config(group: GroupDef) -> GateConfig:
 
 
 class GroupRuntime:
-    def __init__(self, group: GroupDef, now: Callable[[], float], dispatcher: Dispatcher) -> None:
+    def __init__(
+        self,
+        group: GroupDef,
+        now: Callable[[], float],
+        dispatcher: Dispatcher,
+        quota: int | None = None,
+    ) -> None:
         self.group_id = group.id
         self.definition = group
         self.dropped = False
-        self.gate = GateRuntime(gate_config(group), now, dispatcher.lock)  # one lock: pool.py
+        self.quota = quota  # fleet quota mode: the slots this instance may use; else None
+        self.gate = GateRuntime(gate_config(group, quota), now, dispatcher.lock)  # one lock
         self.suspended = 0  # cursors between pages (guarded by the gate's lock)
         self.fleet_waiting = 0  # holding a local slot, waiting for a fleet lease (gate's lock)
         self._dispatcher = dispatcher
@@ -45,12 +57,19 @@ class GroupRuntime:
     def configure(self, group: GroupDef, cpus: float) -> None:
         """Apply an ALTER or a RENAME online."""
         self.definition = group
-        self.gate.configure(gate_config(group))
+        self.gate.configure(gate_config(group, self.quota))
         centi = group.cpu_limit_centi_pct
         limit_cores = None if centi is None else centi / 10000 * cpus
         self._dispatcher.configure(
             group.id, group.name, group.cpu_weight, limit_cores, group.scheduling_policy
         )
+
+    def set_quota(self, quota: int) -> int:
+        """Fleet quota mode: admit at most ``quota`` at once from now on (queries
+        running above it finish; nothing new is admitted meanwhile). The queries
+        running once it applies."""
+        self.quota = quota
+        return self.gate.configure(gate_config(self.definition, quota))
 
     def fleet_wait(self, delta: int) -> None:
         with self.gate.lock:

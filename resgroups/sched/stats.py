@@ -69,6 +69,7 @@ class GroupStatistics:
     cpu_refill_cores: float | None  # fractional CPU limit: the refill rate, in cores
     cpu_burst_millis: float | None  # fractional CPU limit: the most the budget holds
     base_group: str | None  # a variant (tenants::acme): its base group (tenants); else NULL
+    fleet_quota: int | None  # fleet quota mode, a limited group: this instance's share; else NULL
 
     def row(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in COLUMN_NAMES)
@@ -97,6 +98,7 @@ def group_statistics(
     fleet_active: int | None = None,
     cpu: CpuShareReading = NO_CPU_READING,
     base_group: str | None = None,
+    fleet_quota: int | None = None,
 ) -> GroupStatistics:
     """Combine a group's definition with its counters into the row of §9."""
     limit_centi = group.cpu_limit_centi_pct
@@ -133,4 +135,5 @@ def group_statistics(
         cpu_refill_cores=cpu.refill_cores,
         cpu_burst_millis=cpu.burst_ms,
         base_group=base_group,
+        fleet_quota=fleet_quota,
     )

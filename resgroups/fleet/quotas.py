@@ -1,0 +1,224 @@
+"""Fleet quotas (``fleet_admission="quota"``): a share of each limit per process.
+
+Goal
+    A fleet admits at the speed of the local gate while ``max_active_queries``
+    holds exactly across it. Each instance holds, per limited group, a quota
+    of slots in PostgreSQL (``resgroups_fleet_quotas``), and its local gate
+    admits within it: no I/O on the query path. The sum of a group's quotas
+    never exceeds its limit: ``resgroups_fleet_quota_set`` grants more only
+    as far as the others' quotas leave room, under the group's advisory lock.
+
+The keeper (one thread per instance) keeps each quota near what the
+instance needs, on every poke (a query queued here, a NOTIFY from another
+instance) and at least every ``_TICK_S``:
+
+    wanted  = min(limit, running + queued here)
+    target  = the highest ``wanted`` of the last ``hold`` seconds, or just
+              ``wanted`` once another instance said it wants slots; when the
+              fleet wants more than the limit, at most this instance's fair
+              share (the limit split in proportion to what each wants)
+    more    : ask PostgreSQL for ``target``; the gate's limit rises to what
+              was granted (a NOTIFY 'want:g' tells the others when it is short)
+    less    : the local gate's limit drops to ``target`` first (running
+              queries above it finish, nothing new is admitted), then the
+              quota drops to max(target, running) in PostgreSQL: a slot is
+              counted free elsewhere only once no query here can use it
+
+Liveness and fencing
+    The keeper renews its quota rows every ``heartbeat``; the sweep owner
+    deletes the rows of an instance whose heartbeat lapsed past ``expiry``.
+    ``valid_until`` is the start of the last successful renewal plus 0.9
+    ``expiry``: past it, the quota may have been reclaimed, so queries of
+    quota groups are not admitted and running ones fail at their next
+    checkpoint with CoordinationUnavailable (a process stopped for longer
+    than the expiry can never run past the fleet limit once it resumes). A
+    renewal that finds a row gone or lower drops the gate to it and fails the
+    running queries of that group at once.
+
+Fail closed
+    While PostgreSQL is unreachable the instance keeps admitting within the
+    quota it holds (still exactly its share, until ``valid_until``); asks for
+    more wait in the gate's queue, within the queue and query timeouts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from resgroups.fleet.store import LeaseStore, StoreUnavailable
+
+log = logging.getLogger("resgroups.fleet")
+
+_TICK_S = 0.1
+_MARGIN = 0.9  # valid_until = renewal start + _MARGIN * expiry
+
+# (limit, running, queued) of every group with a max_active_queries, by name
+Demand = Callable[[], dict[str, tuple[int, int, int]]]
+
+
+class QuotaKeeper:
+    def __init__(
+        self,
+        store: LeaseStore,
+        *,
+        heartbeat: float,
+        expiry: float,
+        hold: float,
+        demand: Demand,
+        limit_to: Callable[[str, int], int],
+        lost: Callable[[set[str]], None],
+    ) -> None:
+        self.store = store
+        self.heartbeat, self.expiry, self.hold = heartbeat, expiry, hold
+        self._demand = demand
+        self._limit_to = limit_to  # set a group's local limit; its running queries after
+        self._lost = lost  # fail the running queries of these groups
+        self.quotas: dict[str, int] = {}  # what PostgreSQL holds for this instance
+        self.valid_until = time.monotonic() + _MARGIN * expiry
+        self.errors = 0
+        self._peaks: dict[str, tuple[int, float]] = {}  # group -> (peak wanted, since)
+        self._fair: dict[str, int] = {}  # group -> fair share while contended
+        self._wanted_elsewhere: dict[str, float] = {}  # group -> when another said 'want'
+        self._wake = threading.Event()
+        self._fresh = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="resgroups-fleet-quota", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # ---- from other threads -------------------------------------------------------
+
+    def poke(self) -> None:
+        """Look again now (a query queued here, a NOTIFY)."""
+        self._wake.set()
+
+    def heard(self, payload: str) -> None:
+        """A NOTIFY on the fleet channel: 'want:<group>' from an instance that got
+        less than it asked for, 'quota:<group>' when slots were given back."""
+        if payload.startswith("want:"):
+            self._wanted_elsewhere[payload[5:]] = time.monotonic()
+        self._wake.set()
+
+    def stale(self) -> bool:
+        """Past ``valid_until``: the quota may have been reclaimed meanwhile."""
+        return time.monotonic() >= self.valid_until
+
+    def wait_fresh(self, deadline: float) -> bool:
+        """Until a renewal makes the quota valid again (True) or the monotonic
+        ``deadline`` passes (False)."""
+        with self._fresh:
+            while self.stale():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.set()
+                self._fresh.wait(min(left, _TICK_S))
+        return True
+
+    def quota(self, group: str) -> int:
+        return self.quotas.get(group, 0)
+
+    # ---- the keeper's thread ------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_renew = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() >= next_renew:
+                    self._renew()
+                    next_renew = time.monotonic() + self.heartbeat
+                self._tick()
+            except StoreUnavailable as exc:
+                self.errors += 1
+                log.debug("fleet quotas: %s", exc)
+            except Exception:  # a bug must not stop the keeper: log it, go on
+                self.errors += 1
+                log.exception("fleet quotas: the keeper failed; it goes on")
+            self._wake.wait(_TICK_S)
+            self._wake.clear()
+
+    def _renew(self) -> None:
+        started = time.monotonic()
+        held = self.store.renew_quotas()
+        lost = {g for g, q in self.quotas.items() if held.get(g, 0) < q}
+        if lost:
+            log.error(
+                "fleet: the quota of %s in %s was reclaimed while its heartbeat lapsed; "
+                "its running queries there fail at their next checkpoint",
+                self.store.instance_id,
+                ", ".join(sorted(lost)),
+            )
+            for group in lost:
+                self.quotas[group] = held.get(group, 0)
+                self._limit_to(group, self.quotas[group])
+            self._lost(lost)
+        with self._fresh:
+            self.valid_until = started + _MARGIN * self.expiry
+            self._fresh.notify_all()
+
+    def _tick(self) -> None:
+        if self.stale():
+            return  # nothing is granted or given back on a quota that may be gone
+        now = time.monotonic()
+        demand = self._demand()
+        for group in [g for g in self.quotas if g not in demand]:  # dropped, or no limit now
+            self._set(group, 0, 0, 0)
+            self._peaks.pop(group, None)
+            self._fair.pop(group, None)
+        for group, (limit, running, queued) in demand.items():
+            mine = self.quotas.get(group, 0)
+            wanted = min(limit, running + queued)
+            target = self._target(group, wanted, limit, now)
+            if target > mine and wanted > mine:
+                granted = self._set(group, target, wanted, limit)
+                if granted != mine:
+                    self._limit_to(group, granted)
+            elif target < mine:
+                running = self._limit_to(group, target)  # stop using them first
+                keep = max(target, running)
+                if keep < mine:
+                    granted = self._set(group, keep, wanted, limit)
+                    if granted < target:  # a lowered limit left less than that
+                        self._limit_to(group, granted)
+            elif group in self._wanted_elsewhere and group not in self._fair:
+                granted = self._set(group, mine, wanted, limit)  # say what is wanted here
+                if granted < mine:
+                    self._limit_to(group, granted)
+
+    def _target(self, group: str, wanted: int, limit: int, now: float) -> int:
+        peak, since = self._peaks.get(group, (0, now))
+        if wanted >= peak or now - since > self.hold:
+            peak, since = wanted, now
+        self._peaks[group] = (peak, since)
+        heard = self._wanted_elsewhere.get(group)
+        if heard is not None and now - heard > max(self.hold, 1.0):
+            del self._wanted_elsewhere[group]
+            self._fair.pop(group, None)
+            heard = None
+        target = wanted if heard is not None else peak  # another waits: no hold
+        fair = self._fair.get(group)
+        if fair is not None:
+            target = min(target, fair)
+        return min(target, limit)
+
+    def _set(self, group: str, target: int, wanted: int, limit: int) -> int:
+        """Ask PostgreSQL for ``target``; the quota granted (the caller sets the gate)."""
+        granted, fair, contended = self.store.set_quota(group, target, wanted, limit)
+        if contended:
+            self._fair[group] = fair
+        else:
+            self._fair.pop(group, None)
+        if granted or wanted:
+            self.quotas[group] = granted
+        else:
+            self.quotas.pop(group, None)
+        return granted
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(5)

@@ -518,7 +518,7 @@ class Engine:
         """One frozen statistics record per group, DEFAULT first, creation order."""
         fleet = self.fleet
         counts = None if fleet is None else fleet.counts
-        quotas = None if fleet is None or fleet.quotas is None else fleet.quotas.quotas
+        quotas = None if fleet is None or fleet.quotas is None else fleet.quotas.usable
         return self.runtimes.statistics(self.snapshot, self.process_memory_limit, counts, quotas)
 
     def resource_groups(self) -> list[dict[str, Any]]:

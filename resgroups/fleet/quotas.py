@@ -24,6 +24,12 @@ instance) and at least every ``_TICK_S``:
               quota drops to max(target, running) in PostgreSQL: a slot is
               counted free elsewhere only once no query here can use it
 
+A lowered limit (ALTER) can leave the fleet's quotas above it: a quota is
+never taken below what its instance runs. Then an instance admits only on
+the part of its quota that the others' quotas leave below the limit
+(``usable``), which grows as they give back: the fleet admits nothing new
+until it runs below the lowered limit.
+
 Liveness and fencing
     The keeper renews its quota rows every ``heartbeat``; the sweep owner
     deletes the rows of an instance whose heartbeat lapsed past ``expiry``.
@@ -55,8 +61,9 @@ log = logging.getLogger("resgroups.fleet")
 _TICK_S = 0.1
 _MARGIN = 0.9  # valid_until = renewal start + _MARGIN * expiry
 
-# (limit, running, queued) of every group with a max_active_queries, by name
-Demand = Callable[[], dict[str, tuple[int, int, int]]]
+# (limit, running, queued, the gate's quota now) of every group with a
+# max_active_queries, by name
+Demand = Callable[[], dict[str, tuple[int, int, int, int | None]]]
 
 
 class QuotaKeeper:
@@ -77,11 +84,14 @@ class QuotaKeeper:
         self._limit_to = limit_to  # set a group's local limit; its running queries after
         self._lost = lost  # fail the running queries of these groups
         self.quotas: dict[str, int] = {}  # what PostgreSQL holds for this instance
+        self.usable: dict[str, int] = {}  # the part of it the gate may admit on
         self.valid_until = time.monotonic() + _MARGIN * expiry
         self.errors = 0
         self._peaks: dict[str, tuple[int, float]] = {}  # group -> (peak wanted, since)
         self._fair: dict[str, int] = {}  # group -> fair share while contended
         self._wanted_elsewhere: dict[str, float] = {}  # group -> when another said 'want'
+        self._limits: dict[str, int] = {}  # group -> the limit of the last tick
+        self._applied: dict[str, int] = {}  # group -> the quota last given its gate
         self._wake = threading.Event()
         self._fresh = threading.Condition()
         self._stop = threading.Event()
@@ -120,7 +130,8 @@ class QuotaKeeper:
         return True
 
     def quota(self, group: str) -> int:
-        return self.quotas.get(group, 0)
+        """The slots of ``group`` this instance may admit on now."""
+        return self.usable.get(group, 0)
 
     # ---- the keeper's thread ------------------------------------------------------------
 
@@ -154,7 +165,8 @@ class QuotaKeeper:
             )
             for group in lost:
                 self.quotas[group] = held.get(group, 0)
-                self._limit_to(group, self.quotas[group])
+                self.usable[group] = min(self.usable.get(group, 0), self.quotas[group])
+                self._apply(group, self.usable[group])
             self._lost(lost)
         with self._fresh:
             self.valid_until = started + _MARGIN * self.expiry
@@ -167,27 +179,46 @@ class QuotaKeeper:
         demand = self._demand()
         for group in [g for g in self.quotas if g not in demand]:  # dropped, or no limit now
             self._set(group, 0, 0, 0)
-            self._peaks.pop(group, None)
-            self._fair.pop(group, None)
-        for group, (limit, running, queued) in demand.items():
-            mine = self.quotas.get(group, 0)
-            wanted = min(limit, running + queued)
-            target = self._target(group, wanted, limit, now)
-            if target > mine and wanted > mine:
-                granted = self._set(group, target, wanted, limit)
-                if granted != mine:
-                    self._limit_to(group, granted)
-            elif target < mine:
-                running = self._limit_to(group, target)  # stop using them first
-                keep = max(target, running)
-                if keep < mine:
-                    granted = self._set(group, keep, wanted, limit)
-                    if granted < target:  # a lowered limit left less than that
-                        self._limit_to(group, granted)
-            elif group in self._wanted_elsewhere and group not in self._fair:
-                granted = self._set(group, mine, wanted, limit)  # say what is wanted here
-                if granted < mine:
-                    self._limit_to(group, granted)
+            for table in (self._peaks, self._fair, self._limits, self._applied):
+                table.pop(group, None)
+        for group, (limit, running, queued, local) in demand.items():
+            # an ALTER, or a gate that froze at a lowered limit: check the quota again
+            changed = self._limits.get(group, limit) != limit or (
+                local is not None and local != self._applied.get(group, local)
+            )
+            self._tick_group(group, limit, running, queued, now, changed)
+            self._limits[group] = limit
+
+    def _tick_group(
+        self, group: str, limit: int, running: int, queued: int, now: float, changed: bool
+    ) -> None:
+        """One group's quota toward what it needs now (the module's rules)."""
+        mine = self.quotas.get(group, 0)
+        usable = self.usable.get(group, 0)
+        wanted = min(limit, running + queued)
+        target = self._target(group, wanted, limit, now)
+        if usable < mine:  # over a lowered limit: what cannot be used goes back
+            target = min(target, usable)
+        if changed:
+            usable = self._set(group, mine, wanted, limit)
+            self._apply(group, min(target, usable))
+        elif wanted > usable and target > usable:  # more: ask
+            usable = self._set(group, max(target, mine), wanted, limit)
+            self._apply(group, min(target, usable))
+        elif target < mine:  # less: stop using them here first, then give back
+            running = self._apply(group, min(target, usable))
+            keep = max(target, running)
+            if keep < mine:
+                usable = self._set(group, keep, wanted, limit)
+                self._apply(group, min(target, usable))
+        elif group in self._wanted_elsewhere and group not in self._fair:
+            usable = self._set(group, mine, wanted, limit)  # say what is wanted here
+            self._apply(group, min(target, usable))
+
+    def _apply(self, group: str, quota: int) -> int:
+        """Set the group's gate to admit on ``quota``; the queries running after."""
+        self._applied[group] = quota
+        return self._limit_to(group, quota)
 
     def _target(self, group: str, wanted: int, limit: int, now: float) -> int:
         peak, since = self._peaks.get(group, (0, now))
@@ -206,17 +237,19 @@ class QuotaKeeper:
         return min(target, limit)
 
     def _set(self, group: str, target: int, wanted: int, limit: int) -> int:
-        """Ask PostgreSQL for ``target``; the quota granted (the caller sets the gate)."""
-        granted, fair, contended = self.store.set_quota(group, target, wanted, limit)
+        """Ask PostgreSQL for ``target``; the part of the quota granted that may be
+        admitted on (the caller sets the gate)."""
+        granted, usable, fair, contended = self.store.set_quota(group, target, wanted, limit)
         if contended:
             self._fair[group] = fair
         else:
             self._fair.pop(group, None)
         if granted or wanted:
-            self.quotas[group] = granted
+            self.quotas[group], self.usable[group] = granted, usable
         else:
             self.quotas.pop(group, None)
-        return granted
+            self.usable.pop(group, None)
+        return usable
 
     def close(self) -> None:
         self._stop.set()

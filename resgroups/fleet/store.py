@@ -68,18 +68,21 @@ class LeaseStore:
         )
         return bool(rows[0][0])
 
-    def set_quota(self, group: str, target: int, wanted: int, limit: int) -> tuple[int, int, bool]:
+    def set_quota(
+        self, group: str, target: int, wanted: int, limit: int
+    ) -> tuple[int, int, int, bool]:
         """Quota mode, one round trip: ask for ``target`` slots of ``group`` (giving
         back is always granted), saying ``wanted`` are wanted now; (the quota now
-        held, this instance's fair share, whether the fleet wants more than
-        ``limit``)."""
+        held, the part of it this instance may admit on, its fair share, whether
+        the fleet wants more than ``limit``)."""
         rows = self._run(
             "set a quota",
-            "SELECT granted, fair, contended FROM resgroups_fleet_quota_set(%s, %s, %s, %s, %s)",
+            "SELECT granted, usable, fair, contended"
+            " FROM resgroups_fleet_quota_set(%s, %s, %s, %s, %s)",
             (group, self.instance_id, target, wanted, limit),
         )
-        granted, fair, contended = rows[0]
-        return int(granted), int(fair), bool(contended)
+        granted, usable, fair, contended = rows[0]
+        return int(granted), int(usable), int(fair), bool(contended)
 
     def renew_quotas(self) -> dict[str, int]:
         """Quota mode's heartbeat: this instance's quota rows renewed now; the

@@ -55,7 +55,13 @@ class GroupRuntime:
             self.cpu: GroupCpu = dispatcher.core.group(group.id, group.name)
 
     def configure(self, group: GroupDef, cpus: float) -> None:
-        """Apply an ALTER or a RENAME online."""
+        """Apply an ALTER or a RENAME online. In fleet quota mode a lowered limit
+        admits nothing new until the quota keeper has checked this instance's
+        quota against it (``set_quota``)."""
+        old = self.definition.max_active_queries
+        new = group.max_active_queries
+        if self.quota is not None and new is not None and (old is None or new < old):
+            self.quota = 0
         self.definition = group
         self.gate.configure(gate_config(group, self.quota))
         centi = group.cpu_limit_centi_pct

@@ -19,14 +19,17 @@ CREATE INDEX IF NOT EXISTS resgroups_fleet_quotas_by_instance
 
 -- Ask for p_target slots of p_group (at most p_max fleet-wide), saying that
 -- p_wanted are wanted now. Giving back is always granted (the caller stopped
--- using those slots first); taking more is granted as far as the others'
--- quotas leave room. Returns (the quota now held, this instance's fair share
--- of the limit, whether the instances together want more than the limit).
--- NOTIFY 'quota:<group>' when slots were given back, 'want:<group>' when the
--- caller got less than it asked for.
+-- using those slots first, and never gives back one a running query holds);
+-- taking more is granted as far as the others' quotas leave room. Returns
+-- (the quota now held; how much of it the caller may admit on: all of it,
+-- unless a lowered limit left the fleet's quotas above it, when only what the
+-- others leave below the limit; this instance's fair share of the limit;
+-- whether the instances together want more than the limit). NOTIFY
+-- 'quota:<group>' when slots were given back, 'want:<group>' when the caller
+-- got less than it asked for.
 CREATE OR REPLACE FUNCTION resgroups_fleet_quota_set(
     p_group text, p_instance text, p_target bigint, p_wanted bigint, p_max bigint,
-    OUT granted bigint, OUT fair bigint, OUT contended boolean
+    OUT granted bigint, OUT usable bigint, OUT fair bigint, OUT contended boolean
 )
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -46,8 +49,8 @@ BEGIN
     ELSE
         granted := greatest(mine, least(p_target, p_max - others));
     END IF;
-    -- a limit lowered below what the fleet holds: never more than it leaves
-    granted := greatest(0, least(granted, p_max - others));
+    -- a limit lowered below what the fleet holds: admit on no more than it leaves
+    usable := greatest(0, least(granted, p_max - others));
     IF granted = 0 AND p_wanted = 0 THEN
         DELETE FROM resgroups_fleet_quotas
          WHERE group_name = p_group AND instance_id = p_instance;
@@ -66,7 +69,7 @@ BEGIN
     IF granted < mine THEN
         PERFORM pg_notify('resgroups_fleet', 'quota:' || p_group);
     END IF;
-    IF granted < p_target THEN
+    IF usable < p_target THEN
         PERFORM pg_notify('resgroups_fleet', 'want:' || p_group);
     END IF;
 END

@@ -13,6 +13,11 @@ concurrent admitters in one process (SPEC §11):
     (``INSERT ... ON CONFLICT DO UPDATE ... WHERE leased < max``); each
     release its own UPDATE.
 
+Then whole engines, lease mode against quota mode (``fleet_admission``): in
+one process, N threads each run managed queries (``with session.query()``)
+in a group with a max_active_queries for ``--seconds``; quota mode admits on
+the gate within its share of the limit, with no round trip per query.
+
 Each admitter acquires and releases in a loop for ``--seconds``; the limit is
 high enough that nothing waits, so the figures are the cost of the path.
 ``--held`` leases (default 1,000: running queries elsewhere in the fleet)
@@ -41,6 +46,7 @@ from typing import Any
 import psycopg
 from _pg import add_dsn_argument, scratch_database
 
+import resgroups
 from resgroups.fleet.releases import BatchedReleases
 from resgroups.fleet.store import LeaseStore
 from resgroups.pgschema import migrate
@@ -148,6 +154,44 @@ def upsert_design(dsn: str) -> Callable[[], tuple[Admit, Release]]:
     return make
 
 
+def engine_rate(dsn: str, mode: str, admitters: int, seconds: float) -> float:
+    """Managed queries per second of one engine in ``mode`` ('lease' or 'quota')
+    with ``admitters`` threads, in a group whose limit nothing reaches."""
+    with resgroups.Engine(
+        coordination=dsn, fleet_admission=mode, workers=admitters, coordination_pool=admitters
+    ) as engine:
+        engine.connect().execute(
+            "CREATE RESOURCE GROUP served WITH (max_active_queries = 1000, queue_timeout = '60s')"
+        )
+        counts = [0] * admitters
+        barrier = threading.Barrier(admitters + 1)
+        stop = threading.Event()
+
+        def admitter(k: int) -> None:
+            session = engine.connect()
+            session.execute("SET RESOURCE GROUP served")
+            with session.query():  # the first takes the quota (or a lease): untimed
+                pass
+            barrier.wait()
+            n = 0
+            while not stop.is_set():
+                with session.query():
+                    pass
+                n += 1
+            counts[k] = n
+
+        threads = [threading.Thread(target=admitter, args=(k,)) for k in range(admitters)]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        stop.wait(seconds)
+        stop.set()
+        for t in threads:
+            t.join()
+        return sum(counts) / (time.perf_counter() - t0)
+
+
 def summary(latencies: list[float], seconds: float) -> tuple[float, float, float]:
     ordered = sorted(latencies)
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
@@ -180,6 +224,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0)
     add_dsn_argument(parser)
     parser.add_argument("--held", type=int, default=1000)
+    parser.add_argument("--engines-only", action="store_true", help="only lease vs quota")
     args = parser.parse_args()
     with scratch_database(args.dsn) as base:
         for commit in ("on", "off"):
@@ -188,7 +233,7 @@ def main() -> None:
             print(f"\nsynchronous_commit = {commit}, {args.held} leases held elsewhere")
             print(f"{'design':<8}{'admitters':>10}{'admissions/s':>14}{'median':>10}{'p99':>10}")
             per_second: dict[tuple[str, int], float] = {}
-            for n in ADMITTERS:
+            for n in () if args.engines_only else ADMITTERS:
                 prepare(dsn, args.held)
                 make, (store, releases) = lease_design(dsn, n)
                 for name, maker in (
@@ -205,9 +250,15 @@ def main() -> None:
                         extra = f"   releases per DELETE: {per_delete:.1f}"
                     print(f"{name:<8}{n:>10}{rate:>14.0f}{median:>8.2f}ms{p99:>8.2f}ms{extra}")
                 store.close()
-            for n in ADMITTERS:
+            for n in () if args.engines_only else ADMITTERS:
                 ratio = per_second[("lease", n)] / per_second[("naive", n)]
                 print(f"lease / naive at {n} admitters: {ratio:.2f}x")
+            print("\nwhole engines, managed queries per second in one process")
+            print(f"{'admitters':>10}{'lease':>12}{'quota':>12}{'quota/lease':>14}")
+            for n in ADMITTERS:
+                lease = engine_rate(dsn, "lease", n, args.seconds)
+                quota = engine_rate(dsn, "quota", n, args.seconds)
+                print(f"{n:>10}{lease:>12.0f}{quota:>12.0f}{quota / lease:>13.1f}x")
 
 
 if __name__ == "__main__":

@@ -443,6 +443,7 @@ class Engine:
             )
         if self.fleet is not None:  # lease rows of this instance that no live query holds
             live = {held.lease_id for held in list(self._queries.values()) if held.lease_id}
+            live |= self.fleet.releases.pending()  # given back, their DELETE not sent yet
             for lease in self.fleet.reconcile(live):
                 reclaimed += 1
                 log.warning(

@@ -13,7 +13,8 @@ instance needs, on every poke (a query queued here, a NOTIFY from another
 instance) and at least every ``_TICK_S``:
 
     wanted  = min(limit, running + queued here)
-    target  = the highest ``wanted`` of the last ``hold`` seconds, or just
+    target  = the highest ``wanted`` of the last ``hold`` seconds (or up to
+              twice that: two windows are kept), or just
               ``wanted`` once another instance said it wants slots; when the
               fleet wants more than the limit, at most this instance's fair
               share (the limit split in proportion to what each wants)
@@ -61,9 +62,9 @@ log = logging.getLogger("resgroups.fleet")
 _TICK_S = 0.1
 _MARGIN = 0.9  # valid_until = renewal start + _MARGIN * expiry
 
-# (limit, running, queued, the gate's quota now) of every group with a
-# max_active_queries, by name
-Demand = Callable[[], dict[str, tuple[int, int, int, int | None]]]
+# (limit, running, queued, the most running + queued at once since the last
+# call, the gate's quota now) of every group with a max_active_queries, by name
+Demand = Callable[[], dict[str, tuple[int, int, int, int, int | None]]]
 
 
 class QuotaKeeper:
@@ -87,7 +88,8 @@ class QuotaKeeper:
         self.usable: dict[str, int] = {}  # the part of it the gate may admit on
         self.valid_until = time.monotonic() + _MARGIN * expiry
         self.errors = 0
-        self._peaks: dict[str, tuple[int, float]] = {}  # group -> (peak wanted, since)
+        # group -> (most wanted in this hold window, in the one before, window start)
+        self._peaks: dict[str, tuple[int, int, float]] = {}
         self._fair: dict[str, int] = {}  # group -> fair share while contended
         self._wanted_elsewhere: dict[str, float] = {}  # group -> when another said 'want'
         self._limits: dict[str, int] = {}  # group -> the limit of the last tick
@@ -181,22 +183,29 @@ class QuotaKeeper:
             self._set(group, 0, 0, 0)
             for table in (self._peaks, self._fair, self._limits, self._applied):
                 table.pop(group, None)
-        for group, (limit, running, queued, local) in demand.items():
+        for group, (limit, running, queued, peak, local) in demand.items():
             # an ALTER, or a gate that froze at a lowered limit: check the quota again
             changed = self._limits.get(group, limit) != limit or (
                 local is not None and local != self._applied.get(group, local)
             )
-            self._tick_group(group, limit, running, queued, now, changed)
+            self._tick_group(group, limit, running, queued, peak, now, changed)
             self._limits[group] = limit
 
     def _tick_group(
-        self, group: str, limit: int, running: int, queued: int, now: float, changed: bool
+        self,
+        group: str,
+        limit: int,
+        running: int,
+        queued: int,
+        peak: int,
+        now: float,
+        changed: bool,
     ) -> None:
         """One group's quota toward what it needs now (the module's rules)."""
         mine = self.quotas.get(group, 0)
         usable = self.usable.get(group, 0)
         wanted = min(limit, running + queued)
-        target = self._target(group, wanted, limit, now)
+        target = self._target(group, wanted, min(limit, peak), limit, now)
         if usable < mine:  # over a lowered limit: what cannot be used goes back
             target = min(target, usable)
         if changed:
@@ -220,11 +229,14 @@ class QuotaKeeper:
         self._applied[group] = quota
         return self._limit_to(group, quota)
 
-    def _target(self, group: str, wanted: int, limit: int, now: float) -> int:
-        peak, since = self._peaks.get(group, (0, now))
-        if wanted >= peak or now - since > self.hold:
-            peak, since = wanted, now
-        self._peaks[group] = (peak, since)
+    def _target(self, group: str, wanted: int, recent: int, limit: int, now: float) -> int:
+        """What to hold: ``recent`` is the most wanted at once since the last tick."""
+        current, previous, start = self._peaks.get(group, (0, 0, now))
+        if now - start > self.hold:  # a new window: the recent peak spans two
+            current, previous, start = recent, current, now
+        current = max(current, wanted, recent)
+        self._peaks[group] = (current, previous, start)
+        peak = max(current, previous)
         heard = self._wanted_elsewhere.get(group)
         if heard is not None and now - heard > max(self.hold, 1.0):
             del self._wanted_elsewhere[group]

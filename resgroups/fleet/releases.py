@@ -26,6 +26,7 @@ class BatchedReleases:
         self._store = store
         self._inline_after = inline_after
         self._queue: deque[str] = deque()
+        self._sending: list[str] = []  # the batch being deleted now
         self._cond = threading.Condition()
         self._closed = False
         self.batches = 0  # DELETE statements sent
@@ -39,6 +40,12 @@ class BatchedReleases:
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    def pending(self) -> set[str]:
+        """Leases given back but not deleted yet: queued, or in the batch being sent
+        (the reconcile loop must not take them for zombies)."""
+        with self._cond:
+            return {*self._queue, *self._sending}
 
     def release(self, query_id: str) -> None:
         if len(self._queue) >= self._inline_after:
@@ -57,7 +64,8 @@ class BatchedReleases:
                 self._cond.wait()
             if not self._queue:
                 return None
-            return [self._queue.popleft() for _ in range(min(MAX_BATCH, len(self._queue)))]
+            self._sending = [self._queue.popleft() for _ in range(min(MAX_BATCH, len(self._queue)))]
+            return self._sending
 
     def _run(self) -> None:
         backoff = 0.05
@@ -68,6 +76,7 @@ class BatchedReleases:
                 self.failures += 1
                 with self._cond:
                     self._queue.extendleft(reversed(batch))  # first in line again
+                    self._sending = []
                     if self.failures == 1 or self.failures % 50 == 0:
                         log.warning("fleet: release batch failed, retrying: %s", exc)
                     if self._closed:
@@ -75,6 +84,8 @@ class BatchedReleases:
                     self._cond.wait(backoff)
                 backoff = min(MAX_BACKOFF, backoff * 2)
             else:
+                with self._cond:
+                    self._sending = []
                 self.batches += 1
                 self.released += len(batch)
                 backoff = 0.05

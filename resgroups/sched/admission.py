@@ -152,6 +152,7 @@ class Gate:
         self._held: dict[str, int] = {}  # user -> active tickets
         self._last_admitted: dict[str, float] = {}  # user -> time of last admission
         self.waiting = 0  # len(self._queue), read on the fast path without a call
+        self.demand_peak = 0  # the most active + queued at once since the quota keeper looked
         self._grandfathered = 0
         self._queue_grandfathered = 0  # |Q| when max_queued was last lowered
         self.admitted_total = 0
@@ -233,6 +234,9 @@ class Gate:
         ticket.enqueued_at = now
         ticket.queue_deadline = now + self.config.queue_timeout_ms / 1000
         self._enqueue(ticket)
+        demand = len(self._active) + self.waiting
+        if demand > self.demand_peak:
+            self.demand_peak = demand
         return False
 
     def release(self, ticket: Ticket, now: float) -> list[Ticket]:
@@ -303,6 +307,9 @@ class Gate:
     def _admit(self, ticket: Ticket, now: float) -> None:
         ticket.state = TicketState.ACTIVE
         self._active.add(ticket)
+        demand = len(self._active) + self.waiting
+        if demand > self.demand_peak:
+            self.demand_peak = demand
         user = ticket.user
         self._held[user] = self._held.get(user, 0) + 1
         self._last_admitted[user] = now

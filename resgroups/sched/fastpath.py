@@ -63,7 +63,10 @@ def admit(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner) ->
             return False
         # Gate.submit, the case of a free slot: Gate._admit
         ticket.state = _ACTIVE
-        gate._active.add(ticket)
+        active = gate._active
+        active.add(ticket)
+        if len(active) > gate.demand_peak:  # nobody queued: the demand is the active
+            gate.demand_peak = len(active)
         user = ticket.user
         held = gate._held
         held[user] = held.get(user, 0) + 1

@@ -158,21 +158,24 @@ class GroupRuntimes:
 
     # ---- observation ----------------------------------------------------------------
 
-    def demand(self, snapshot: Snapshot) -> dict[str, tuple[int, int, int, int | None]]:
-        """Fleet quota mode: (limit, running, queued, the gate's quota) of every
-        group of ``snapshot`` with a max_active_queries, by name (read without
-        the gates' lock: the quota keeper looks again at its next tick)."""
-        out: dict[str, tuple[int, int, int, int | None]] = {}
+    def demand(self, snapshot: Snapshot) -> dict[str, tuple[int, int, int, int, int | None]]:
+        """Fleet quota mode: (limit, running, queued, the most running plus queued
+        at once since the last call, the gate's quota) of every group of
+        ``snapshot`` with a max_active_queries, by name (read without the gates'
+        lock: the quota keeper looks again at its next tick)."""
+        out: dict[str, tuple[int, int, int, int, int | None]] = {}
         for group in snapshot.groups:
             limit = group.max_active_queries
             if limit is None:
                 continue
             runtime = self._runtimes.get(group.id)
             if runtime is None:
-                out[group.name] = (limit, 0, 0, None)
+                out[group.name] = (limit, 0, 0, 0, None)
             else:
                 gate = runtime.gate.gate
-                out[group.name] = (limit, gate.active, gate.queued, runtime.quota)
+                now = gate.active + gate.queued
+                peak, gate.demand_peak = max(gate.demand_peak, now), now
+                out[group.name] = (limit, gate.active, gate.queued, peak, runtime.quota)
         return out
 
     def get(self, group_id: int) -> GroupRuntime | None:

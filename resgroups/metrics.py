@@ -109,6 +109,16 @@ class _Collector(Collector):
             for s in stats:
                 fleet_active.add_metric([s.name], s.fleet_active_queries or 0)
             yield fleet_active
+        if engine.fleet is not None and engine.fleet.quotas is not None:
+            quota = GaugeMetricFamily(
+                GROUP + "fleet_quota",
+                "Slots of the group's limit this instance may admit on (fleet quota mode).",
+                labels=["resource_group"],
+            )
+            for s in stats:
+                if s.fleet_quota is not None:
+                    quota.add_metric([s.name], s.fleet_quota)
+            yield quota
         yield CounterMetricFamily(
             INSTANCE + "coordination_errors",
             "Failed calls to the fleet coordination database.",

@@ -216,3 +216,49 @@ def test_a_lowered_limit_is_reached_once_queries_finish_and_never_exceeded(
     finally:
         a.close()
         b.close()
+
+
+def test_while_the_store_is_unreachable_a_process_admits_within_its_quota_only(
+    pg_catalog: str,
+) -> None:
+    engine = _engine(pg_catalog, limit=4)
+    name = pg_catalog.rsplit("/", 1)[1]
+    admin_dsn = pg_catalog.rsplit("/", 1)[0] + "/postgres"
+    try:
+        release, admitted = _hold_queries(engine, 2)  # this process takes a quota of 2
+        wait_until(lambda: len(admitted) == 2, timeout=30)
+        release.set()
+        wait_until(lambda: _row(engine)["active_queries"] == 0)
+        assert _row(engine)["fleet_quota"] == 2
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                [name],
+            )
+        try:
+            session = engine.connect()
+            session.execute("ALTER RESOURCE GROUP capped SET (queue_timeout = '1s')")
+            wait_until(lambda: _row(engine)["queue_timeout_millis"] == 1000)
+            release, admitted = _hold_queries(engine, 3)
+            # two run on the quota held; the third cannot get more and times out
+            wait_until(lambda: len(admitted) == 3, timeout=30)
+            assert sum(isinstance(t, float) for t in admitted) == 2
+            assert [type(e).__name__ for e in admitted if not isinstance(e, float)] == [
+                "QueueTimeout"
+            ]
+            release.set()
+        finally:
+            with psycopg.connect(admin_dsn, autocommit=True) as admin:
+                admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        release, admitted = _hold_queries(engine, 3)  # back: the quota grows again
+        wait_until(lambda: len(admitted) == 3, timeout=30)
+        assert all(isinstance(t, float) for t in admitted), admitted
+        release.set()
+        assert engine.fleet is not None
+        assert engine.fleet.quotas is not None
+        assert engine.fleet.quotas.errors > 0
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        engine.close()

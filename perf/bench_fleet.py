@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -154,9 +156,12 @@ def upsert_design(dsn: str) -> Callable[[], tuple[Admit, Release]]:
     return make
 
 
-def engine_rate(dsn: str, mode: str, admitters: int, seconds: float) -> float:
+def engine_rate(
+    dsn: str, mode: str, admitters: int, seconds: float, start_at: float | None = None
+) -> float:
     """Managed queries per second of one engine in ``mode`` ('lease' or 'quota')
-    with ``admitters`` threads, in a group whose limit nothing reaches."""
+    with ``admitters`` threads, in a group whose limit nothing reaches; timed
+    from the wall-clock ``start_at`` when given (processes started together)."""
     with resgroups.Engine(
         coordination=dsn, fleet_admission=mode, workers=admitters, coordination_pool=admitters
     ) as engine:
@@ -173,23 +178,50 @@ def engine_rate(dsn: str, mode: str, admitters: int, seconds: float) -> float:
             with session.query():  # the first takes the quota (or a lease): untimed
                 pass
             barrier.wait()
-            n = 0
             while not stop.is_set():
                 with session.query():
                     pass
-                n += 1
-            counts[k] = n
+                counts[k] += 1
 
         threads = [threading.Thread(target=admitter, args=(k,)) for k in range(admitters)]
         for t in threads:
             t.start()
         barrier.wait()
+        if start_at is not None:
+            time.sleep(max(0.0, start_at - time.time()))
+            for k in range(admitters):
+                counts[k] = 0
         t0 = time.perf_counter()
         stop.wait(seconds)
         stop.set()
         for t in threads:
             t.join()
         return sum(counts) / (time.perf_counter() - t0)
+
+
+def fleet_rates(dsn: str, mode: str, admitters: int, seconds: float, processes: int) -> list[float]:
+    """``engine_rate`` in ``processes`` processes at once (a fleet on one
+    machine): each process's managed queries per second."""
+    start_at = time.time() + 5.0  # every process set up by then
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                mode,
+                str(admitters),
+                str(seconds),
+                str(start_at),
+                "--dsn",
+                dsn,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    return [float(child.communicate(timeout=120)[0].split()[-1]) for child in children]
 
 
 def summary(latencies: list[float], seconds: float) -> tuple[float, float, float]:
@@ -225,7 +257,15 @@ def main() -> None:
     add_dsn_argument(parser)
     parser.add_argument("--held", type=int, default=1000)
     parser.add_argument("--engines-only", action="store_true", help="only lease vs quota")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="lease vs quota with this many engine processes"
+    )
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:  # one process of a --processes run
+        mode, admitters, seconds, start_at = args.child
+        print(engine_rate(args.dsn, mode, int(admitters), float(seconds), float(start_at)))
+        return
     with scratch_database(args.dsn) as base:
         for commit in ("on", "off"):
             sep = "&" if "?" in base else "?"
@@ -253,11 +293,16 @@ def main() -> None:
             for n in () if args.engines_only else ADMITTERS:
                 ratio = per_second[("lease", n)] / per_second[("naive", n)]
                 print(f"lease / naive at {n} admitters: {ratio:.2f}x")
-            print("\nwhole engines, managed queries per second in one process")
+            procs = args.processes
+            print(f"\nwhole engines, managed queries per second per process, {procs} process(es)")
             print(f"{'admitters':>10}{'lease':>12}{'quota':>12}{'quota/lease':>14}")
             for n in ADMITTERS:
-                lease = engine_rate(dsn, "lease", n, args.seconds)
-                quota = engine_rate(dsn, "quota", n, args.seconds)
+                if procs == 1:
+                    lease = engine_rate(dsn, "lease", n, args.seconds)
+                    quota = engine_rate(dsn, "quota", n, args.seconds)
+                else:
+                    lease = statistics.mean(fleet_rates(dsn, "lease", n, args.seconds, procs))
+                    quota = statistics.mean(fleet_rates(dsn, "quota", n, args.seconds, procs))
                 print(f"{n:>10}{lease:>12.0f}{quota:>12.0f}{quota / lease:>13.1f}x")
 
 

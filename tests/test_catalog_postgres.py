@@ -131,7 +131,12 @@ def test_migrations_are_applied_once_in_order(pg_catalog: str) -> None:
         first = migrate(conn)
         again = migrate(conn)
         names = [n for (n,) in conn.execute("SELECT name FROM resgroups_schema_migrations")]
-    assert first == ["0001_catalog_log.sql", "0002_fleet_leases.sql", "0003_fleet_instances.sql"]
+    assert first == [
+        "0001_catalog_log.sql",
+        "0002_fleet_leases.sql",
+        "0003_fleet_instances.sql",
+        "0004_fleet_quotas.sql",
+    ]
     assert again == []
     assert names == first
 

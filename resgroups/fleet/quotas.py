@@ -141,7 +141,9 @@ class QuotaKeeper:
         next_renew = time.monotonic()
         while not self._stop.is_set():
             try:
-                if time.monotonic() >= next_renew:
+                now = time.monotonic()
+                if now >= next_renew:
+                    next_renew = now + min(self.heartbeat, 0.5)  # a failed one: retried soon
                     self._renew()
                     next_renew = time.monotonic() + self.heartbeat
                 self._tick()

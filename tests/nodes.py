@@ -101,3 +101,18 @@ def follow_delays(catalog: str, statements: int = 20) -> list[float]:
             done = rep.wait_for(lambda m: m.get("done", False))
         assert done["digest"] == digest(primary.snapshot)
     return [m["at"] - written[m["version"]] for m in rep.seen if m.get("version") in written]
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant (query bodies across processes)."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    running = peak = 0
+    for _, step in events:  # an end sorts before a start at the same instant
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def bodies(node: Node) -> list[tuple[float, float]]:
+    """The (start, end) of every query body a node reported."""
+    return [(m["start"], m["end"]) for m in node.seen if "start" in m]

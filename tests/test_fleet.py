@@ -12,25 +12,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from nodes import Node
+from nodes import Node, bodies, max_overlap
 from waiting import wait_until
 
 import resgroups
 
 FLEET_NODE = Path(__file__).parent / "programs" / "fleet_node.py"
-
-
-def _max_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    running = peak = 0
-    for _, step in events:  # an end sorts before a start at the same instant
-        running += step
-        peak = max(peak, running)
-    return peak
-
-
-def _bodies(node: Node) -> list[tuple[float, float]]:
-    return [(m["start"], m["end"]) for m in node.seen if "start" in m]
 
 
 def _leases(dsn: str) -> int:
@@ -57,12 +44,12 @@ def test_the_limit_holds_across_three_processes(pg_catalog: str) -> None:
         for node in nodes:
             done = node.wait_for(lambda m: m.get("done", False), timeout=180)
             assert done["errors"] == []
-        bodies = [b for node in nodes for b in _bodies(node)]
+        intervals = [b for node in nodes for b in bodies(node)]
     finally:
         for node in nodes:
             node.kill()
-    assert len(bodies) == 3 * 6 * 4  # everything finished
-    assert _max_overlap(bodies) == 3  # never above the fleet limit, and it was reached
+    assert len(intervals) == 3 * 6 * 4  # everything finished
+    assert max_overlap(intervals) == 3  # never above the fleet limit, and it was reached
     assert _leases(pg_catalog) == 0  # every lease released
 
 

@@ -12,25 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from nodes import Node
+from nodes import Node, bodies, max_overlap
 from waiting import wait_until
 
 import resgroups
 
 QUOTA_NODE = Path(__file__).parent / "programs" / "quota_node.py"
-
-
-def _max_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    running = peak = 0
-    for _, step in events:  # an end sorts before a start at the same instant
-        running += step
-        peak = max(peak, running)
-    return peak
-
-
-def _bodies(node: Node) -> list[tuple[float, float]]:
-    return [(m["start"], m["end"]) for m in node.seen if "start" in m]
 
 
 def _quotas(dsn: str) -> dict[str, int]:
@@ -86,13 +73,13 @@ def test_the_limit_holds_across_three_processes_and_none_starves(pg_catalog: str
     ]
     try:
         done = [node.wait_for(lambda m: m.get("done", False), timeout=120) for node in nodes]
-        bodies = [b for node in nodes for b in _bodies(node)]
+        intervals = [b for node in nodes for b in bodies(node)]
     finally:
         for node in nodes:
             node.kill()
     assert [d["errors"] for d in done] == [[], [], []]
     assert all(d["completed"] > 0 for d in done), done  # every process completed queries
-    assert _max_overlap(bodies) <= 4  # never above the fleet limit
+    assert max_overlap(intervals) <= 4  # never above the fleet limit
     assert _quotas(pg_catalog) == {}  # a clean shutdown gives every slot back
 
 
@@ -159,10 +146,10 @@ def test_a_paused_process_fails_its_queries_and_nothing_runs_past_the_limit(
                 # both go on sharing the limit for a while
                 a.wait_for(lambda m: "start" in m and m["error"] is None, timeout=30)
                 b.wait_for(lambda m: "start" in m, timeout=30)
-                bodies = _bodies(a) + _bodies(b)
+                intervals = bodies(a) + bodies(b)
         finally:
             a.proc.send_signal(signal.SIGCONT)
-    assert _max_overlap(bodies) <= 4
+    assert max_overlap(intervals) <= 4
 
 
 def test_a_lowered_limit_is_reached_once_queries_finish_and_never_exceeded(

@@ -131,10 +131,6 @@ class QuotaKeeper:
                 self._fresh.wait(min(left, _TICK_S))
         return True
 
-    def quota(self, group: str) -> int:
-        """The slots of ``group`` this instance may admit on now."""
-        return self.usable.get(group, 0)
-
     # ---- the keeper's thread ------------------------------------------------------------
 
     def _run(self) -> None:

@@ -38,7 +38,6 @@ from types import FrameType, TracebackType
 from typing import Any, Final
 
 MAIN_IDENT: Final = threading.main_thread().ident  # only this thread runs signal handlers
-_MAIN: Final = MAIN_IDENT
 _SIGNALS: Final = tuple(
     getattr(signal, name)
     for name in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP", "SIGUSR1", "SIGUSR2")
@@ -91,45 +90,41 @@ _installed: list[tuple[int, object, _Deferring]] = []  # (signal, original, wrap
 
 
 # the last wrap's plan, reused while the program's handlers stay the same: the
-# handlers it found, what it installed, and the handlers as it left them
+# handlers it found, and what it installed
 _found: tuple[object, ...] = ()
 _plan: tuple[tuple[int, object, _Deferring], ...] = ()
-_view: tuple[object, ...] = ()
 
 
 def _wrap_handlers() -> None:
     """Wrap every callable handler (the outermost hold begins). Costs one C-level
     read of the handlers, and one store per callable handler, while the program's
     handlers are the ones the last wrap found (the common case)."""
-    global _found, _plan, _view
-    found = tuple(map(_getsignal, _SIGNALS))
+    global _found, _plan
     if _installed:  # still wrapped since a detached hold: wrap only what is new
-        if found != _view:
-            _wrap_each(found)
+        _wrap_each()
         return
+    found = tuple(map(_getsignal, _SIGNALS))
     if found != _found:
         _plan = tuple(
             (signum, handler, _Deferring(handler))
             for signum, handler in zip(_SIGNALS, found, strict=True)
             if callable(handler) and not isinstance(handler, _Deferring)
         )
-        wrapped = {signum: wrapper for signum, _, wrapper in _plan}
-        _view = tuple(wrapped.get(s, h) for s, h in zip(_SIGNALS, found, strict=True))
         _found = found
     for entry in _plan:
         _setsignal(entry[0], entry[2])
     _installed.extend(_plan)
 
 
-def _wrap_each(found: tuple[object, ...]) -> None:
-    """The handlers changed while wrapped: wrap each callable one not wrapped yet."""
-    global _view
-    for signum, handler in zip(_SIGNALS, found, strict=True):
+def _wrap_each() -> None:
+    """Wrap each callable handler not wrapped yet (one the program installed
+    while the handlers stayed wrapped)."""
+    for signum in _SIGNALS:
+        handler = _getsignal(signum)
         if callable(handler) and not isinstance(handler, _Deferring):
             wrapper = _Deferring(handler)
             _setsignal(signum, wrapper)
             _installed.append((signum, handler, wrapper))
-    _view = tuple(map(_getsignal, _SIGNALS))
 
 
 def _restore_handlers() -> None:
@@ -158,7 +153,7 @@ class Hold:
         self.active = False
 
     def __enter__(self) -> Hold:
-        if threading.get_ident() != _MAIN:
+        if threading.get_ident() != MAIN_IDENT:
             return self
         if STATE.depth == 0:
             _wrap_handlers()

@@ -627,7 +627,7 @@ class Query:
 
         The fast path first: when nobody waits in the group's queue or for a
         worker of the pool, the slot and the worker are taken together under the
-        dispatcher's one lock, which every gate shares (``Dispatcher.admit``).
+        dispatcher's one lock, which every gate shares (``fastpath.admit``).
         Otherwise it takes nothing, and the slow path runs the same state
         machines with their waits: the gate, the fleet lease, then a worker.
         """

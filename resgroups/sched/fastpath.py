@@ -12,7 +12,8 @@ What it is
     exactly the case where both succeed at once: it first checks that both
     would (``Gate.has_room_now``, ``CpuScheduler.may_grant_now``, the same
     predicates the slow path's methods use), then makes the changes those
-    methods make in that case. When either would queue or park, it changes
+    methods make in that case, through the same ``Gate._admit`` and
+    ``CpuScheduler._grant``. When either would queue or park, it changes
     nothing and returns False: the query takes the slow path (the gate's
     ``enter``, then ``Dispatcher.acquire``), with the same state machines.
     :func:`leave` is ``CpuScheduler.release`` (handing the worker on only
@@ -28,13 +29,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resgroups.sched.admission import Gate, Ticket, TicketState, wake
+from resgroups.sched.admission import Gate, Ticket, wake
 from resgroups.sched.cpu import Runner, RunnerState
 
 if TYPE_CHECKING:
     from resgroups.sched.pool import Dispatcher
 
-_ACTIVE = TicketState.ACTIVE
 _RUNNING = RunnerState.RUNNING
 _DONE = RunnerState.DONE
 
@@ -43,37 +43,17 @@ def admit(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner) ->
     """Take a slot of ``gate`` and a worker for ``runner`` at once (True), or
     nothing at all (False: one of them would have to wait)."""
     core = dispatcher.core
-    pool = runner.pool
     with dispatcher.lock:
-        limit = gate.config.max_active
-        if (
-            gate.waiting
-            or (limit is not None and len(gate._active) >= limit)
-            or not core.free[pool]
-            or core.waiting_in[pool]
-            or dispatcher.closed
-            or dispatcher.fault_hook is not None
-            or not dispatcher.fast_path
-        ):
+        if dispatcher.closed or dispatcher.fault_hook is not None or not dispatcher.fast_path:
             return False
         now = dispatcher.now()
-        g = runner.group
-        engaged = core.engaged and not core.degraded and g.charged
-        if engaged and not core._may_run(runner, now):  # its cap or its budget
+        if not gate.has_room_now() or not core.may_grant_now(runner, now):
             return False
-        # Gate.submit, the case of a free slot: Gate._admit
-        ticket.state = _ACTIVE
-        active = gate._active
-        active.add(ticket)
-        if len(active) > gate.demand_peak:  # nobody queued: the demand is the active
-            gate.demand_peak = len(active)
-        user = ticket.user
-        held = gate._held
-        held[user] = held.get(user, 0) + 1
-        gate._last_admitted[user] = now
-        gate.admitted_total += 1
-        # CpuScheduler.submit, the uncontended case: place an idle group, _grant
-        if engaged and g not in core.busy:
+        # what Gate.submit and CpuScheduler.submit do in this case, without
+        # checking again what the two predicates above just said
+        gate._admit(ticket, now)
+        g = runner.group
+        if core.engaged and g.charged and g not in core.busy:
             core._place(g)  # an idle group becoming runnable: no banking
         runner.fresh = True
         runner.runnable_since = now

@@ -234,9 +234,7 @@ class Gate:
         ticket.enqueued_at = now
         ticket.queue_deadline = now + self.config.queue_timeout_ms / 1000
         self._enqueue(ticket)
-        demand = len(self._active) + self.waiting
-        if demand > self.demand_peak:
-            self.demand_peak = demand
+        self._note_demand()
         return False
 
     def release(self, ticket: Ticket, now: float) -> list[Ticket]:
@@ -304,12 +302,16 @@ class Gate:
 
     # ---- internals ---------------------------------------------------------------
 
-    def _admit(self, ticket: Ticket, now: float) -> None:
-        ticket.state = TicketState.ACTIVE
-        self._active.add(ticket)
+    def _note_demand(self) -> None:
+        """Keep the high-water mark of active + queued (fleet quota mode reads it)."""
         demand = len(self._active) + self.waiting
         if demand > self.demand_peak:
             self.demand_peak = demand
+
+    def _admit(self, ticket: Ticket, now: float) -> None:
+        ticket.state = TicketState.ACTIVE
+        self._active.add(ticket)
+        self._note_demand()
         user = ticket.user
         self._held[user] = self._held.get(user, 0) + 1
         self._last_admitted[user] = now

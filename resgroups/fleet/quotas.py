@@ -92,7 +92,6 @@ class QuotaKeeper:
         self._peaks: dict[str, tuple[int, int, float]] = {}
         self._fair: dict[str, int] = {}  # group -> fair share while contended
         self._wanted_elsewhere: dict[str, float] = {}  # group -> when another said 'want'
-        self._limits: dict[str, int] = {}  # group -> the limit of the last tick
         self._applied: dict[str, int] = {}  # group -> the quota last given its gate
         self._wake = threading.Event()
         self._fresh = threading.Condition()
@@ -179,15 +178,13 @@ class QuotaKeeper:
         demand = self._demand()
         for group in [g for g in self.quotas if g not in demand]:  # dropped, or no limit now
             self._set(group, 0, 0, 0)
-            for table in (self._peaks, self._fair, self._limits, self._applied):
+            for table in (self._peaks, self._fair, self._applied):
                 table.pop(group, None)
         for group, (limit, running, queued, peak, local) in demand.items():
-            # an ALTER, or a gate that froze at a lowered limit: check the quota again
-            changed = self._limits.get(group, limit) != limit or (
-                local is not None and local != self._applied.get(group, local)
-            )
+            # a gate that froze at a lowered limit (GroupRuntime.configure): check
+            # the quota against the limit again
+            changed = local is not None and local != self._applied.get(group, local)
             self._tick_group(group, limit, running, queued, peak, now, changed)
-            self._limits[group] = limit
 
     def _tick_group(
         self,

@@ -72,6 +72,7 @@ from resgroups.errors import (
     QueryTimeout,
     QueueTimeout,
 )
+from resgroups.sched.wakeup import Wakeup
 
 
 class TicketState(Enum):
@@ -88,30 +89,22 @@ _SEQ: Final = itertools.count()
 
 
 class Ticket:
-    """One pass of one query through a gate (a resumed cursor takes a new ticket)."""
+    """One pass of one query through a gate (a resumed cursor takes a new ticket).
 
-    __slots__ = (
-        "arrival",
-        "enqueued_at",
-        "error",
-        "query_deadline",
-        "queue_deadline",
-        "seq",
-        "state",
-        "user",
-        "wake",
-    )
+    What every ticket starts with is a class attribute: a new ticket stores
+    only its user, deadline and number (the per-query cost, docs/queries.md)."""
+
+    state = TicketState.NEW
+    enqueued_at = 0.0
+    queue_deadline = math.inf
+    arrival = 0  # the gate's enqueue counter: the queue's order
+    error: Error | None = None  # why the wait ended, when not in a slot
+    wake: Wakeup | None = None  # set by GateRuntime on a change, while queued
 
     def __init__(self, user: str, query_deadline: float = math.inf) -> None:
         self.user = user
         self.query_deadline = query_deadline  # submission + the instance query timeout
         self.seq = next(_SEQ)
-        self.state = TicketState.NEW
-        self.enqueued_at = 0.0
-        self.queue_deadline = math.inf
-        self.arrival = 0  # the gate's enqueue counter: the queue's order
-        self.error: Error | None = None  # why the wait ended, when not in a slot
-        self.wake: threading.Event | None = None  # set by GateRuntime on a change
 
     def __repr__(self) -> str:
         return f"<Ticket #{self.seq} {self.user} {self.state.value}>"
@@ -421,7 +414,7 @@ class GateRuntime:
         with self.lock:
             if self.gate.submit(ticket, self.now()):
                 return
-            ticket.wake = threading.Event()
+            wake = ticket.wake = Wakeup()
         if queued is not None:
             queued()
         while True:
@@ -444,9 +437,7 @@ class GateRuntime:
                     assert ticket.error is not None
                     raise ticket.error
                 timeout = min(ticket.queue_deadline, ticket.query_deadline) - self.now()
-            wake = ticket.wake
             wake.wait(max(0.0, min(timeout, 0.25)) if timeout != math.inf else 0.25)
-            wake.clear()
 
     def leave(self, ticket: Ticket) -> None:
         """Give the slot back and wake whoever it admits."""

@@ -30,6 +30,7 @@ from typing import NamedTuple, Protocol, TypeVar
 from resgroups.errors import EngineClosed, Error
 from resgroups.sched.cpu import CpuScheduler, Runner, RunnerState
 from resgroups.sched.shares import Share
+from resgroups.sched.wakeup import Wakeup
 
 log = logging.getLogger("resgroups.sched")
 
@@ -100,7 +101,7 @@ class Dispatcher:
         self.now = now
         self.fault_hook: Callable[[], None] | None = None  # tests inject scheduler faults
         self.fast_path = True  # False: every query takes the slow path (tests compare them)
-        self._events: dict[Runner, threading.Event] = {}
+        self._events: dict[Runner, Wakeup] = {}
         self._granted_tasks: dict[str, deque[tuple[Runner, TaskWork]]] = {p: deque() for p in pools}
         self._pending_work: dict[Runner, TaskWork] = {}
         self._task_ready = {p: threading.Condition(self.lock) for p in pools}
@@ -176,13 +177,13 @@ class Dispatcher:
                 self._wake([r for r in granted if r is not runner])
             if runner.state is RunnerState.RUNNING:
                 return
-            event = self._events[runner] = threading.Event()
+            event = self._events[runner] = Wakeup()
         self._wait(runner, event, check, deadline)
 
     def _wait(
         self,
         runner: Runner,
-        event: threading.Event,
+        event: Wakeup,
         check: Callable[[], Error | None],
         deadline: float,
     ) -> None:
@@ -206,7 +207,6 @@ class Dispatcher:
                     wake_at = min(self.core.next_wakeup(now), deadline)
                 timeout = 0.25 if wake_at == math.inf else min(0.25, max(0.0005, wake_at - now))
                 event.wait(timeout)
-                event.clear()
         finally:
             with self.lock:
                 self._events.pop(runner, None)
@@ -235,7 +235,7 @@ class Dispatcher:
             self._wake(decision.granted)
             if decision.renew:
                 return True
-            event = self._events[runner] = threading.Event()
+            event = self._events[runner] = Wakeup()
         self._wait(runner, event, check, deadline)
         return False
 

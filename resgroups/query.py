@@ -115,21 +115,21 @@ class Holdings:
     still give everything back: the reconcile loop finds its weak reference
     dead and calls :meth:`give_back` (SPEC: reconcile)."""
 
-    __slots__ = ("group", "lease_id", "leased", "published", "query_id", "query_ref", "runner",
-                 "runtime", "suspended", "ticket", "user")  # fmt: skip
+    # what a query holds at its start, as class attributes: a new query's holdings
+    # store only who it is (the per-query cost, docs/queries.md "Cost")
+    group: str | None = None
+    runtime: GroupRuntime | None = None
+    published: QueryMemory | None = None
+    ticket: Ticket | None = None
+    runner: Runner | None = None
+    lease_id: str | None = None
+    leased = False  # the fleet lease is held (its row exists), not just sought
+    suspended = False
 
     def __init__(self, query: Query) -> None:
         self.query_id = query.id
         self.user = query.user
         self.query_ref = weakref.ref(query)  # dead: the handle is lost (a zombie)
-        self.group: str | None = None
-        self.runtime: GroupRuntime | None = None
-        self.published: QueryMemory | None = None
-        self.ticket: Ticket | None = None
-        self.runner: Runner | None = None
-        self.lease_id: str | None = None
-        self.leased = False  # the fleet lease is held (its row exists), not just sought
-        self.suspended = False
 
     def give_back(self, dispatcher: Dispatcher, fleet: FleetCoordinator | None) -> int:
         """Release the worker, the slot, the lease and every byte; the bytes."""
@@ -180,6 +180,17 @@ class QueryState(Enum):
 
 
 _ENTERED: Final = frozenset({QueryState.ADMITTING, QueryState.RUNNING, QueryState.SUSPENDED})
+
+# The states the per-query path compares with, as module constants: reading an
+# enum member through its class (``QueryState.DONE``) runs the enum metaclass's
+# attribute hook, about 70 ns on Python 3.11, where a global is a dict read.
+_NEW: Final = QueryState.NEW
+_ADMITTING: Final = QueryState.ADMITTING
+_RUNNING: Final = QueryState.RUNNING
+_SUSPENDED: Final = QueryState.SUSPENDED
+_DONE: Final = QueryState.DONE
+_TICKET_ACTIVE: Final = TicketState.ACTIVE
+_RUNNER_RUNNING: Final = RunnerState.RUNNING
 
 
 class Task:
@@ -328,7 +339,7 @@ class Query:
     # What every query starts with, as class attributes: a new query stores only
     # what differs (the per-query cost, docs/queries.md "Cost").
     group: str | None = None
-    state = QueryState.NEW
+    state = _NEW
     leaked_bytes = 0
     waited_s = 0.0  # time from submission to holding a slot and a worker
     cpu_ns = 0  # CPU charged to the group for this query (while scheduled)
@@ -444,7 +455,7 @@ class Query:
         or QueryTimeout at its next checkpoint, as always. One timer thread
         watches every query's deadline; a callback that raises is logged, and
         none runs once ``__exit__`` has returned."""
-        if self.state is QueryState.DONE:
+        if self.state is _DONE:
             raise InvalidParameter("on_cancel() on a query that has ended")
         self._on_cancel = (*self._on_cancel, callback)
         self._watched = True
@@ -454,7 +465,7 @@ class Query:
         """When the on_cancel callbacks are due, on the engine clock (the watcher's)."""
         if self._cancelled or self._failure is not None:
             return -math.inf
-        if self.state is QueryState.SUSPENDED:  # the timeout does not run meanwhile
+        if self.state is _SUSPENDED:  # the timeout does not run meanwhile
             return math.inf
         return self._timeout_at
 
@@ -473,7 +484,7 @@ class Query:
         if self._cancelled:
             raise QueryCancelled(f"query cancelled [group={self.group}, user={self.user}]")
         keeper = self._keeper
-        if keeper is not None and keeper.stale() and self.state is QueryState.RUNNING:
+        if keeper is not None and keeper.stale() and self.state is _RUNNING:
             error = CoordinationUnavailable(
                 f"this instance's fleet quota of group {self.group} may have been "
                 "reclaimed: its heartbeat lapsed past the expiry (a paused process?)"
@@ -548,7 +559,7 @@ class Query:
         arrives in its last steps runs at the query's next hold (a checkpoint,
         or ``__exit__``). On any other thread no signal handler runs, and no
         hold is needed."""
-        if self.state is not QueryState.NEW:
+        if self.state is not _NEW:
             raise InternalError("a query is entered once")
         if get_ident() != MAIN_IDENT:
             self._enter()  # gives back what it took, if it fails
@@ -571,18 +582,17 @@ class Query:
 
     def _enter(self) -> None:
         session = self.session
-        engine = session.engine
         if self._cancelled:  # cancelled before it started: honoured for every kind
-            self.state = QueryState.DONE
+            self.state = _DONE
             raise QueryCancelled(f"query cancelled before it started [user={self.user}]")
-        self.state = QueryState.ADMITTING
-        submitted = self._submitted = self._now()
+        self.state = _ADMITTING
+        submitted = self._submitted = self._seen = self._now()
         self._started = time.time()
         if self._timeout is not None:
             self._timeout_at = self._stop_at = self._deadline = submitted + self._timeout
         try:
-            engine.open_query(self)
-            session.query_started(self)
+            session.engine.open_query(self)
+            session._running.add(self.id)  # Session.query_started, inline
             # an unmanaged query resolves nothing: a dropped or forbidden choice
             # cannot fail what consumes nothing
             if self.kind in MANAGED_KINDS:
@@ -595,9 +605,9 @@ class Query:
                     self._ceiling = placement.ceiling
                     if self._memory is not None:  # q.memory was read before entry
                         self._memory = MemoryCounter(self._memory_state())
-                    self._admit()
-            self.waited_s = self._now() - submitted
-            self.state = QueryState.RUNNING
+                    self._admit()  # arms the checkpoint as it returns (_seen: now)
+            self.waited_s = self._seen - submitted
+            self.state = _RUNNING
         except BaseException:
             self._leave()
             raise
@@ -635,11 +645,30 @@ class Query:
         if runtime is None:
             raise InternalError("an unmanaged query has no gate to pass")
         held = self.held
-        ticket = Ticket(self.user, self._timeout_at)
-        runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
-        self._ticket = held.ticket = ticket
-        self._runner = held.runner = runner
+        user = self.user
+        ticket = self._ticket = held.ticket = Ticket(user, self._timeout_at)
+        runner = self._runner = held.runner = Runner(
+            runtime.cpu, self.pool_name, user, self.id, self.kind
+        )
         fleet = self.session.engine.fleet
+        if fleet is None and fastpath.admit(self._dispatcher, runtime.gate.gate, ticket, runner):
+            # _arm, for a query that has just started: no slice unless scheduled
+            now = self._seen = self._now()
+            if runner.scheduled:
+                self._cpu_mark = self._meter()
+                self._slice_end = now + self._slice_s
+            self._deadline = min(self._stop_at, self._slice_end, now + self._probe_s)
+            if self._cancelled:  # cancel() may have run in between
+                self._deadline = -math.inf
+            return
+        self._admit_slow(runtime, ticket, fleet)
+
+    def _admit_slow(
+        self, runtime: GroupRuntime, ticket: Ticket, fleet: FleetCoordinator | None
+    ) -> None:
+        """The gate's queue, the fleet (a lease or this instance's quota), then a
+        worker of the pool: each may wait."""
+        held = self.held
         keeper = fleet.quotas if fleet is not None else None
         leases = fleet if keeper is None else None  # lease mode: a lease after the slot
         queued = None
@@ -649,7 +678,13 @@ class Query:
             if keeper.stale():
                 self._wait_fresh_quota(keeper, runtime)
         gate = runtime.gate
-        if leases is not None or not fastpath.admit(self._dispatcher, gate.gate, ticket, runner):
+        runner = self._runner
+        assert runner is not None
+        if (
+            leases is not None
+            or fleet is None  # the fast path was tried already (_admit)
+            or not fastpath.admit(self._dispatcher, gate.gate, ticket, runner)
+        ):
             gate.enter(ticket, self._is_cancelled, queued)
             if leases is not None:  # fleet mode: the local slot first, then the lease (§11)
                 self._fleet_lease(leases, runtime)
@@ -731,8 +766,8 @@ class Query:
             and ticket is not None
             and runtime is not None
             and self._lease_id is None
-            and runner.state is RunnerState.RUNNING
-            and ticket.state is TicketState.ACTIVE
+            and runner.state is _RUNNER_RUNNING
+            and ticket.state is _TICKET_ACTIVE
         ):  # the fast path: the worker and the slot back under the one lock
             used = 0
             try:  # a fault of the CPU meter must not keep the worker
@@ -746,7 +781,7 @@ class Query:
             if runner is not None:
                 used = 0
                 try:  # a fault of the CPU meter must not keep the worker
-                    if runner.scheduled and runner.state is RunnerState.RUNNING:
+                    if runner.scheduled and runner.state is _RUNNER_RUNNING:
                         used = self._meter() - self._cpu_mark
                         self.cpu_ns += used
                 finally:
@@ -756,9 +791,9 @@ class Query:
             return_slot(self._runtime, ticket, lease, self.session.engine.fleet)
 
     def _leave(self) -> None:
-        if self.state is QueryState.DONE:
+        state = self.state
+        if state is _DONE:
             return
-        was_suspended = self.state is QueryState.SUSPENDED
         try:
             if self._watched:  # nothing interrupts the query once it has ended
                 self._on_cancel = ()
@@ -768,12 +803,13 @@ class Query:
             if self._memory is not None or self._published is not None:
                 self._end_memory()
                 self.held.published = None
-            self.state = QueryState.DONE
-            if self._runtime is not None and was_suspended:
+            self.state = _DONE
+            if state is _SUSPENDED and self._runtime is not None:
                 self._runtime.suspend(-1)
                 self.held.suspended = False
-            self.session.query_ended(self)
-            self.session.engine.close_query(self)
+            session = self.session
+            session._running.discard(self.id)  # Session.query_ended, inline
+            session.engine.close_query(self)
 
     # ---- what it is doing now (resource_group_queries()) -----------------------------
 
@@ -783,14 +819,14 @@ class Query:
         stopping the query: each field is true of a moment during the call."""
         runtime = self._runtime
         state = self.state
-        if runtime is None or state in (QueryState.NEW, QueryState.DONE):
+        if runtime is None or state in (_NEW, _DONE):
             return None
         now = self._now()
         ticket, runner = self._ticket, self._runner
         position = None
         blocked: str | None = None
         deadline = self._timeout_at
-        if state is QueryState.SUSPENDED:
+        if state is _SUSPENDED:
             shown = "suspended"
         elif ticket is not None and ticket.state is TicketState.QUEUED:
             shown, blocked = "queued", "group_queue"
@@ -801,14 +837,14 @@ class Query:
         elif runner is not None and runner.state is RunnerState.WAITING:
             shown = "parked"
             blocked = self._dispatcher.blocked_by(runner) or "worker"
-        elif runner is not None and runner.state is RunnerState.RUNNING:
+        elif runner is not None and runner.state is _RUNNER_RUNNING:
             shown = "running"
         else:  # between the gate and the worker, or leaving
             shown, blocked = ("queued", "group_queue") if ticket is None else ("parked", "worker")
         waited = now - self._submitted if shown == "queued" else self.waited_s
         batch = self._batch
-        workers = int(runner is not None and runner.state is RunnerState.RUNNING) + (
-            sum(r.state is RunnerState.RUNNING for r in batch.runners) if batch else 0
+        workers = int(runner is not None and runner.state is _RUNNER_RUNNING) + (
+            sum(r.state is _RUNNER_RUNNING for r in batch.runners) if batch else 0
         )
         published = self._published
         return QueryProgress(
@@ -835,7 +871,7 @@ class Query:
 
     def suspend(self) -> None:
         """Give the slot and the worker back between pages; memory stays charged."""
-        if self.state is not QueryState.RUNNING:
+        if self.state is not _RUNNING:
             raise InvalidParameter(f"suspend() on a {self.state.value} query")
         with Hold():
             self._give_back()
@@ -845,11 +881,11 @@ class Query:
             if self._runtime is not None:
                 self._runtime.suspend(+1)
                 self.held.suspended = True
-            self.state = QueryState.SUSPENDED
+            self.state = _SUSPENDED
 
     def resume(self) -> None:
         """Pass the gate again; a refusal raises and leaves the query suspended."""
-        if self.state is not QueryState.SUSPENDED:
+        if self.state is not _SUSPENDED:
             raise InvalidParameter(f"resume() on a {self.state.value} query")
         if self._cancelled:
             raise QueryCancelled(f"query cancelled [group={self.group}]")
@@ -868,7 +904,7 @@ class Query:
                     raise
                 self._runtime.suspend(-1)
                 self.held.suspended = False
-            self.state = QueryState.RUNNING
+            self.state = _RUNNING
         if self._watched:  # its timeout runs again, later than it was
             self.session.engine.deadlines.watch(self)
 
@@ -924,7 +960,7 @@ class Query:
         query never deadlocks on workers its group or its callers hold. The
         first exception of a task is raised once every started task ended.
         """
-        if self.state is not QueryState.RUNNING:
+        if self.state is not _RUNNING:
             raise FeatureNotSupported(f"map() on a {self.state.value} query")
         self._memory_state()  # created here, on this thread, for its tasks to share
         batch: _MapBatch[T, R] = _MapBatch(self, fn, list(items))

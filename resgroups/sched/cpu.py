@@ -124,26 +124,20 @@ _SEQ: Final = itertools.count(1)
 
 
 class Runner:
-    """One thread of work that needs a worker: a query's own thread, or one task."""
+    """One thread of work that needs a worker: a query's own thread, or one task.
 
-    __slots__ = (
-        "cpu_since_grant_ns",
-        "extra",
-        "fresh",
-        "granted_at",
-        "group",
-        "is_task",
-        "kind",
-        "pending_cpu_ns",
-        "pool",
-        "query_id",
-        "ran_in_pools",
-        "runnable_since",
-        "scheduled",
-        "seq",
-        "state",
-        "user",
-    )
+    What every runner starts with is a class attribute: a new runner stores
+    only who it is (the per-query cost, docs/queries.md "Cost")."""
+
+    state = RunnerState.DONE
+    scheduled = False  # granted while engaged: sliced and charged
+    fresh = True  # arrived (not parked) since it last waited
+    runnable_since = 0.0
+    granted_at = 0.0
+    cpu_since_grant_ns = 0  # charged since it last got a worker
+    ran_in_pools: tuple[str, ...] = ()  # the pools it has held a worker of
+    extra = False  # the one task beyond the cap (CTAS exception)
+    pending_cpu_ns = 0  # a task's CPU still to charge when it releases
 
     def __init__(
         self,
@@ -161,15 +155,6 @@ class Runner:
         self.kind = kind
         self.is_task = is_task
         self.seq = next(_SEQ)  # arrival order
-        self.state = RunnerState.DONE
-        self.scheduled = False  # granted while engaged: sliced and charged
-        self.fresh = True  # arrived (not parked) since it last waited
-        self.runnable_since = 0.0
-        self.granted_at = 0.0
-        self.cpu_since_grant_ns = 0  # charged since it last got a worker
-        self.ran_in_pools: set[str] = set()
-        self.extra = False  # the one task beyond the cap (CTAS exception)
-        self.pending_cpu_ns = 0  # a task's CPU still to charge when it releases
 
     def __repr__(self) -> str:
         kind = "task" if self.is_task else self.kind
@@ -588,7 +573,8 @@ class CpuScheduler:
         r.scheduled = self.engaged and not self.degraded
         r.granted_at = now
         r.cpu_since_grant_ns = 0
-        r.ran_in_pools.add(r.pool)
+        if r.pool not in r.ran_in_pools:
+            r.ran_in_pools += (r.pool,)
         if r.scheduled:
             if g.charged:
                 g.wait_ns_total += max(0, round((now - r.runnable_since) * NS))

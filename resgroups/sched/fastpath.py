@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resgroups.sched.admission import Gate, Ticket, wake
+from resgroups.errors import InternalError
+from resgroups.sched.admission import Gate, Ticket, TicketState, wake
 from resgroups.sched.cpu import Runner, RunnerState
 
 if TYPE_CHECKING:
@@ -37,27 +38,59 @@ if TYPE_CHECKING:
 
 _RUNNING = RunnerState.RUNNING
 _DONE = RunnerState.DONE
+_ACTIVE = TicketState.ACTIVE
+_RELEASED = TicketState.RELEASED
 
 
 def admit(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner) -> bool:
     """Take a slot of ``gate`` and a worker for ``runner`` at once (True), or
     nothing at all (False: one of them would have to wait)."""
     core = dispatcher.core
+    pool = runner.pool
+    g = runner.group
+    active = gate._active
     with dispatcher.lock:
-        if dispatcher.closed or dispatcher.fault_hook is not None or not dispatcher.fast_path:
+        limit = gate.config.max_active
+        if (
+            gate.waiting  # Gate.has_room_now: nobody queued, a slot free
+            or (limit is not None and len(active) >= limit)
+            or not core.free[pool]  # CpuScheduler.may_grant_now: a worker free, nobody
+            or core.waiting_in[pool]  # waiting for one
+            or dispatcher._closed
+            or dispatcher.fault_hook is not None
+            or not dispatcher.fast_path
+        ):
             return False
         now = dispatcher.now()
-        if not gate.has_room_now() or not core.may_grant_now(runner, now):
-            return False
-        # what Gate.submit and CpuScheduler.submit do in this case, without
-        # checking again what the two predicates above just said
-        gate._admit(ticket, now)
-        g = runner.group
-        if core.engaged and g.charged and g not in core.busy:
-            core._place(g)  # an idle group becoming runnable: no banking
-        runner.fresh = True
+        engaged = core.engaged and not core.degraded
+        if engaged and g.charged:
+            if not core._may_run(runner, now):  # its group's CPU cap or budget
+                return False
+            if g not in core.busy:
+                core._place(g)  # an idle group becoming runnable: no banking
+        # Gate._admit (nobody queued: the demand is the slots held)
+        ticket.state = _ACTIVE
+        active.add(ticket)
+        if len(active) > gate.demand_peak:
+            gate.demand_peak = len(active)
+        user = ticket.user
+        held = gate._held
+        held[user] = held.get(user, 0) + 1
+        gate._last_admitted[user] = now
+        gate.admitted_total += 1
+        # CpuScheduler.submit granting at once
         runner.runnable_since = now
-        core._grant(runner, now)
+        if engaged:
+            core._grant(runner, now)
+        else:  # CpuScheduler._grant of an unscheduled runner that was not waiting
+            core.free[pool] -= 1
+            runner.state = _RUNNING
+            runner.granted_at = now
+            if pool not in runner.ran_in_pools:
+                runner.ran_in_pools += (pool,)
+            g.running.add(runner)
+            if g.charged and g not in core.busy:
+                core.busy.add(g)  # disengaged: no share window to tell
         return True
 
 
@@ -70,13 +103,35 @@ def leave(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner, cp
         try:
             if runner.state is _RUNNING and dispatcher.fault_hook is None:
                 # CpuScheduler.release of a running runner
-                if runner.scheduled or cpu_ns:
+                g = runner.group
+                pool = runner.pool
+                if runner.scheduled:
                     core._charge(runner, cpu_ns, now)
-                core._unhold(runner, now)
+                    core._unhold(runner, now)
+                else:  # CpuScheduler._unhold of an unscheduled runner
+                    running = g.running
+                    running.discard(runner)
+                    if not running and g in core.busy:
+                        core._maybe_idle(g, now)
+                    core.free[pool] += 1
                 runner.state = _DONE
-                if core.waiting_in[runner.pool] or runner.group.limit_cores is not None:
+                if core.waiting_in[pool] or g.limit_cores is not None:
                     dispatcher._wake(core.dispatch(now, core._freed(runner)))
             elif runner.state is not _DONE:  # waiting, or faults injected: the slow path's
                 dispatcher._wake(dispatcher._release_locked(runner, cpu_ns, now))
         finally:
-            wake(gate.release(ticket, now))
+            if ticket.state is not _ACTIVE:
+                raise InternalError(f"{ticket!r} released without a slot")
+            # Gate.release
+            gate._active.remove(ticket)
+            held = gate._held
+            user = ticket.user
+            if held[user] == 1:
+                del held[user]
+            else:
+                held[user] -= 1
+            ticket.state = _RELEASED
+            if gate._grandfathered > len(gate._active):
+                gate._grandfathered = len(gate._active)
+            if gate.waiting:
+                wake(gate._admit_waiting(now))

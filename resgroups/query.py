@@ -685,13 +685,20 @@ class Query:
             or fleet is None  # the fast path was tried already (_admit)
             or not fastpath.admit(self._dispatcher, gate.gate, ticket, runner)
         ):
-            gate.enter(ticket, self._is_cancelled, queued)
+            if leases is None:  # who gives this ticket its slot may hand it a worker too
+                ticket.runner = runner
+            try:
+                gate.enter(ticket, self._is_cancelled, queued)
+            finally:
+                ticket.runner = None
             if leases is not None:  # fleet mode: the local slot first, then the lease (§11)
                 self._fleet_lease(leases, runtime)
-            # a worker is asked for once the slot is held: its arrival order counts from here
-            runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
-            self._runner = held.runner = runner
-            self._dispatcher.acquire(runner, self._wait_error, self._timeout_at)
+            if runner.state is not _RUNNER_RUNNING:  # not handed a worker with the slot
+                # a worker is asked for once the slot is held: its arrival order counts
+                # from here
+                runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
+                self._runner = held.runner = runner
+                self._dispatcher.acquire(runner, self._wait_error, self._timeout_at)
         self._cpu_mark = self._meter() if runner.scheduled else 0
         self._arm()
 

@@ -54,15 +54,15 @@ ALTER
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final
-
-from sortedcontainers import SortedKeyList
+from typing import TYPE_CHECKING, Final
 
 from resgroups.errors import (
     AdmissionRejected,
@@ -73,6 +73,9 @@ from resgroups.errors import (
     QueueTimeout,
 )
 from resgroups.sched.wakeup import Wakeup
+
+if TYPE_CHECKING:
+    from resgroups.sched.cpu import Runner
 
 
 class TicketState(Enum):
@@ -85,6 +88,18 @@ class TicketState(Enum):
     WITHDRAWN = "withdrawn"
 
 
+# The states as module constants: reading an enum member through its class runs
+# the enum metaclass's attribute hook (about 70 ns on Python 3.11), a global is a
+# dict read; the per-query path compares with them.
+_NEW: Final = TicketState.NEW
+_QUEUED: Final = TicketState.QUEUED
+_ACTIVE: Final = TicketState.ACTIVE
+_RELEASED: Final = TicketState.RELEASED
+_REJECTED: Final = TicketState.REJECTED
+_EXPIRED: Final = TicketState.EXPIRED
+_WITHDRAWN: Final = TicketState.WITHDRAWN
+
+
 _SEQ: Final = itertools.count()
 
 
@@ -94,12 +109,16 @@ class Ticket:
     What every ticket starts with is a class attribute: a new ticket stores
     only its user, deadline and number (the per-query cost, docs/queries.md)."""
 
-    state = TicketState.NEW
+    state = _NEW
     enqueued_at = 0.0
     queue_deadline = math.inf
     arrival = 0  # the gate's enqueue counter: the queue's order
     error: Error | None = None  # why the wait ended, when not in a slot
     wake: Wakeup | None = None  # set by GateRuntime on a change, while queued
+    # the query's runner, while queued: whoever gives a slot to this ticket may hand
+    # it a free worker too, so that the woken query has nothing left to take
+    # (sched/fastpath.py)
+    runner: Runner | None = None
 
     def __init__(self, user: str, query_deadline: float = math.inf) -> None:
         self.user = user
@@ -121,30 +140,31 @@ class GateConfig:
     policy: str = "fifo"
 
 
-def _by_arrival(ticket: Ticket) -> int:
-    return ticket.arrival
-
-
 def _first_deadline(ticket: Ticket) -> float:
     return min(ticket.queue_deadline, ticket.query_deadline)
 
 
-def _by_deadline(ticket: Ticket) -> tuple[float, int]:
-    return (_first_deadline(ticket), ticket.arrival)
-
-
 class Gate:
-    """The admission state machine of one group. Not thread-safe: see GateRuntime."""
+    """The admission state machine of one group. Not thread-safe: see GateRuntime.
+
+    The queue is kept twice: in arrival order (a deque) and by first deadline
+    (a heap of ``(deadline, arrival, ticket)``). A ticket leaves the queue by
+    changing state; both views drop what has left lazily, from their fronts,
+    and are rebuilt when more than half of what they hold has left, so every
+    operation stays O(1) amortized (O(log n) for the heap) without searching
+    the middle of a list (docs/queries.md "Cost").
+    """
 
     def __init__(self, config: GateConfig) -> None:
         self.config = config
         self._active: set[Ticket] = set()
-        self._queue: SortedKeyList = SortedKeyList(key=_by_arrival)
-        self._deadlines: SortedKeyList = SortedKeyList(key=_by_deadline)
+        self._queue: deque[Ticket] = deque()  # arrival order, with tickets that left
+        self._deadlines: list[tuple[float, int, Ticket]] = []  # a heap, likewise
+        self._positions: dict[Ticket, int] | None = None  # position(), until a change
         self._arrivals = itertools.count()
         self._held: dict[str, int] = {}  # user -> active tickets
         self._last_admitted: dict[str, float] = {}  # user -> time of last admission
-        self.waiting = 0  # len(self._queue), read on the fast path without a call
+        self.waiting = 0  # the tickets queued, read on the fast path without a call
         self.demand_peak = 0  # the most active + queued at once since the quota keeper looked
         self._grandfathered = 0
         self._queue_grandfathered = 0  # |Q| when max_queued was last lowered
@@ -160,33 +180,66 @@ class Gate:
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return self.waiting
 
     def queued_tickets(self) -> list[Ticket]:
-        return list(self._queue)
+        """The queued tickets in arrival order."""
+        return [t for t in self._queue if t.state is _QUEUED]
 
     def position(self, ticket: Ticket) -> int:
-        """1-based place of a queued ticket in arrival order. O(log n)."""
-        return int(self._queue.index(ticket)) + 1
+        """1-based place of a queued ticket in arrival order: O(1) once the places
+        are counted, which takes one pass after each change of the queue."""
+        positions = self._positions
+        if positions is None:
+            positions = self._positions = {
+                t: place for place, t in enumerate(self.queued_tickets(), start=1)
+            }
+        return positions[ticket]
+
+    def _head(self) -> Ticket | None:
+        """The first queued ticket in arrival order (None: nobody waits). O(1) amortized."""
+        queue = self._queue
+        while queue and queue[0].state is not _QUEUED:
+            queue.popleft()
+        return queue[0] if queue else None
+
+    def _first_to_expire(self) -> Ticket | None:
+        """The queued ticket with the earliest deadline. O(log n) amortized."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][2].state is not _QUEUED:
+            heapq.heappop(deadlines)
+        return deadlines[0][2] if deadlines else None
 
     def oldest_wait(self, now: float) -> float:
-        """Seconds the longest-waiting ticket has waited (0 when none waits). O(1)."""
-        return max(0.0, now - self._queue[0].enqueued_at) if self._queue else 0.0
+        """Seconds the longest-waiting ticket has waited (0 when none waits)."""
+        head = self._head()
+        return max(0.0, now - head.enqueued_at) if head is not None else 0.0
 
     def next_deadline(self) -> float:
-        """The earliest deadline of a queued ticket (inf when none waits). O(1)."""
-        return _first_deadline(self._deadlines[0]) if self._deadlines else math.inf
+        """The earliest deadline of a queued ticket (inf when none waits)."""
+        first = self._first_to_expire()
+        return _first_deadline(first) if first is not None else math.inf
 
     def _enqueue(self, ticket: Ticket) -> None:
-        ticket.arrival = next(self._arrivals)
-        self._queue.add(ticket)
-        self._deadlines.add(ticket)
+        ticket.arrival = arrival = next(self._arrivals)
+        self._queue.append(ticket)
+        heapq.heappush(self._deadlines, (_first_deadline(ticket), arrival, ticket))
         self.waiting += 1
+        self._positions = None
 
-    def _dequeue(self, ticket: Ticket) -> None:
-        self._queue.remove(ticket)
-        self._deadlines.remove(ticket)
+    def _dequeue(self, ticket: Ticket, state: TicketState) -> None:
+        """``ticket`` leaves the queue for ``state``; the views drop it later."""
+        ticket.state = state
         self.waiting -= 1
+        self._positions = None
+        queue = self._queue
+        if queue[0] is ticket:  # leaving in arrival order: the common case
+            queue.popleft()
+        elif len(queue) > 2 * self.waiting + 32:
+            self._queue = deque(t for t in queue if t.state is _QUEUED)
+        if len(self._deadlines) > 2 * self.waiting + 32:
+            self._deadlines = [e for e in self._deadlines if e[2].state is _QUEUED]
+            heapq.heapify(self._deadlines)
 
     def _limit(self) -> float:
         limit = self.config.max_active
@@ -209,21 +262,21 @@ class Gate:
         O(1). A ticket whose query deadline has already passed fails with
         QueryTimeout rather than taking a place.
         """
-        if ticket.state is not TicketState.NEW:
+        if ticket.state is not _NEW:
             raise InternalError(f"{ticket!r} submitted twice")
         if self.has_room_now():
             self._admit(ticket, now)
             return True
         max_queued = self.config.max_queued
-        if max_queued is not None and len(self._queue) >= max_queued:
-            ticket.state = TicketState.REJECTED
+        if max_queued is not None and self.waiting >= max_queued:
+            ticket.state = _REJECTED
             self.admission_rejections += 1
             raise AdmissionRejected(
                 f"Resource Group admission queue is full [group={self.config.name}, "
                 f"max_active_queries={self.config.max_active}, "
-                f"max_queued_queries={max_queued}, queued={len(self._queue)}]"
+                f"max_queued_queries={max_queued}, queued={self.waiting}]"
             )
-        ticket.state = TicketState.QUEUED
+        ticket.state = _QUEUED
         ticket.enqueued_at = now
         ticket.queue_deadline = now + self.config.queue_timeout_ms / 1000
         self._enqueue(ticket)
@@ -232,7 +285,7 @@ class Gate:
 
     def release(self, ticket: Ticket, now: float) -> list[Ticket]:
         """A slot comes back; the tickets admitted in its place."""
-        if ticket.state is not TicketState.ACTIVE:
+        if ticket.state is not _ACTIVE:
             raise InternalError(f"{ticket!r} released without a slot")
         self._active.remove(ticket)
         held = self._held
@@ -241,29 +294,27 @@ class Gate:
             del held[user]
         else:
             held[user] -= 1
-        ticket.state = TicketState.RELEASED
+        ticket.state = _RELEASED
         if self._grandfathered > len(self._active):
             self._grandfathered = len(self._active)
         return self._admit_waiting(now) if self.waiting else []
 
     def withdraw(self, ticket: Ticket, error: Error) -> bool:
         """Take a queued ticket out (cancelled, or the engine closing). False if not queued."""
-        if ticket.state is not TicketState.QUEUED:
+        if ticket.state is not _QUEUED:
             return False
-        self._dequeue(ticket)
-        self._queue_grandfathered = min(self._queue_grandfathered, len(self._queue))
-        ticket.state = TicketState.WITHDRAWN
+        self._dequeue(ticket, _WITHDRAWN)
+        self._queue_grandfathered = min(self._queue_grandfathered, self.waiting)
         ticket.error = error
         return True
 
     def expire(self, now: float) -> list[Ticket]:
         """End the waits whose first deadline has come; each gets its error."""
         expired = []
-        while self._deadlines and _first_deadline(self._deadlines[0]) <= now:
-            expired.append(self._deadlines[0])
-            self._dequeue(self._deadlines[0])
+        while (first := self._first_to_expire()) is not None and _first_deadline(first) <= now:
+            self._dequeue(first, _EXPIRED)
+            expired.append(first)
         for ticket in expired:
-            ticket.state = TicketState.EXPIRED
             waited_ms = round((now - ticket.enqueued_at) * 1000)
             if ticket.query_deadline < ticket.queue_deadline:
                 ticket.error = QueryTimeout(
@@ -276,7 +327,7 @@ class Gate:
                     f"queue_timeout={self.config.queue_timeout_ms}ms, waited={waited_ms}ms]"
                 )
             self.admission_timeouts += 1
-        self._queue_grandfathered = min(self._queue_grandfathered, len(self._queue))
+        self._queue_grandfathered = min(self._queue_grandfathered, self.waiting)
         return expired
 
     def configure(self, config: GateConfig, now: float) -> list[Ticket]:
@@ -290,7 +341,7 @@ class Gate:
         if config.max_queued is not None and (
             old.max_queued is None or config.max_queued < old.max_queued
         ):
-            self._queue_grandfathered = max(self._queue_grandfathered, len(self._queue))
+            self._queue_grandfathered = max(self._queue_grandfathered, self.waiting)
         return self._admit_waiting(now)
 
     # ---- internals ---------------------------------------------------------------
@@ -302,7 +353,7 @@ class Gate:
             self.demand_peak = demand
 
     def _admit(self, ticket: Ticket, now: float) -> None:
-        ticket.state = TicketState.ACTIVE
+        ticket.state = _ACTIVE
         self._active.add(ticket)
         self._note_demand()
         user = ticket.user
@@ -312,12 +363,14 @@ class Gate:
 
     def _admit_waiting(self, now: float) -> list[Ticket]:
         admitted = []
-        while self._queue and self._has_room():
-            ticket = self._next_fair() if self.config.policy == "fair" else self._queue[0]
-            self._dequeue(ticket)
+        fair = self.config.policy == "fair"
+        while self.waiting and self._has_room():
+            ticket = self._next_fair() if fair else self._head()
+            assert ticket is not None
+            self._dequeue(ticket, _ACTIVE)
             self._admit(ticket, now)
             admitted.append(ticket)
-        self._queue_grandfathered = min(self._queue_grandfathered, len(self._queue))
+        self._queue_grandfathered = min(self._queue_grandfathered, self.waiting)
         return admitted
 
     def _next_fair(self) -> Ticket:
@@ -325,7 +378,7 @@ class Gate:
         best_key: tuple[int, float, float] | None = None
         seen: set[str] = set()
         for ticket in self._queue:  # arrival order: a user's first ticket is its oldest
-            if ticket.user in seen:
+            if ticket.state is not _QUEUED or ticket.user in seen:
                 continue
             seen.add(ticket.user)
             key = (
@@ -340,26 +393,31 @@ class Gate:
 
     def _check_invariants(self) -> None:
         problems = []
-        queued = set(self._queue)
-        if len(queued) != len(self._queue):
+        in_order = self.queued_tickets()
+        queued = set(in_order)
+        if len(queued) != len(in_order):
             problems.append("a ticket is queued twice")
-        if self.waiting != len(self._queue):
-            problems.append(f"waiting {self.waiting} != {len(self._queue)} queued")
-        if queued != set(self._deadlines) or len(self._deadlines) != len(self._queue):
+        if self.waiting != len(in_order):
+            problems.append(f"waiting {self.waiting} != {len(in_order)} queued")
+        arrivals = [t.arrival for t in self._queue]
+        if arrivals != sorted(arrivals):
+            problems.append("the queue is not in arrival order")
+        by_deadline = [e[2] for e in self._deadlines if e[2].state is _QUEUED]
+        if set(by_deadline) != queued or len(by_deadline) != len(in_order):
             problems.append("the deadline view and the arrival view of the queue differ")
+        if any(e[0] != _first_deadline(e[2]) for e in self._deadlines):
+            problems.append("a deadline in the heap is not its ticket's")
         if queued & self._active:
             problems.append("a ticket is both active and queued")
-        if any(t.state is not TicketState.ACTIVE for t in self._active):
+        if any(t.state is not _ACTIVE for t in self._active):
             problems.append("an active ticket is not in state ACTIVE")
-        if any(t.state is not TicketState.QUEUED for t in self._queue):
-            problems.append("a queued ticket is not in state QUEUED")
         if len(self._active) > self._limit():
             problems.append(f"{len(self._active)} active above the limit {self._limit()}")
-        if self._queue and self._has_room():
+        if in_order and self._has_room():
             problems.append("a ticket waits while a slot is free")
         max_queued = self.config.max_queued
-        if max_queued is not None and len(self._queue) > max(max_queued, self._queue_grandfathered):
-            problems.append(f"{len(self._queue)} queued above max_queued_queries {max_queued}")
+        if max_queued is not None and len(in_order) > max(max_queued, self._queue_grandfathered):
+            problems.append(f"{len(in_order)} queued above max_queued_queries {max_queued}")
         held: dict[str, int] = {}
         for t in self._active:
             held[t.user] = held.get(t.user, 0) + 1
@@ -369,7 +427,7 @@ class Gate:
             raise InternalError(
                 f"admission gate of {self.config.name} broken: {'; '.join(problems)}; "
                 f"active={sorted(t.seq for t in self._active)} "
-                f"queue={[t.seq for t in self._queue]} config={self.config}"
+                f"queue={[t.seq for t in in_order]} config={self.config}"
             )
 
 
@@ -419,9 +477,9 @@ class GateRuntime:
             queued()
         while True:
             with self.lock:
-                if ticket.state is TicketState.ACTIVE:
+                if ticket.state is _ACTIVE:
                     return
-                if ticket.state is TicketState.QUEUED:
+                if ticket.state is _QUEUED:
                     if cancelled is not None and cancelled():
                         self.gate.withdraw(
                             ticket,
@@ -433,7 +491,7 @@ class GateRuntime:
                     else:
                         now = self.now()
                         self._wake(self.gate.expire(now))
-                if ticket.state not in (TicketState.QUEUED, TicketState.ACTIVE):
+                if ticket.state not in (_QUEUED, _ACTIVE):
                     assert ticket.error is not None
                     raise ticket.error
                 timeout = min(ticket.queue_deadline, ticket.query_deadline) - self.now()
@@ -472,7 +530,7 @@ class GateRuntime:
     def position(self, ticket: Ticket) -> int | None:
         """The ticket's 1-based place in the queue, in arrival order (None: not queued)."""
         with self.lock:
-            if ticket.state is not TicketState.QUEUED:
+            if ticket.state is not _QUEUED:
                 return None
             return int(self.gate.position(ticket))
 

@@ -134,4 +134,11 @@ def leave(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner, cp
             if gate._grandfathered > len(gate._active):
                 gate._grandfathered = len(gate._active)
             if gate.waiting:
-                wake(gate._admit_waiting(now))
+                admitted = gate._admit_waiting(now)
+                if dispatcher.fast_path and dispatcher.fault_hook is None:
+                    for next_ticket in admitted:  # a free worker goes with the slot
+                        waiter = next_ticket.runner
+                        if waiter is not None:
+                            next_ticket.runner = None
+                            core.grant_now(waiter, now)
+                wake(admitted)

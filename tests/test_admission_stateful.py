@@ -98,6 +98,7 @@ class GateMachine(RuleBasedStateMachine):
             cfg = GateConfig(name, cfg.max_active, cfg.max_queued, cfg.queue_timeout_ms, cfg.policy)
             self.gates[name] = Gate(cfg)
             self.models[name] = Model(cfg)
+        self.gates[GROUPS[1]].slack = 0  # its queue views are rebuilt at every chance
 
     # ---- helpers
     def _tickets(self, group: str | None, state: TicketState) -> list[Ticket]:
@@ -219,6 +220,14 @@ class GateMachine(RuleBasedStateMachine):
             gate._check_invariants()
             model = self.models[group]
             assert gate.queued_tickets() == model.queue
+            assert [gate.position(t) for t in model.queue] == list(range(1, len(model.queue) + 1))
+            deadlines = [min(t.queue_deadline, t.query_deadline) for t in model.queue]
+            assert gate.next_deadline() == min(deadlines, default=math.inf)
+            oldest = max((self.now - t.enqueued_at for t in model.queue), default=0.0)
+            assert gate.oldest_wait(self.now) == max(0.0, oldest)
+            # the lazy views drop what has left: they never hold much more than the queue
+            assert len(gate._queue) <= 2 * gate.waiting + gate.slack
+            assert len(gate._deadlines) <= 2 * gate.waiting + gate.slack
             assert gate.active == len(model.active)
             assert set(self._tickets(group, TicketState.ACTIVE)) == set(model.active)
             assert gate.admitted_total == model.admitted_total
@@ -239,3 +248,50 @@ class GateMachine(RuleBasedStateMachine):
 
 GateMachine.TestCase.settings = settings(max_examples=250, stateful_step_count=50, deadline=None)
 TestGate = GateMachine.TestCase
+
+
+def _bounded(gate: Gate) -> bool:
+    most = 2 * gate.waiting + gate.slack
+    return len(gate._queue) <= most and len(gate._deadlines) <= most
+
+
+def test_the_queue_views_stay_bounded_when_the_middle_leaves() -> None:
+    """Cancelled waiters are dropped lazily, but never pile up: withdrawing all
+    but the first of 2,000 queued tickets leaves views the size of the queue."""
+    gate = Gate(GateConfig("g", max_active=1, queue_timeout_ms=3_600_000))
+    assert gate.submit(Ticket("holder"), 0.0)
+    queued = [Ticket(USERS[i % 3], query_deadline=100.0 + i) for i in range(2000)]
+    for ticket in queued:
+        assert not gate.submit(ticket, 0.0)
+    for ticket in reversed(queued[1:]):
+        assert gate.withdraw(ticket, QueueTimeout("cancelled"))
+        assert _bounded(gate)
+    gate._check_invariants()
+    assert gate.queued_tickets() == [queued[0]]
+    assert gate.position(queued[0]) == 1
+    assert gate.next_deadline() == 100.0  # its query deadline, before its queue timeout
+
+
+def test_the_queue_views_stay_bounded_under_fifo_churn() -> None:
+    """Admitted in arrival order, tickets leave the deadline heap lazily too: after
+    20,000 passes through a queue of five, the heap holds tens of entries, not
+    thousands, and the next deadline is the queued tickets' own."""
+    gate = Gate(GateConfig("g", max_active=1, queue_timeout_ms=60_000))
+    now = 0.0
+    holder = Ticket("holder")
+    assert gate.submit(holder, now)
+    line = [Ticket("ann") for _ in range(5)]
+    for ticket in line:
+        assert not gate.submit(ticket, now)
+    for _ in range(20_000):
+        now += 0.001
+        (admitted,) = gate.release(holder, now)
+        holder = admitted
+        fresh = Ticket("ann")
+        assert not gate.submit(fresh, now)
+        assert _bounded(gate)
+    gate._check_invariants()
+    assert gate.waiting == 5
+    assert len(gate._deadlines) <= 2 * 5 + gate.slack
+    oldest = min(t.queue_deadline for t in gate.queued_tickets())
+    assert gate.next_deadline() == oldest

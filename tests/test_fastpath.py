@@ -287,3 +287,90 @@ def test_a_query_entered_on_either_path_gives_everything_back(fast: bool) -> Non
         row = next(r for r in engine.resource_groups() if r["name"] == "DEFAULT")
         assert row["memory_used_bytes"] == 0
         assert row["active_queries"] == 0
+
+
+def _handoff_setup(workers: int) -> tuple[Any, Any, Any, Any]:
+    """A dispatcher, a gate of one slot held by a first query, and a second query
+    queued behind it with its runner, as ``Query._admit_slow`` leaves them."""
+    from resgroups.sched.admission import Gate, GateConfig, Ticket
+    from resgroups.sched.cpu import Runner
+    from resgroups.sched.fastpath import admit
+    from resgroups.sched.pool import Dispatcher
+
+    clock = ManualClock()
+    dispatcher = Dispatcher({"default": workers}, clock.monotonic, slice_ms=10, granularity_ms=50)
+    group = dispatcher.core.group(1, "g")
+    gate = Gate(GateConfig("g", max_active=1))
+    first, first_runner = Ticket("ann"), Runner(group, "default", "ann", 1)
+    assert admit(dispatcher, gate, first, first_runner)
+    second, second_runner = Ticket("bob"), Runner(group, "default", "bob", 2)
+    with dispatcher.lock:
+        assert not gate.submit(second, clock.monotonic())
+    second.runner = second_runner
+    return dispatcher, gate, (first, first_runner), (second, second_runner)
+
+
+def test_a_slot_handed_on_takes_a_free_worker_with_it() -> None:
+    """When a leaving query's slot goes to the next in the queue and a worker is
+    free, the worker goes too: the woken query has nothing left to take. Its
+    arrival order for workers counts from the hand-off, as a new runner's would."""
+    from resgroups.sched.fastpath import leave
+
+    dispatcher, gate, (first, first_runner), (second, runner) = _handoff_setup(workers=2)
+    try:
+        arrived = runner.seq
+        leave(dispatcher, gate, first, first_runner, 0)
+        assert second.state is TicketState.ACTIVE
+        assert runner.state is RunnerState.RUNNING
+        assert runner.seq > arrived
+        assert second.runner is None
+        assert dispatcher.core.free["default"] == 1
+        gate._check_invariants()
+        dispatcher.check_invariants()
+    finally:
+        dispatcher.close()
+
+
+def test_no_worker_is_handed_on_when_none_is_free() -> None:
+    """The slot still goes to the next query, but the freed worker goes to a query
+    already waiting for one: the woken query asks for a worker itself, in the
+    pool's order."""
+    from resgroups.sched.cpu import Runner
+    from resgroups.sched.fastpath import leave
+
+    dispatcher, gate, (first, first_runner), (second, runner) = _handoff_setup(workers=1)
+    try:
+        other = Runner(first_runner.group, "default", "cy", 3)
+        with dispatcher.lock:
+            assert dispatcher.core.submit(other, 0.0) == []  # waits for the one worker
+        leave(dispatcher, gate, first, first_runner, 0)
+        assert other.state is RunnerState.RUNNING  # the freed worker: first in line
+        assert second.state is TicketState.ACTIVE  # the slot
+        assert runner.state is RunnerState.DONE  # no worker with it
+        assert dispatcher.core.free["default"] == 0
+        gate._check_invariants()
+        dispatcher.check_invariants()
+    finally:
+        dispatcher.close()
+
+
+def test_a_wakeup_is_consumed_by_one_wait() -> None:
+    from resgroups.sched.wakeup import Wakeup
+
+    wakeup = Wakeup()
+    assert not wakeup.wait(0.001)  # nothing set: the wait times out
+    wakeup.set()
+    wakeup.set()  # twice before a wait: one wake-up
+    assert wakeup.wait(0.001)
+    assert not wakeup.wait(0.001)
+    woken = threading.Event()
+
+    def waiter() -> None:
+        if wakeup.wait(10.0):
+            woken.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    wakeup.set()
+    thread.join(10.0)
+    assert woken.is_set()

@@ -161,6 +161,7 @@ class Gate:
         self._queue: deque[Ticket] = deque()  # arrival order, with tickets that left
         self._deadlines: list[tuple[float, int, Ticket]] = []  # a heap, likewise
         self._positions: dict[Ticket, int] | None = None  # position(), until a change
+        self.slack = 32  # the views are rebuilt beyond 2 x queued + slack (tests lower it)
         self._arrivals = itertools.count()
         self._held: dict[str, int] = {}  # user -> active tickets
         self._last_admitted: dict[str, float] = {}  # user -> time of last admission
@@ -235,9 +236,10 @@ class Gate:
         queue = self._queue
         if queue[0] is ticket:  # leaving in arrival order: the common case
             queue.popleft()
-        elif len(queue) > 2 * self.waiting + 32:
+        most = 2 * self.waiting + self.slack  # each view holds at most this many
+        if len(queue) > most:
             self._queue = deque(t for t in queue if t.state is _QUEUED)
-        if len(self._deadlines) > 2 * self.waiting + 32:
+        if len(self._deadlines) > most:
             self._deadlines = [e for e in self._deadlines if e[2].state is _QUEUED]
             heapq.heapify(self._deadlines)
 

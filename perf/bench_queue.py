@@ -1,5 +1,6 @@
-"""The admission queue with many waiters: the gate's sorted views against the
-plain deque it replaced, side by side in one run.
+"""The admission queue with many waiters: the gate's queue views (a deque and a
+deadline heap that drop what has left lazily) against a plain deque searched
+and scanned, side by side in one run.
 
     python perf/bench_queue.py --fast
 

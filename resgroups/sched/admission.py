@@ -36,15 +36,18 @@ Fair order
     minimising (held(u), last_admitted(u), oldest enqueue of u), where
     held(u) counts u's active tickets and last_admitted(u) is the time of u's
     last admission in this group (-inf if never), so with L = 1 users take
-    turns. Complexity: O(|Q|) per fair admission; the fifo path is O(log |Q|).
+    turns. Complexity: O(|Q|) per fair admission; the fifo path is O(log |Q|)
+    (the deadline heap).
 
 The queue
-    Q is kept twice, in two ``SortedKeyList``s (sortedcontainers): by arrival
-    (a per-gate counter taken at enqueue) and by first deadline
-    min(queue deadline, query deadline). Withdrawing a cancelled ticket is
-    O(log |Q|), and ``expire`` pops only the tickets that are due instead of
-    scanning the whole queue every time a waiter wakes. A ticket's keys never
-    change while it is queued.
+    Q is kept twice: in arrival order (a per-gate counter taken at enqueue; a
+    deque) and by first deadline min(queue deadline, query deadline) (a
+    heap). A ticket leaves Q by changing state; both views drop what has
+    left from their fronts as they are read, and each is rebuilt when it
+    holds more than 2|Q| + slack entries. So withdrawing a cancelled ticket
+    is O(1) amortized, admitting in arrival order O(1), and ``expire`` pops
+    only the tickets that are due instead of scanning the whole queue every
+    time a waiter wakes. A ticket's keys never change while it is queued.
 
 ALTER
     ``configure`` applies new settings online: held slots are kept, queued

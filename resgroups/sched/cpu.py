@@ -202,30 +202,23 @@ class GroupCpu:
         self.budget_ns = self.burst  # a group starts with its burst
         self.budget_at = 0.0
 
-    # ---- limits
+    # ---- limits: what follows from limit_cores is computed once, when it is set
     @property
-    def cap(self) -> float:
-        return math.inf if self.limit_cores is None else math.ceil(self.limit_cores - 1e-9)
+    def limit_cores(self) -> float | None:
+        return self._limit_cores
 
-    @property
-    def fractional(self) -> bool:
-        return (
-            self.limit_cores is not None and abs(self.limit_cores - round(self.limit_cores)) > 1e-9
-        )
-
-    @property
-    def rate(self) -> float:
-        """Budget refill in ns per second."""
-        return 0.0 if self.limit_cores is None else self.limit_cores * NS
-
-    @property
-    def burst(self) -> float:
-        return self.rate * BURST_S
-
-    @property
-    def single_threaded(self) -> bool:
-        """Limited to one core or less: a query's parallel work runs on its own thread."""
-        return self.limit_cores is not None and self.limit_cores <= 1 + 1e-9
+    @limit_cores.setter
+    def limit_cores(self, cores: float | None) -> None:
+        self._limit_cores = cores
+        self.limited = cores is not None
+        # workers it may hold at once
+        self.cap: float = math.inf if cores is None else math.ceil(cores - 1e-9)
+        # a fractional limit also spends a CPU budget
+        self.fractional = cores is not None and abs(cores - round(cores)) > 1e-9
+        self.rate = 0.0 if cores is None else cores * NS  # budget refill in ns per second
+        self.burst = self.rate * BURST_S
+        # limited to one core or less: a query's parallel work runs on its own thread
+        self.single_threaded = cores is not None and cores <= 1 + 1e-9
 
     def refill(self, now: float) -> None:
         if self.fractional:
@@ -415,7 +408,7 @@ class CpuScheduler:
     def _freed(self, runner: Runner) -> tuple[str, ...] | None:
         """The pools a freed worker may unblock: its own, or every pool when the
         group's cap counts workers across pools (None: all)."""
-        return None if runner.group.limit_cores is not None else (runner.pool,)
+        return None if runner.group.limited else (runner.pool,)
 
     def _unwait(self, runner: Runner, now: float) -> None:
         queue = runner.group.waiting.get(runner.pool, [])

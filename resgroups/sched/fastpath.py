@@ -115,7 +115,7 @@ def leave(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner, cp
                         core._maybe_idle(g, now)
                     core.free[pool] += 1
                 runner.state = _DONE
-                if core.waiting_in[pool] or g.limit_cores is not None:
+                if core.waiting_in[pool] or g.limited:
                     dispatcher._wake(core.dispatch(now, core._freed(runner)))
             elif runner.state is not _DONE:  # waiting, or faults injected: the slow path's
                 dispatcher._wake(dispatcher._release_locked(runner, cpu_ns, now))

@@ -652,14 +652,9 @@ class Query:
         )
         fleet = self.session.engine.fleet
         if fleet is None and fastpath.admit(self._dispatcher, runtime.gate.gate, ticket, runner):
-            # _arm, for a query that has just started: no slice unless scheduled
-            now = self._seen = self._now()
             if runner.scheduled:
                 self._cpu_mark = self._meter()
-                self._slice_end = now + self._slice_s
-            self._deadline = min(self._stop_at, self._slice_end, now + self._probe_s)
-            if self._cancelled:  # cancel() may have run in between
-                self._deadline = -math.inf
+            self._arm()
             return
         self._admit_slow(runtime, ticket, fleet)
 

@@ -43,8 +43,11 @@ MAP_WORKERS = 2
 MAP_ITEMS = list(range(1000))
 
 
-def managed_query(loops: int) -> float:
+def managed_query(loops: int, setup: str = "") -> float:
+    """Uncontended queries in DEFAULT, after ``setup`` (SQL) has run."""
     with resgroups.Engine() as engine:
+        if setup:
+            engine.connect().execute(setup)
         session = engine.connect("bench")
         t0 = pyperf.perf_counter()
         for _ in range(loops):
@@ -56,14 +59,7 @@ def managed_query(loops: int) -> float:
 def managed_query_engaged(loops: int) -> float:
     """An uncontended query in DEFAULT while a second group exists (scheduling
     engaged: the query's CPU is read as it starts and ends, and charged)."""
-    with resgroups.Engine() as engine:
-        engine.connect().execute("CREATE RESOURCE GROUP other WITH (cpu_weight = 200)")
-        session = engine.connect("bench")
-        t0 = pyperf.perf_counter()
-        for _ in range(loops):
-            with session.query():
-                pass
-        return pyperf.perf_counter() - t0
+    return managed_query(loops, "CREATE RESOURCE GROUP other WITH (cpu_weight = 200)")
 
 
 def semaphore(loops: int) -> float:

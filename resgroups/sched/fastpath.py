@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resgroups.errors import InternalError
 from resgroups.sched.admission import Gate, Ticket, TicketState, wake
 from resgroups.sched.cpu import Runner, RunnerState
 
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
 _RUNNING = RunnerState.RUNNING
 _DONE = RunnerState.DONE
 _ACTIVE = TicketState.ACTIVE
-_RELEASED = TicketState.RELEASED
 
 
 def admit(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner) -> bool:
@@ -120,21 +118,8 @@ def leave(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner, cp
             elif runner.state is not _DONE:  # waiting, or faults injected: the slow path's
                 dispatcher._wake(dispatcher._release_locked(runner, cpu_ns, now))
         finally:
-            if ticket.state is not _ACTIVE:
-                raise InternalError(f"{ticket!r} released without a slot")
-            # Gate.release
-            gate._active.remove(ticket)
-            held = gate._held
-            user = ticket.user
-            if held[user] == 1:
-                del held[user]
-            else:
-                held[user] -= 1
-            ticket.state = _RELEASED
-            if gate._grandfathered > len(gate._active):
-                gate._grandfathered = len(gate._active)
-            if gate.waiting:
-                admitted = gate._admit_waiting(now)
+            admitted = gate.release(ticket, now)
+            if admitted:
                 if dispatcher.fast_path and dispatcher.fault_hook is None:
                     for next_ticket in admitted:  # a free worker goes with the slot
                         waiter = next_ticket.runner

@@ -592,7 +592,7 @@ class Query:
             self._timeout_at = self._stop_at = self._deadline = submitted + self._timeout
         try:
             session.engine.open_query(self)
-            session._running.add(self.id)  # Session.query_started, inline
+            session.running_ids.add(self.id)
             # an unmanaged query resolves nothing: a dropped or forbidden choice
             # cannot fail what consumes nothing
             if self.kind in MANAGED_KINDS:
@@ -810,7 +810,7 @@ class Query:
                 self._runtime.suspend(-1)
                 self.held.suspended = False
             session = self.session
-            session._running.discard(self.id)  # Session.query_ended, inline
+            session.running_ids.discard(self.id)
             session.engine.close_query(self)
 
     # ---- what it is doing now (resource_group_queries()) -----------------------------

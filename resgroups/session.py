@@ -31,10 +31,12 @@ class Session:
         self.engine = engine
         self._identity = identity
         self._chosen: int | None = None  # the chosen group's id (a rename keeps it)
-        # the ids of this session's queries in flight (the engine's registry holds
-        # them weakly, so that a query whose handle is lost is left for the
-        # reconcile loop to reclaim: Engine.reconcile)
-        self._running: set[int] = set()
+        # the ids of this session's queries in flight: a query adds its own as it
+        # starts and takes it out as it ends (set.add and discard are atomic
+        # under the GIL: the per-query path takes no lock for it). Ids, not the
+        # queries: the engine's registry holds them weakly, so that a query whose
+        # handle is lost is left for the reconcile loop to reclaim.
+        self.running_ids: set[int] = set()
         self._cancel_requested = False  # cancel() during a script stops what is left
         self.work_cpu_ns = 0  # CPU the built-in executor spent on this session's queries
         # the last placement, with the snapshot, identity and choice it was resolved for
@@ -62,20 +64,14 @@ class Session:
         """SET RESOURCE GROUP (by identity, so a rename keeps the choice) or RESET."""
         self._chosen = group_id
 
-    def query_started(self, query: Query) -> None:
-        self._running.add(query.id)  # set.add / discard are atomic under the GIL
-
-    def query_ended(self, query: Query) -> None:
-        self._running.discard(query.id)
-
     def running_queries(self) -> list[Query]:
         """This session's queries in flight. A query whose handle was lost without
         exit is not: its id is dropped here, and the reconcile loop reclaims it."""
         running = []
-        for query_id in list(self._running):
+        for query_id in list(self.running_ids):
             query = self.engine.live_query(query_id)
             if query is None:
-                self._running.discard(query_id)
+                self.running_ids.discard(query_id)
             else:
                 running.append(query)
         return running

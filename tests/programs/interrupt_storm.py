@@ -162,7 +162,7 @@ def main() -> int:
         },
         "process_memory": engine.memory_ledger.process.used,
         "open_queries": len(engine._queries),
-        "session_running": len(session._running) + len(other._running),
+        "session_running": len(session.running_ids) + len(other.running_ids),
         "served_after": len(results),
     }
     engine.close()

@@ -33,7 +33,7 @@ def test_a_huge_scan_is_cancelled_at_once() -> None:
         started = threading.Event()
 
         def cancel_when_running() -> None:
-            while not session._running:
+            while not session.running_ids:
                 if started.wait(0.002):
                     return
             session.cancel()

@@ -171,9 +171,9 @@ def _interrupt_when_running(session: resgroups.Session) -> threading.Thread:
 
     def interrupt() -> None:
         deadline = time.monotonic() + 20
-        while not session._running and time.monotonic() < deadline:
+        while not session.running_ids and time.monotonic() < deadline:
             time.sleep(0.005)
-        if session._running:  # never interrupt anything but the statement
+        if session.running_ids:  # never interrupt anything but the statement
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
     thread = threading.Thread(target=interrupt, daemon=True)
@@ -198,7 +198,7 @@ def test_ctrl_c_cancels_the_running_statement_and_keeps_the_shell() -> None:
         out.clear()
         runner.run("SELECT 1 AS one")  # the shell goes on
         assert "(1 row)" in "".join(out)
-        assert not session._running
+        assert not session.running_ids
 
 
 def shell_process(tmp_path: Path, script: str) -> subprocess.Popen[str]:

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from resgroups.sched.cpu import NS, CpuScheduler, GroupCpu, Runner, RunnerState
+from resgroups.sched.cpu import BURST_S, NS, CpuScheduler, GroupCpu, Runner, RunnerState
 
 MS = 1_000_000
 
@@ -182,6 +182,35 @@ def test_whole_core_limit_caps_workers_without_budget() -> None:
         sim.tick()
     assert sim.s.free["default"] == 2  # the rest stays idle: a ceiling, not a share
     assert sim.groups["capped"].cpu_ns_total == 2 * 100 * 10 * MS
+
+
+@pytest.mark.parametrize(
+    ("limit", "cap", "fractional", "single_threaded"),
+    [(None, math.inf, False, False), (0.5, 1, True, True), (1.0, 1, False, True),
+     (2.0, 2, False, False), (2.5, 3, True, False)],
+)  # fmt: skip
+def test_what_follows_from_a_cpu_limit_follows_every_alter(
+    limit: float | None, cap: float, fractional: bool, single_threaded: bool
+) -> None:
+    """cap, fractional, rate and burst are computed when limit_cores is set, so an
+    ALTER (configure) from any limit to any other leaves them as a new group's."""
+    for before in (None, 0.5, 1.0, 2.0, 2.5):
+        sim = Sim()
+        sim.group("g", 100, limit=before)
+        g = sim.groups["g"]
+        sim.s.configure(0, "g", 100, limit, "fifo", sim.now)
+        fresh = GroupCpu(1, "fresh", 100, limit)
+        for group in (g, fresh):
+            assert group.limit_cores == limit
+            assert (group.cap, group.fractional, group.single_threaded) == (
+                cap,
+                fractional,
+                single_threaded,
+            )
+            assert group.rate == (0.0 if limit is None else limit * NS)
+            assert group.burst == group.rate * BURST_S
+            assert group.limited is (limit is not None)
+        sim.check()
 
 
 def test_fractional_limit_budget_burst_and_refill() -> None:

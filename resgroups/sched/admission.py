@@ -252,8 +252,7 @@ class Gate:
 
     def has_room_now(self) -> bool:
         """Would a new ticket be admitted at once: nobody queued, a slot free."""
-        limit = self.config.max_active
-        return not self.waiting and (limit is None or len(self._active) < limit)
+        return not self.waiting and self._has_room()
 
     def _has_room(self) -> bool:
         limit = self.config.max_active
@@ -453,7 +452,7 @@ class GateRuntime:
 
     ``lock`` may be shared: an engine's gates all use its dispatcher's lock,
     so that a query's fast path takes a slot and a worker under one lock
-    (``Dispatcher.admit``). Nothing here takes another lock while holding it.
+    (``sched/fastpath.py``). Nothing here takes another lock while holding it.
     """
 
     def __init__(

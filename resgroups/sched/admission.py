@@ -91,16 +91,16 @@ class TicketState(Enum):
     WITHDRAWN = "withdrawn"
 
 
-# The states as module constants: reading an enum member through its class runs
-# the enum metaclass's attribute hook (about 70 ns on Python 3.11), a global is a
-# dict read; the per-query path compares with them.
-_NEW: Final = TicketState.NEW
-_QUEUED: Final = TicketState.QUEUED
-_ACTIVE: Final = TicketState.ACTIVE
-_RELEASED: Final = TicketState.RELEASED
-_REJECTED: Final = TicketState.REJECTED
-_EXPIRED: Final = TicketState.EXPIRED
-_WITHDRAWN: Final = TicketState.WITHDRAWN
+# The states as module constants, imported where the per-query path compares
+# with them: reading an enum member through its class runs the enum metaclass's
+# attribute hook (about 70 ns on Python 3.11), a global is a dict read.
+TICKET_NEW: Final = TicketState.NEW
+TICKET_QUEUED: Final = TicketState.QUEUED
+TICKET_ACTIVE: Final = TicketState.ACTIVE
+TICKET_RELEASED: Final = TicketState.RELEASED
+TICKET_REJECTED: Final = TicketState.REJECTED
+TICKET_EXPIRED: Final = TicketState.EXPIRED
+TICKET_WITHDRAWN: Final = TicketState.WITHDRAWN
 
 
 _SEQ: Final = itertools.count()
@@ -112,7 +112,7 @@ class Ticket:
     What every ticket starts with is a class attribute: a new ticket stores
     only its user, deadline and number (the per-query cost, docs/queries.md)."""
 
-    state = _NEW
+    state = TICKET_NEW
     enqueued_at = 0.0
     queue_deadline = math.inf
     arrival = 0  # the gate's enqueue counter: the queue's order
@@ -188,7 +188,7 @@ class Gate:
 
     def queued_tickets(self) -> list[Ticket]:
         """The queued tickets in arrival order."""
-        return [t for t in self._queue if t.state is _QUEUED]
+        return [t for t in self._queue if t.state is TICKET_QUEUED]
 
     def position(self, ticket: Ticket) -> int:
         """1-based place of a queued ticket in arrival order: O(1) once the places
@@ -203,14 +203,14 @@ class Gate:
     def _head(self) -> Ticket | None:
         """The first queued ticket in arrival order (None: nobody waits). O(1) amortized."""
         queue = self._queue
-        while queue and queue[0].state is not _QUEUED:
+        while queue and queue[0].state is not TICKET_QUEUED:
             queue.popleft()
         return queue[0] if queue else None
 
     def _first_to_expire(self) -> Ticket | None:
         """The queued ticket with the earliest deadline. O(log n) amortized."""
         deadlines = self._deadlines
-        while deadlines and deadlines[0][2].state is not _QUEUED:
+        while deadlines and deadlines[0][2].state is not TICKET_QUEUED:
             heapq.heappop(deadlines)
         return deadlines[0][2] if deadlines else None
 
@@ -241,9 +241,9 @@ class Gate:
             queue.popleft()
         most = 2 * self.waiting + self.slack  # each view holds at most this many
         if len(queue) > most:
-            self._queue = deque(t for t in queue if t.state is _QUEUED)
+            self._queue = deque(t for t in queue if t.state is TICKET_QUEUED)
         if len(self._deadlines) > most:
-            self._deadlines = [e for e in self._deadlines if e[2].state is _QUEUED]
+            self._deadlines = [e for e in self._deadlines if e[2].state is TICKET_QUEUED]
             heapq.heapify(self._deadlines)
 
     def _limit(self) -> float:
@@ -266,21 +266,21 @@ class Gate:
         O(1). A ticket whose query deadline has already passed fails with
         QueryTimeout rather than taking a place.
         """
-        if ticket.state is not _NEW:
+        if ticket.state is not TICKET_NEW:
             raise InternalError(f"{ticket!r} submitted twice")
         if self.has_room_now():
             self._admit(ticket, now)
             return True
         max_queued = self.config.max_queued
         if max_queued is not None and self.waiting >= max_queued:
-            ticket.state = _REJECTED
+            ticket.state = TICKET_REJECTED
             self.admission_rejections += 1
             raise AdmissionRejected(
                 f"Resource Group admission queue is full [group={self.config.name}, "
                 f"max_active_queries={self.config.max_active}, "
                 f"max_queued_queries={max_queued}, queued={self.waiting}]"
             )
-        ticket.state = _QUEUED
+        ticket.state = TICKET_QUEUED
         ticket.enqueued_at = now
         ticket.queue_deadline = now + self.config.queue_timeout_ms / 1000
         self._enqueue(ticket)
@@ -289,7 +289,7 @@ class Gate:
 
     def release(self, ticket: Ticket, now: float) -> list[Ticket]:
         """A slot comes back; the tickets admitted in its place."""
-        if ticket.state is not _ACTIVE:
+        if ticket.state is not TICKET_ACTIVE:
             raise InternalError(f"{ticket!r} released without a slot")
         self._active.remove(ticket)
         held = self._held
@@ -298,16 +298,16 @@ class Gate:
             del held[user]
         else:
             held[user] -= 1
-        ticket.state = _RELEASED
+        ticket.state = TICKET_RELEASED
         if self._grandfathered > len(self._active):
             self._grandfathered = len(self._active)
         return self._admit_waiting(now) if self.waiting else []
 
     def withdraw(self, ticket: Ticket, error: Error) -> bool:
         """Take a queued ticket out (cancelled, or the engine closing). False if not queued."""
-        if ticket.state is not _QUEUED:
+        if ticket.state is not TICKET_QUEUED:
             return False
-        self._dequeue(ticket, _WITHDRAWN)
+        self._dequeue(ticket, TICKET_WITHDRAWN)
         self._queue_grandfathered = min(self._queue_grandfathered, self.waiting)
         ticket.error = error
         return True
@@ -316,7 +316,7 @@ class Gate:
         """End the waits whose first deadline has come; each gets its error."""
         expired = []
         while (first := self._first_to_expire()) is not None and _first_deadline(first) <= now:
-            self._dequeue(first, _EXPIRED)
+            self._dequeue(first, TICKET_EXPIRED)
             expired.append(first)
         for ticket in expired:
             waited_ms = round((now - ticket.enqueued_at) * 1000)
@@ -357,7 +357,7 @@ class Gate:
             self.demand_peak = demand
 
     def _admit(self, ticket: Ticket, now: float) -> None:
-        ticket.state = _ACTIVE
+        ticket.state = TICKET_ACTIVE
         self._active.add(ticket)
         self._note_demand()
         user = ticket.user
@@ -371,7 +371,7 @@ class Gate:
         while self.waiting and self._has_room():
             ticket = self._next_fair() if fair else self._head()
             assert ticket is not None
-            self._dequeue(ticket, _ACTIVE)
+            self._dequeue(ticket, TICKET_ACTIVE)
             self._admit(ticket, now)
             admitted.append(ticket)
         self._queue_grandfathered = min(self._queue_grandfathered, self.waiting)
@@ -382,7 +382,7 @@ class Gate:
         best_key: tuple[int, float, float] | None = None
         seen: set[str] = set()
         for ticket in self._queue:  # arrival order: a user's first ticket is its oldest
-            if ticket.state is not _QUEUED or ticket.user in seen:
+            if ticket.state is not TICKET_QUEUED or ticket.user in seen:
                 continue
             seen.add(ticket.user)
             key = (
@@ -406,14 +406,14 @@ class Gate:
         arrivals = [t.arrival for t in self._queue]
         if arrivals != sorted(arrivals):
             problems.append("the queue is not in arrival order")
-        by_deadline = [e[2] for e in self._deadlines if e[2].state is _QUEUED]
+        by_deadline = [e[2] for e in self._deadlines if e[2].state is TICKET_QUEUED]
         if set(by_deadline) != queued or len(by_deadline) != len(in_order):
             problems.append("the deadline view and the arrival view of the queue differ")
         if any(e[0] != _first_deadline(e[2]) for e in self._deadlines):
             problems.append("a deadline in the heap is not its ticket's")
         if queued & self._active:
             problems.append("a ticket is both active and queued")
-        if any(t.state is not _ACTIVE for t in self._active):
+        if any(t.state is not TICKET_ACTIVE for t in self._active):
             problems.append("an active ticket is not in state ACTIVE")
         if len(self._active) > self._limit():
             problems.append(f"{len(self._active)} active above the limit {self._limit()}")
@@ -481,9 +481,9 @@ class GateRuntime:
             queued()
         while True:
             with self.lock:
-                if ticket.state is _ACTIVE:
+                if ticket.state is TICKET_ACTIVE:
                     return
-                if ticket.state is _QUEUED:
+                if ticket.state is TICKET_QUEUED:
                     if cancelled is not None and cancelled():
                         self.gate.withdraw(
                             ticket,
@@ -495,7 +495,7 @@ class GateRuntime:
                     else:
                         now = self.now()
                         self._wake(self.gate.expire(now))
-                if ticket.state not in (_QUEUED, _ACTIVE):
+                if ticket.state not in (TICKET_QUEUED, TICKET_ACTIVE):
                     assert ticket.error is not None
                     raise ticket.error
                 timeout = min(ticket.queue_deadline, ticket.query_deadline) - self.now()
@@ -534,7 +534,7 @@ class GateRuntime:
     def position(self, ticket: Ticket) -> int | None:
         """The ticket's 1-based place in the queue, in arrival order (None: not queued)."""
         with self.lock:
-            if ticket.state is not _QUEUED:
+            if ticket.state is not TICKET_QUEUED:
                 return None
             return int(self.gate.position(ticket))
 

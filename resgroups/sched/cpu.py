@@ -120,12 +120,10 @@ class RunnerState(Enum):
     DONE = "done"
 
 
-# The states as module constants: reading an enum member through its class runs
-# the enum metaclass's attribute hook (about 70 ns on Python 3.11), a global is a
-# dict read; the per-query path compares with them.
-_WAITING: Final = RunnerState.WAITING
-_RUNNING: Final = RunnerState.RUNNING
-_DONE: Final = RunnerState.DONE
+# The states as module constants, as the ticket's (sched/admission.py)
+RUNNER_WAITING: Final = RunnerState.WAITING
+RUNNER_RUNNING: Final = RunnerState.RUNNING
+RUNNER_DONE: Final = RunnerState.DONE
 
 
 _SEQ: Final = itertools.count(1)
@@ -137,7 +135,7 @@ class Runner:
     What every runner starts with is a class attribute: a new runner stores
     only who it is (the per-query cost, docs/queries.md "Cost")."""
 
-    state = _DONE
+    state = RUNNER_DONE
     scheduled = False  # granted while engaged: sliced and charged
     fresh = True  # arrived (not parked) since it last waited
     runnable_since = 0.0
@@ -340,7 +338,7 @@ class CpuScheduler:
     def submit(self, runner: Runner, now: float) -> list[Runner]:
         """``runner`` (new work: a query starting or resuming, a task) wants a worker
         of its pool. Returns the runners granted (``runner`` among them if it got one)."""
-        if runner.state is not _DONE:
+        if runner.state is not RUNNER_DONE:
             raise InternalError(f"{runner!r} submitted while {runner.state.value}")
         if runner.pool not in self.sizes:
             raise InternalError(f"no pool {runner.pool!r}")
@@ -367,7 +365,7 @@ class CpuScheduler:
         """:meth:`submit` for a runner that arrives now, when it would be granted a
         worker at once (True); otherwise nothing changes (False). Its arrival
         order counts from now."""
-        if runner.state is not _DONE or not self.may_grant_now(runner, now):
+        if runner.state is not RUNNER_DONE or not self.may_grant_now(runner, now):
             return False
         runner.seq = next(_SEQ)
         g = runner.group
@@ -379,7 +377,7 @@ class CpuScheduler:
         return True
 
     def _enqueue(self, runner: Runner, now: float, *, fresh: bool) -> None:
-        runner.state = _WAITING
+        runner.state = RUNNER_WAITING
         runner.fresh = fresh
         runner.runnable_since = now
         self.waiting_in[runner.pool] += 1
@@ -394,15 +392,15 @@ class CpuScheduler:
     def release(self, runner: Runner, cpu_ns: int, now: float) -> list[Runner]:
         """``runner`` is done with its worker (finished, or a query suspends); charges
         its last CPU. Returns the runners granted the freed worker."""
-        if runner.state is _WAITING:
+        if runner.state is RUNNER_WAITING:
             self._unwait(runner, now)
-            runner.state = _DONE
+            runner.state = RUNNER_DONE
             return []
-        if runner.state is not _RUNNING:
+        if runner.state is not RUNNER_RUNNING:
             raise InternalError(f"{runner!r} released while {runner.state.value}")
         self._charge(runner, cpu_ns, now)
         self._unhold(runner, now)
-        runner.state = _DONE
+        runner.state = RUNNER_DONE
         return self.dispatch(now, pools=self._freed(runner))
 
     def _freed(self, runner: Runner) -> tuple[str, ...] | None:
@@ -437,7 +435,7 @@ class CpuScheduler:
 
     def slice_end(self, runner: Runner, cpu_ns: int, now: float) -> Decision:
         """The first checkpoint after ``runner``'s slice: charge, then renew or yield."""
-        if runner.state is not _RUNNING:
+        if runner.state is not RUNNER_RUNNING:
             raise InternalError(f"slice end of {runner!r} while {runner.state.value}")
         if not runner.scheduled or self.degraded:
             runner.granted_at = now
@@ -582,10 +580,10 @@ class CpuScheduler:
 
     def _grant(self, r: Runner, now: float) -> None:
         g = r.group
-        if r.state is _WAITING:
+        if r.state is RUNNER_WAITING:
             self._unwait(r, now)
         self.free[r.pool] -= 1
-        r.state = _RUNNING
+        r.state = RUNNER_RUNNING
         r.scheduled = self.engaged and not self.degraded
         r.granted_at = now
         r.cpu_since_grant_ns = 0
@@ -619,7 +617,7 @@ class CpuScheduler:
         CPU budget is spent ("cpu_budget"), its group holds as many workers as its
         CPU limit allows ("cpu_limit"), or the pool has none free for it now
         ("worker": all busy, or others are ahead by weight or arrival)."""
-        if runner.state is not _WAITING:
+        if runner.state is not RUNNER_WAITING:
             return None
         g = runner.group
         if g.fractional:
@@ -669,10 +667,10 @@ class CpuScheduler:
                 seen.add(id(r))
                 if r.group is not g:
                     problems.append(f"{r!r} filed under {g.name}")
-            if any(r.state is not _RUNNING for r in g.running):
+            if any(r.state is not RUNNER_RUNNING for r in g.running):
                 problems.append(f"{g.name}: a running runner is not RUNNING")
             for pool, queue in g.waiting.items():
-                if any(r.state is not _WAITING or r.pool != pool for r in queue):
+                if any(r.state is not RUNNER_WAITING or r.pool != pool for r in queue):
                     problems.append(f"{g.name}: a waiting runner is misfiled")
             scheduled = sum(1 for r in g.running if r.scheduled)
             if g.held != scheduled:

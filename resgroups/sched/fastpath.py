@@ -38,15 +38,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resgroups.sched.admission import Gate, Ticket, TicketState, wake
-from resgroups.sched.cpu import Runner, RunnerState
+from resgroups.sched.admission import TICKET_ACTIVE, Gate, Ticket, wake
+from resgroups.sched.cpu import RUNNER_DONE, RUNNER_RUNNING, Runner
 
 if TYPE_CHECKING:
     from resgroups.sched.pool import Dispatcher
-
-_RUNNING = RunnerState.RUNNING  # module constants: see sched/cpu.py
-_DONE = RunnerState.DONE
-_ACTIVE = TicketState.ACTIVE
 
 
 def admit(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner) -> bool:
@@ -76,7 +72,7 @@ def admit(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner) ->
             if g not in core.busy:
                 core._place(g)  # an idle group becoming runnable: no banking
         # Gate._admit (nobody queued: the demand is the slots held)
-        ticket.state = _ACTIVE
+        ticket.state = TICKET_ACTIVE
         active.add(ticket)
         if len(active) > gate.demand_peak:
             gate.demand_peak = len(active)
@@ -98,15 +94,15 @@ def leave(dispatcher: Dispatcher, gate: Gate, ticket: Ticket, runner: Runner, cp
     with dispatcher.lock:
         now = dispatcher.now()
         try:
-            if runner.state is _RUNNING and dispatcher.fault_hook is None:
+            if runner.state is RUNNER_RUNNING and dispatcher.fault_hook is None:
                 # CpuScheduler.release of a running runner
                 if runner.scheduled:
                     core._charge(runner, cpu_ns, now)
                 core._unhold(runner, now)
-                runner.state = _DONE
+                runner.state = RUNNER_DONE
                 if core.waiting_in[runner.pool] or runner.group.limited:
                     dispatcher._wake(core.dispatch(now, core._freed(runner)))
-            elif runner.state is not _DONE:  # waiting, or faults injected: the slow path's
+            elif runner.state is not RUNNER_DONE:  # waiting, or faults injected: the slow path's
                 dispatcher._wake(dispatcher._release_locked(runner, cpu_ns, now))
         finally:
             admitted = gate.release(ticket, now)

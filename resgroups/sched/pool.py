@@ -25,16 +25,18 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from functools import partial
-from typing import Final, NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from resgroups.errors import EngineClosed, Error
-from resgroups.sched.cpu import CpuScheduler, Runner, RunnerState
+from resgroups.sched.cpu import (
+    RUNNER_DONE,
+    RUNNER_RUNNING,
+    RUNNER_WAITING,
+    CpuScheduler,
+    Runner,
+)
 from resgroups.sched.shares import Share
 from resgroups.sched.wakeup import Wakeup
-
-_RUNNING: Final = RunnerState.RUNNING  # module constants: see sched/cpu.py
-_DONE: Final = RunnerState.DONE
-_WAITING: Final = RunnerState.WAITING
 
 log = logging.getLogger("resgroups.sched")
 
@@ -43,7 +45,7 @@ T = TypeVar("T")
 
 
 def _holds_worker(runner: Runner) -> bool:
-    return runner.state is _RUNNING
+    return runner.state is RUNNER_RUNNING
 
 
 class CpuReading(NamedTuple):
@@ -179,7 +181,7 @@ class Dispatcher:
                 granted = self._degrade(exc, partial(self.core.submit, runner, now))
             if len(granted) != 1 or granted[0] is not runner:
                 self._wake([r for r in granted if r is not runner])
-            if runner.state is _RUNNING:
+            if runner.state is RUNNER_RUNNING:
                 return
             event = self._events[runner] = Wakeup()
         self._wait(runner, event, check, deadline)
@@ -194,7 +196,7 @@ class Dispatcher:
         try:
             while True:
                 with self.lock:
-                    if runner.state is _RUNNING:
+                    if runner.state is RUNNER_RUNNING:
                         return
                     error = check()
                     if self._closed:
@@ -218,7 +220,7 @@ class Dispatcher:
     def release(self, runner: Runner, cpu_ns: int) -> None:
         """The runner gives its worker back (charging its last CPU), or leaves its wait."""
         with self.lock:
-            if runner.state is not _DONE:
+            if runner.state is not RUNNER_DONE:
                 self._wake(self._release_locked(runner, cpu_ns, self.now()))
 
     def _release_locked(self, runner: Runner, cpu_ns: int, now: float) -> list[Runner]:
@@ -284,7 +286,7 @@ class Dispatcher:
         """Tasks not granted yet that are no longer needed (their query ran them itself)."""
         with self.lock:
             for runner in runners:
-                if runner.state is _WAITING:
+                if runner.state is RUNNER_WAITING:
                     self._pending_work.pop(runner, None)
                     self.core.release(runner, 0, self.now())
 

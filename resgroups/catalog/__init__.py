@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -192,7 +193,8 @@ class Catalog:
     def _write_genesis(self) -> None:
         """The record that means "this log has a catalog" (written once: a second
         writer starting at the same time finds it when it catches up)."""
-        self.write(lambda snap: None if snap.has_catalog else ("genesis", {"format": LOG_FORMAT}))
+        genesis = {"format": LOG_FORMAT, "catalog": uuid.uuid4().hex}  # the log's identity
+        self.write(lambda snap: None if snap.has_catalog else ("genesis", genesis))
 
     def close(self) -> None:
         self._log.close()

@@ -89,6 +89,14 @@ class GroupDef:
     variant: Ident | None = None  # a variant: its own name within the base
     overrides: Mapping[str, ParamValue] = field(default_factory=dict)  # a variant's own
     variants: tuple[int, ...] = ()  # a base: its variants, in creation order
+    # the fleet's identity of the group (SPEC §11): fixed by the record that created
+    # it, so it survives RENAME, is new after DROP + CREATE of the name, and is the
+    # same in every process that follows one catalog (``group_uid``)
+    uid: str = DEFAULT_GROUP_NAME
+    # the catalog version at which max_active_queries last appeared (an ALTER from
+    # no limit); 0: limited since creation, or never limited. Queries admitted
+    # before it hold nothing in the fleet, which waits for them (docs/fleet.md)
+    limited_since: int = 0
 
     @property
     def is_base(self) -> bool:
@@ -217,6 +225,9 @@ class Snapshot:
     dropped_group_names: Map[int, str] = _NO_DROPPED  # last name of each dropped group
     base_ids: frozenset[int] = frozenset()  # the groups that have variants
     touched_groups: frozenset[int] = frozenset()  # created, changed or dropped by this version
+    # the log's identity, from its genesis record: engines that follow one log share
+    # it ("": a log whose genesis record predates the field, or none yet)
+    catalog_uid: str = ""
 
     def evolve(self, **changes: Any) -> Snapshot:
         """A copy with ``changes``: ``dataclasses.replace`` without re-running

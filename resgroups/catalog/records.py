@@ -119,6 +119,24 @@ def _principal(snap: Snapshot, principal_id: object, *kinds: PrincipalKind) -> P
     return principal
 
 
+def group_uid(version: int, group_id: int, name: str) -> str:
+    """A group's fleet identity, from the record that creates it: its id, the
+    version of that record and the name it was created with (``1@2:capped``).
+    Every process replaying one log derives the same; a DROP and CREATE of the
+    name gives a new one (a new id at a new version); RENAME keeps it. Engines
+    with separate catalogs that ran the same DDL in the same order agree too."""
+    return f"{group_id}@{version}:{name}"
+
+
+def _uid(snap: Snapshot, a: Mapping[str, Any], group_id: int, name: str) -> str:
+    uid = a.get("uid")
+    if uid is None:  # records before the field: derived the same way
+        return group_uid(snap.version + 1, group_id, name)
+    if not isinstance(uid, str) or not uid:
+        raise _Invalid(f"uid = {uid!r}: expected a non-empty string")
+    return uid
+
+
 def _new_id(snap: Snapshot, a: Mapping[str, Any]) -> int:
     if a["id"] != snap.next_id or isinstance(a["id"], bool):
         raise _Invalid(f"assigns id {a['id']!r}, expected {snap.next_id}")
@@ -133,7 +151,10 @@ def _genesis(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
         raise _Invalid("genesis record after the start of the log")
     if a.get("format") != LOG_FORMAT:
         raise _Invalid(f"catalog log format {a.get('format')!r} is not {LOG_FORMAT}")
-    return snap
+    uid = a.get("catalog", "")
+    if not isinstance(uid, str):
+        raise _Invalid(f"catalog = {uid!r}: expected a string")
+    return snap.evolve(catalog_uid=uid)
 
 
 def _create_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
@@ -141,7 +162,9 @@ def _create_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     name, quoted = _name(a)
     if snap.group_name_taken(Ident(name, quoted)) is not None:
         raise _Invalid(f"resource group {name} already exists")
-    group = GroupDef(group_id, name, quoted, _params(a, "params"))
+    group = GroupDef(
+        group_id, name, quoted, _params(a, "params"), uid=_uid(snap, a, group_id, name)
+    )
     snap = snap.with_group(group).evolve(next_id=group_id + 1)
     variants = a.get("variants", [])
     if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
@@ -173,6 +196,7 @@ def _add_variant(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
         base_id=base.id,
         variant=Ident(name, quoted),
         overrides=overrides,
+        uid=_uid(snap, a, variant_id, full),
     )
     snap = snap.with_group(variant).evolve(next_id=variant_id + 1)
     return snap.with_group(replace(base, variants=(*base.variants, variant_id)))
@@ -376,7 +400,22 @@ def apply(snap: Snapshot, record: Record) -> Snapshot:
         raise CatalogError(f"{where} lacks field {exc}", sqlstate=CORRUPT) from None
     except (TypeError, ValueError) as exc:  # _Invalid among them
         raise CatalogError(f"{where} is invalid: {exc}", sqlstate=CORRUPT) from None
-    return changed.evolve(version=record.version)
+    return _note_limits(snap, changed).evolve(version=record.version)
+
+
+def _note_limits(before: Snapshot, after: Snapshot) -> Snapshot:
+    """Stamp ``limited_since`` on each group this record gave a max_active_queries
+    it did not have (an ALTER from no limit, a variant's base, ...)."""
+    for group_id in after.touched_groups:
+        old, new = before.group(group_id), after.group(group_id)
+        if (
+            old is not None
+            and new is not None
+            and old.max_active_queries is None
+            and new.max_active_queries is not None
+        ):
+            after = after.with_group(replace(new, limited_since=before.version + 1))
+    return after
 
 
 def replay(records: list[Record], start: Snapshot | None = None) -> Snapshot:

@@ -39,13 +39,13 @@ from resgroups.cpus import available_cpus
 from resgroups.deadlines import DeadlineWatcher
 from resgroups.errors import (
     CatalogLagError,
-    CoordinationUnavailable,
     EngineClosed,
     InvalidParameter,
     ReadOnlyReplica,
     did_you_mean,
 )
 from resgroups.exec.tables import TableStore
+from resgroups.fleet.modes import AdmissionMode, LeaseAdmission, QuotaAdmission
 from resgroups.follower import CatalogFollower
 from resgroups.metrics import EngineMetrics
 from resgroups.pgschema import redact
@@ -251,32 +251,20 @@ class Engine:
         self._catalog.subscribe(self.runtimes.apply)
         self.catalog_lag_unmanaged_queries = 0  # queries run before the catalog arrived
         self._unmanaged_lock = threading.Lock()
-        # fleet mode (SPEC §11): leases in PostgreSQL for groups with a max_active_queries
+        # how a query's slot is held beyond this process (SPEC §11), chosen once:
+        # locally, by a lease per query, or within this instance's quota
         self.fleet: FleetCoordinator | None = None
+        self.admission: AdmissionMode = AdmissionMode()
         if coordination is not None:
-            from resgroups.fleet.coordinator import FleetCoordinator
-
-            try:
-                self.fleet = FleetCoordinator(
-                    coordination,
-                    self.instance_id,
-                    heartbeat=lease_heartbeat,
-                    expiry=lease_expiry,
-                    sweep_interval=sweep_interval,
-                    pool_size=int(coordination_pool),
-                )
-            except BaseException:
-                self._log.close()
-                raise
-            self.fleet.held_leases = self._acquired_leases
-            self.fleet.on_lost = self._leases_lost
-            if fleet_admission == "quota":
-                self.fleet.start_quotas(
-                    hold=quota_hold,
-                    demand=lambda: self.runtimes.demand(self.snapshot),
-                    limit_to=self._quota_limit,
-                    lost=self._quota_lost,
-                )
+            self.fleet, self.admission = self._start_fleet(
+                coordination,
+                fleet_admission,
+                heartbeat=lease_heartbeat,
+                expiry=lease_expiry,
+                sweep_interval=sweep_interval,
+                pool_size=int(coordination_pool),
+                quota_hold=quota_hold,
+            )
         self._reconciler = Reconciler(self.reconcile, interval=reconcile_interval)
         # one thread for every query's on_cancel callbacks, started on first use
         self.deadlines = DeadlineWatcher(self.clock.monotonic)
@@ -429,7 +417,7 @@ class Engine:
             if held.query_ref() is not None or self._queries.pop(query_id, None) is None:
                 continue
             runtime = held.runtime
-            leaked = held.give_back(self.dispatcher, self.fleet)
+            leaked = held.give_back(self.dispatcher, self.admission)
             if runtime is not None:
                 self.runtimes.query_ended(runtime)
             reclaimed += 1
@@ -441,10 +429,14 @@ class Engine:
                 held.group,
                 leaked,
             )
-        if self.fleet is not None:  # lease rows of this instance that no live query holds
-            live = {held.lease_id for held in list(self._queries.values()) if held.lease_id}
-            live |= self.fleet.releases.pending()  # given back, their DELETE not sent yet
-            for lease in self.fleet.reconcile(live):
+        fleet = self.fleet
+        if fleet is not None:  # lease rows of this instance that no live query holds
+
+            def live() -> set[str]:
+                leases = {held.lease_id for held in list(self._queries.values()) if held.lease_id}
+                return leases | fleet.releases.pending()  # given back, DELETE not sent yet
+
+            for lease in fleet.reconcile(live):
                 reclaimed += 1
                 log.warning(
                     "reconcile: fleet lease %s of this instance is held by no live query "
@@ -455,49 +447,38 @@ class Engine:
             self.zombies_reclaimed += reclaimed
         return reclaimed
 
-    def _acquired_leases(self) -> set[str]:
-        """The fleet leases this instance's open queries hold (for the heartbeat)."""
-        return {
-            held.lease_id
-            for held in list(self._queries.values())
-            if held.leased and held.lease_id is not None
-        }
+    def _start_fleet(
+        self,
+        dsn: str,
+        mode: str,
+        *,
+        heartbeat: float,
+        expiry: float,
+        sweep_interval: float,
+        pool_size: int,
+        quota_hold: float,
+    ) -> tuple[FleetCoordinator, AdmissionMode]:
+        """The coordinator and the fleet admission mode over this engine's registry
+        of open queries and its live groups (fleet/modes.py)."""
+        from resgroups.fleet.coordinator import FleetCoordinator
 
-    def _leases_lost(self, lost: set[str]) -> None:
-        """The sweep reclaimed these leases while this instance's heartbeat lapsed
-        (a stopped process): their queries fail at their next checkpoint, so a
-        lost lease never runs past the fleet limit."""
-        for held in list(self._queries.values()):
-            query = held.query_ref()
-            if query is not None and held.lease_id in lost:
-                query.fail(
-                    CoordinationUnavailable(
-                        f"the fleet lease of query {held.query_id} [group={held.group}] was "
-                        "reclaimed while this instance's heartbeat lapsed; the query "
-                        "cannot go on without it"
-                    )
-                )
-
-    def _quota_limit(self, group_name: str, quota: int) -> int:
-        """Fleet quota mode: this instance admits at most ``quota`` queries of the
-        group at once from now on; the queries running once that applies."""
-        group = next((g for g in self.snapshot.groups if g.name == group_name), None)
-        if group is None:
-            return 0
-        return self.runtimes.runtime_for(group).set_quota(quota)
-
-    def _quota_lost(self, groups: set[str]) -> None:
-        """Fleet quota mode: this instance's quota in ``groups`` was reclaimed while
-        its heartbeat lapsed; the queries running on it fail at their next
-        checkpoint, so nothing runs past the fleet limit."""
-        for query in self.live_queries():
-            if query.group in groups:
-                query.fail(
-                    CoordinationUnavailable(
-                        f"the fleet quota of group {query.group} on this instance was "
-                        "reclaimed while its heartbeat lapsed; the query cannot go on on it"
-                    )
-                )
+        try:
+            fleet = FleetCoordinator(
+                dsn,
+                self.instance_id,
+                heartbeat=heartbeat,
+                expiry=expiry,
+                sweep_interval=sweep_interval,
+                pool_size=pool_size,
+            )
+        except BaseException:
+            self._log.close()
+            raise
+        holdings = lambda: list(self._queries.values())  # noqa: E731
+        catalog = lambda: (self.snapshot.catalog_uid, self.runtimes.configured_version)  # noqa: E731
+        if mode == "quota":
+            return fleet, QuotaAdmission(fleet, holdings, self.runtimes, catalog, hold=quota_hold)
+        return fleet, LeaseAdmission(fleet, holdings, self.runtimes, catalog)
 
     # ---- sessions ------------------------------------------------------------------
 
@@ -517,10 +498,10 @@ class Engine:
 
     def statistics(self) -> list[GroupStatistics]:
         """One frozen statistics record per group, DEFAULT first, creation order."""
-        fleet = self.fleet
-        counts = None if fleet is None else fleet.counts
-        quotas = None if fleet is None or fleet.quotas is None else fleet.quotas.usable
-        return self.runtimes.statistics(self.snapshot, self.process_memory_limit, counts, quotas)
+        mode = self.admission
+        return self.runtimes.statistics(
+            self.snapshot, self.process_memory_limit, mode.counts(), mode.quotas()
+        )
 
     def resource_groups(self) -> list[dict[str, Any]]:
         """The rows of ``SELECT * FROM resource_groups()``, as dicts."""

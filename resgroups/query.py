@@ -44,7 +44,6 @@ from resgroups.errors import (
     InvalidParameter,
     QueryCancelled,
     QueryTimeout,
-    QueueTimeout,
 )
 from resgroups.interrupts import MAIN_IDENT, Hold
 from resgroups.sched import fastpath
@@ -54,8 +53,7 @@ from resgroups.sched.memory import Budget, MemoryCounter, QueryMemory
 
 if TYPE_CHECKING:
     from resgroups.catalog.model import GroupDef
-    from resgroups.fleet.coordinator import FleetCoordinator
-    from resgroups.fleet.quotas import QuotaKeeper
+    from resgroups.fleet.modes import AdmissionMode
     from resgroups.sched.pool import Dispatcher
     from resgroups.sched.runtime import GroupRuntime
     from resgroups.session import Session
@@ -110,10 +108,12 @@ class Placement(NamedTuple):
 
 
 class Holdings:
-    """What a managed query holds, kept beside it in the engine's registry, so that
-    a query whose handle is lost without ``__exit__`` (a thread that died) can
-    still give everything back: the reconcile loop finds its weak reference
-    dead and calls :meth:`give_back` (SPEC: reconcile)."""
+    """What a managed query holds, the one record of it: the query reads and
+    changes it, the admission mode (fleet/modes.py) keeps its lease here, and it
+    stays in the engine's registry, so that a query whose handle is lost without
+    ``__exit__`` (a thread that died) can still give everything back: the
+    reconcile loop finds its weak reference dead and calls :meth:`give_back`
+    (SPEC: reconcile)."""
 
     # what a query holds at its start, as class attributes: a new query's holdings
     # store only who it is (the per-query cost, docs/queries.md "Cost")
@@ -122,8 +122,10 @@ class Holdings:
     published: QueryMemory | None = None
     ticket: Ticket | None = None
     runner: Runner | None = None
-    lease_id: str | None = None
+    lease_id: str | None = None  # fleet lease mode: named before it is sought
+    seeking = False  # waiting for the fleet lease
     leased = False  # the fleet lease is held (its row exists), not just sought
+    unleased = False  # admitted while the group had no limit: holds no lease (yet)
     suspended = False
 
     def __init__(self, query: Query) -> None:
@@ -131,16 +133,15 @@ class Holdings:
         self.user = query.user
         self.query_ref = weakref.ref(query)  # dead: the handle is lost (a zombie)
 
-    def give_back(self, dispatcher: Dispatcher, fleet: FleetCoordinator | None) -> int:
+    def give_back(self, dispatcher: Dispatcher, mode: AdmissionMode) -> int:
         """Release the worker, the slot, the lease and every byte; the bytes."""
         runner, self.runner = self.runner, None
         ticket, self.ticket = self.ticket, None
-        lease, self.lease_id = self.lease_id, None
-        self.leased = False
         if runner is not None:
             dispatcher.release(runner, 0)
         runtime = self.runtime
-        return_slot(runtime, ticket, lease, fleet)
+        mode.give_back(self)
+        return_slot(runtime, ticket)
         if self.suspended and runtime is not None:
             runtime.suspend(-1)
             self.suspended = False
@@ -154,16 +155,8 @@ class Holdings:
             query.fail(error)
 
 
-def return_slot(
-    runtime: GroupRuntime | None,
-    ticket: Ticket | None,
-    lease: str | None,
-    fleet: FleetCoordinator | None,
-) -> None:
-    """Give back a query's fleet lease (batched, off the query path; a missing
-    lease is a no-op) and its admission slot or place in the queue."""
-    if lease is not None and fleet is not None:
-        fleet.release(lease)
+def return_slot(runtime: GroupRuntime | None, ticket: Ticket | None) -> None:
+    """Give back a query's admission slot or place in the queue."""
     if ticket is not None and runtime is not None:
         if ticket.state is TicketState.ACTIVE:
             runtime.gate.leave(ticket)
@@ -354,15 +347,13 @@ class Query:
     _runtime: GroupRuntime | None = None
     _ticket: Ticket | None = None
     _runner: Runner | None = None
-    _lease_id: str | None = None  # fleet mode: this query's lease (held or sought)
     _suspended_at = 0.0
     _started = 0.0  # the wall clock at submission (time.time(); see started_at)
     _submitted = 0.0  # the engine clock at submission
-    _lease_waiting = False  # waiting for a fleet lease
     _batch: _MapBatch[Any, Any] | None = None  # the map running now, if any
     _watched = False  # on_cancel was called: the deadline watcher knows it
     _on_cancel: tuple[Callable[[], object], ...] = ()  # not yet called (on_cancel)
-    _keeper: QuotaKeeper | None = None  # fleet quota mode, a limited group: its quota's keeper
+    _fenced = False  # fleet mode: what it holds lapses at the mode's valid_until
 
     def __init__(self, session: Session, kind: str, pool: str) -> None:
         if kind not in KINDS:
@@ -380,6 +371,7 @@ class Query:
         self._slice_s = engine.slice_s
         self._probe_s = engine.probe_s  # a quarter of the stall threshold: see _arm
         self._dispatcher: Dispatcher = engine.dispatcher
+        self._mode: AdmissionMode = engine.admission
         self.id = engine.next_query_id()  # resource_group_queries().query_id
         self.held = Holdings(self)  # mirrored for the reconcile loop
 
@@ -479,11 +471,11 @@ class Query:
             raise type(self._failure)(self._failure.message)
         if self._cancelled:
             raise QueryCancelled(f"query cancelled [group={self.group}, user={self.user}]")
-        keeper = self._keeper
-        if keeper is not None and keeper.stale() and self.state is _RUNNING:
+        if self._fenced and time.monotonic() >= self._mode.valid_until:
             error = CoordinationUnavailable(
-                f"this instance's fleet quota of group {self.group} may have been "
-                "reclaimed: its heartbeat lapsed past the expiry (a paused process?)"
+                f"what this instance holds in the fleet for group {self.group} may have "
+                "been given to others: its heartbeat lapsed past the fence (a paused or "
+                "partitioned process?)"
             )
             self.fail(error)
             raise CoordinationUnavailable(error.message)
@@ -516,9 +508,8 @@ class Query:
         else:
             self._slice_end = math.inf
         self._deadline = min(self._stop_at, self._slice_end, now + self._probe_s)
-        keeper = self._keeper
-        if keeper is not None:  # quota mode: check again when the quota may lapse
-            self._deadline = min(self._deadline, now + keeper.valid_until - time.monotonic())
+        if self._fenced:  # fleet mode: a checkpoint at the fence (its clock is real time)
+            self._deadline = min(self._deadline, now + self._mode.valid_until - time.monotonic())
         if self._cancelled:  # cancel() may have run in between
             self._deadline = -math.inf
 
@@ -646,92 +637,50 @@ class Query:
         runner = self._runner = held.runner = Runner(
             runtime.cpu, self.pool_name, user, self.id, self.kind
         )
-        fleet = self.session.engine.fleet
-        if fleet is None and fastpath.admit(self._dispatcher, runtime.gate.gate, ticket, runner):
+        mode = self._mode
+        if not mode.fenced and fastpath.admit(self._dispatcher, runtime.gate.gate, ticket, runner):
             if runner.scheduled:
                 self._cpu_mark = self._meter()
             self._arm()
             return
-        self._admit_slow(runtime, ticket, fleet)
+        self._admit_slow(runtime, ticket, mode)
 
-    def _admit_slow(
-        self, runtime: GroupRuntime, ticket: Ticket, fleet: FleetCoordinator | None
-    ) -> None:
-        """The gate's queue, the fleet (a lease or this instance's quota), then a
-        worker of the pool: each may wait."""
-        held = self.held
-        keeper = fleet.quotas if fleet is not None else None
-        leases = fleet if keeper is None else None  # lease mode: a lease after the slot
-        queued = None
-        if keeper is not None and runtime.definition.max_active_queries is not None:
-            self._keeper = keeper  # quota mode: the local gate admits within the quota
-            queued = keeper.poke  # queued here: the keeper asks for more at once
-            if keeper.stale():
-                self._wait_fresh_quota(keeper, runtime)
-        gate = runtime.gate
+    def _admit_slow(self, runtime: GroupRuntime, ticket: Ticket, mode: AdmissionMode) -> None:
+        """The fleet's fence, the gate's queue, what the admission mode holds after
+        the slot (a fleet lease), then a worker of the pool: each may wait."""
         runner = self._runner
         assert runner is not None
-        if (
-            leases is not None
-            or fleet is None  # the fast path was tried already (_admit)
-            or not fastpath.admit(self._dispatcher, gate.gate, ticket, runner)
-        ):
-            if leases is None:  # who gives this ticket its slot may hand it a worker too
-                ticket.runner = runner
-            try:
-                gate.enter(ticket, self._is_cancelled, queued)
-            finally:
-                ticket.runner = None
-            if leases is not None:  # fleet mode: the local slot first, then the lease (§11)
-                self._fleet_lease(leases, runtime)
-            if runner.state is not RUNNER_RUNNING:  # not handed a worker with the slot
-                # a worker is asked for once the slot is held: its arrival order counts
-                # from here
-                runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
-                self._runner = held.runner = runner
-                self._dispatcher.acquire(runner, self._wait_error, self._timeout_at)
+        group = runtime.definition
+        queue_timeout = group.queue_timeout_ms / 1000
+        if mode.fenced:  # fleet mode: nothing is admitted on what may have lapsed
+            mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))
+            self._fenced = True
+            if mode.fast and fastpath.admit(self._dispatcher, runtime.gate.gate, ticket, runner):
+                self._cpu_mark = self._meter() if runner.scheduled else 0
+                self._arm()
+                return
+        if mode.fast:  # who gives this ticket its slot may hand it a worker too
+            ticket.runner = runner
+        try:
+            runtime.gate.enter(ticket, self._is_cancelled, mode.queued)
+        finally:
+            ticket.runner = None
+        mode.after_slot(  # the local slot first, then the fleet's (SPEC §11)
+            self.held,
+            runtime,
+            deadline=self._timeout_at,
+            queue_deadline=self._now() + queue_timeout,
+            cancelled=self._is_cancelled,
+            now=self._now,
+        )
+        if runner.state is not RUNNER_RUNNING:  # not handed a worker with the slot
+            # a worker is asked for once the slot is held: its arrival order counts
+            # from here
+            runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
+            self._runner = self.held.runner = runner
+            self._dispatcher.acquire(runner, self._wait_error, self._timeout_at)
         self._cpu_mark = self._meter() if runner.scheduled else 0
         self._arm()
-
-    def _wait_fresh_quota(self, keeper: QuotaKeeper, runtime: GroupRuntime) -> None:
-        """Quota mode: this instance's heartbeat lapsed, so its quota may have been
-        reclaimed; nothing is admitted on it until a renewal says it holds. The
-        wait ends at the queue or query timeout with CoordinationUnavailable."""
-        left = min(self._timeout_at - self._now(), runtime.definition.queue_timeout_ms / 1000)
-        if not keeper.wait_fresh(time.monotonic() + max(0.0, left)):
-            raise CoordinationUnavailable(
-                f"the fleet quota of group {self.group} could not be renewed before the "
-                "timeout (fleet coordination unreachable?)"
-            )
-
-    def _fleet_lease(self, fleet: FleetCoordinator, runtime: GroupRuntime) -> None:
-        """A fleet-wide lease for a group with a max_active_queries (the limit this
-        engine's catalog holds); none, and no round trip, for a group without.
-        Waiting for it counts as queued, within the queue and query timeouts."""
-        self._lease_id = self.held.lease_id = fleet.new_lease_id()  # released at the end
-        group = runtime.definition
-        limit = group.max_active_queries
-        if limit is None:
-            return
-        runtime.fleet_wait(+1)
-        self._lease_waiting = True
-        try:
-            fleet.acquire(
-                group.name,
-                self._lease_id,
-                limit,
-                deadline=self._timeout_at,
-                queue_deadline=self._now() + group.queue_timeout_ms / 1000,
-                cancelled=self._is_cancelled,
-                now=self._now,
-            )
-            self.held.leased = True
-        except QueueTimeout:
-            runtime.fleet_timed_out()
-            raise
-        finally:
-            self._lease_waiting = False
-            runtime.fleet_wait(-1)
 
     def _is_cancelled(self) -> bool:
         return self._cancelled
@@ -756,14 +705,13 @@ class Query:
         runner, self._runner = self._runner, None
         ticket, self._ticket = self._ticket, None
         held = self.held
-        held.runner = held.ticket = held.lease_id = None
-        held.leased = False
+        held.runner = held.ticket = None
         runtime = self._runtime
         if (
             runner is not None
             and ticket is not None
             and runtime is not None
-            and self._lease_id is None
+            and held.lease_id is None
             and runner.state is RUNNER_RUNNING
             and ticket.state is TICKET_ACTIVE
         ):  # the fast path: the worker and the slot back under the one lock
@@ -785,8 +733,10 @@ class Query:
                 finally:
                     self._dispatcher.release(runner, used)
         finally:
-            lease, self._lease_id = self._lease_id, None
-            return_slot(self._runtime, ticket, lease, self.session.engine.fleet)
+            try:
+                self._mode.give_back(held)
+            finally:
+                return_slot(self._runtime, ticket)
 
     def _leave(self) -> None:
         state = self.state
@@ -830,7 +780,7 @@ class Query:
             shown, blocked = "queued", "group_queue"
             position = runtime.gate.position(ticket)
             deadline = min(deadline, ticket.queue_deadline)
-        elif self._lease_waiting:
+        elif self.held.seeking:
             shown, blocked = "queued", "fleet_lease"
         elif runner is not None and runner.state is RunnerState.WAITING:
             shown = "parked"
@@ -917,9 +867,8 @@ class Query:
         if ticket is not None and self._runtime is not None:
             self._runtime.gate.poke(ticket)
         self._dispatcher.poke(self._runner)
-        fleet = self.session.engine.fleet
-        if fleet is not None and self._lease_id is not None:
-            fleet.poke()  # a wait for a fleet lease notices at once
+        if self.held.seeking:
+            self._mode.poke()  # a wait for a fleet lease notices at once
         if self._watched:
             self.session.engine.deadlines.wake(self)  # interrupt native work now
 

@@ -136,6 +136,7 @@ def test_migrations_are_applied_once_in_order(pg_catalog: str) -> None:
         "0002_fleet_leases.sql",
         "0003_fleet_instances.sql",
         "0004_fleet_quotas.sql",
+        "0005_fleet_identity.sql",
     ]
     assert again == []
     assert names == first

@@ -168,9 +168,11 @@ def test_drift_is_repaired_by_the_next_sweep(pg_catalog: str) -> None:
     engine = _engine(pg_catalog, lease_heartbeat=0.5, lease_expiry=60.0, sweep_interval=0.5)
     try:
         with psycopg.connect(pg_catalog, autocommit=True) as conn:
+            key = next(g.uid for g in engine.snapshot.groups if g.name == "capped")
             conn.execute(
-                "INSERT INTO resgroups_fleet_leases (query_id, group_name, instance_id) "
-                "SELECT 'x' || i, 'capped', 'ghost' FROM generate_series(1, 3) AS i"
+                "INSERT INTO resgroups_fleet_leases (query_id, group_key, instance_id) "
+                "SELECT 'x' || i, %s, 'ghost' FROM generate_series(1, 3) AS i",
+                [key],
             )
             with conn.transaction():
                 conn.execute("ALTER TABLE resgroups_fleet_leases DISABLE TRIGGER USER")

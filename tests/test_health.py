@@ -153,7 +153,7 @@ def test_the_reconcile_deletes_lease_rows_no_live_query_holds(pg_catalog: str) -
     with resgroups.Engine(coordination=pg_catalog, workers=1, reconcile_interval=3600) as engine:
         with psycopg.connect(pg_catalog, autocommit=True) as db:
             db.execute(
-                "INSERT INTO resgroups_fleet_leases (query_id, group_name, instance_id)"
+                "INSERT INTO resgroups_fleet_leases (query_id, group_key, instance_id)"
                 " VALUES ('orphan', 'g', %s)",
                 [engine.instance_id],
             )

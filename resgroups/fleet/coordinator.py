@@ -9,11 +9,15 @@ its local slot (SPEC §11).
   while the database is unreachable the wait goes on, retrying; at the
   deadline the query fails with CoordinationUnavailable, never runs.
 - :meth:`release` queues the lease id for the batcher.
-- A maintenance thread renews this instance's leases every ``heartbeat``
-  seconds, sweeps every ``sweep_interval`` (one owner fleet-wide at a time:
-  leases not renewed for ``expiry`` are reclaimed, drifted counters
-  recounted), and reads the fleet-wide counts that ``resource_groups()``
-  shows as ``fleet_active_queries``.
+- A maintenance thread renews this instance's row and leases every
+  ``heartbeat`` seconds (the fence: a renewal started at ``t`` makes what the
+  instance holds valid until ``t + 0.9 expiry``, ``valid_until``; past it the
+  queries fail at their next checkpoint, fleet/modes.py), sweeps every
+  ``sweep_interval`` (one owner fleet-wide at a time: leases not renewed for
+  ``expiry`` are reclaimed, drifted counters recounted), runs the admission
+  mode's turn (``on_tick``: adopting queries when a limit appears), and reads
+  the fleet-wide counts that ``resource_groups()`` shows as
+  ``fleet_active_queries``.
 """
 
 from __future__ import annotations
@@ -35,13 +39,14 @@ from resgroups.errors import (
     QueryTimeout,
     QueueTimeout,
 )
-from resgroups.fleet.quotas import Demand, QuotaKeeper
+from resgroups.fleet.quotas import MARGIN, Demand, QuotaKeeper
 from resgroups.fleet.releases import BatchedReleases
-from resgroups.fleet.store import LeaseStore, StoreUnavailable
+from resgroups.fleet.store import Barrier, FleetGroup, LeaseStore, StoreUnavailable
 
 log = logging.getLogger("resgroups.fleet")
 
 _POLL_S = 0.25
+_RETRY_S = 0.5  # a failed renewal is tried again this soon
 
 
 class FleetCoordinator:
@@ -65,12 +70,21 @@ class FleetCoordinator:
         self.releases = BatchedReleases(self.store)
         self.errors = 0  # coordination errors (resgroups_resource_groups_coordination_errors_total)
         self.host, self.pid = socket.gethostname(), os.getpid()
-        # the engine's view of its leases: those acquired (checked at each heartbeat),
-        # and a callback for those a sweep reclaimed while this instance was away
+        # set by the admission mode (fleet/modes.py): the leases its queries hold
+        # (checked at each heartbeat), what to fail when a sweep reclaimed some or
+        # the heartbeat lapsed past the fence, and its turn on the maintenance thread
         self.held_leases: Callable[[], set[str]] = set
         self.on_lost: Callable[[set[str]], None] = lambda lost: None
-        self.counts: dict[str, int] = {}  # fleet-wide leases (or quotas) per group, as last read
+        self.on_lapse: Callable[[], None] = lambda: None
+        self.on_tick: Callable[[], None] = lambda: None
+        # (the log followed, the version through which this instance has adopted its
+        # queries): sent with each heartbeat (resgroups_fleet_behind)
+        self.synced: tuple[str, int] = ("", 0)
+        self.counts: dict[str, int] = {}  # fleet-wide leases (or quotas) per group key
         self.quotas: QuotaKeeper | None = None  # quota mode (start_quotas); None: leases
+        self.valid_until = time.monotonic() + MARGIN * expiry  # the fence
+        self.lapses = 0  # renewals that came after the fence had passed
+        self._fresh = threading.Condition()
         self._changed = threading.Condition()
         self._generation = 0
         self._stop = threading.Event()
@@ -88,6 +102,7 @@ class FleetCoordinator:
         demand: Demand,
         limit_to: Callable[[str, int], int],
         lost: Callable[[set[str]], None],
+        catalog: Callable[[], tuple[str, int]],
     ) -> QuotaKeeper:
         """Quota mode (fleet/quotas.py): each limited group's slots are shared out
         as quotas, and the local gates admit within them."""
@@ -99,6 +114,8 @@ class FleetCoordinator:
             demand=demand,
             limit_to=limit_to,
             lost=lost,
+            catalog=catalog,
+            synced=self._synced,
         )
         self.quotas.start()
         return self.quotas
@@ -107,26 +124,52 @@ class FleetCoordinator:
     def new_lease_id() -> str:
         return uuid.uuid4().hex
 
+    def _synced(self, catalog: tuple[str, int]) -> None:
+        self.synced = catalog
+        self.poke()
+
+    # ---- the fence ---------------------------------------------------------------------
+
+    def stale(self) -> bool:
+        """Past ``valid_until``: what this instance holds may have been reclaimed."""
+        return time.monotonic() >= self.valid_until
+
+    def wait_fresh(self, deadline: float) -> bool:
+        """Until a renewal makes this instance valid again (True) or the monotonic
+        ``deadline`` passes (False)."""
+        with self._fresh:
+            while self.stale():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._fresh.wait(min(left, _POLL_S))
+        return True
+
     # ---- admission ------------------------------------------------------------------
 
     def acquire(
         self,
-        group: str,
+        group: FleetGroup,
         lease_id: str,
         limit: int,
+        since: Barrier,
         *,
         deadline: float,
         queue_deadline: float,
         cancelled: Callable[[], bool],
         now: Callable[[], float] = time.monotonic,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
-        """Hold a fleet lease for ``lease_id`` in ``group`` before returning."""
+        """Hold a fleet lease for ``lease_id`` in ``group`` before returning. While
+        ``ready()`` is false (this instance has not adopted its queries since the
+        limit appeared) it waits without asking."""
         unavailable: str | None = None
+        name = group.name
         while True:
             with self._changed:
                 seen = self._generation
             try:
-                if self.store.try_acquire(group, lease_id, limit):
+                if ready() and self.store.try_acquire(group, lease_id, limit, since):
                     return
                 unavailable = None
             except StoreUnavailable as exc:
@@ -134,21 +177,21 @@ class FleetCoordinator:
                 unavailable = str(exc)
             if cancelled():
                 raise QueryCancelled(
-                    f"query cancelled while waiting for a fleet lease [group={group}]"
+                    f"query cancelled while waiting for a fleet lease [group={name}]"
                 )
             t = now()
             if t >= min(deadline, queue_deadline):
                 if unavailable is not None:
                     raise CoordinationUnavailable(
-                        f"fleet coordination unreachable until the timeout [group={group}]: "
+                        f"fleet coordination unreachable until the timeout [group={name}]: "
                         f"{unavailable}"
                     )
                 if t >= deadline:
                     raise QueryTimeout(
-                        f"query timeout while waiting for a fleet-wide slot [group={group}]"
+                        f"query timeout while waiting for a fleet-wide slot [group={name}]"
                     )
                 raise QueueTimeout(
-                    f"timed out waiting for a fleet-wide slot [group={group}, "
+                    f"timed out waiting for a fleet-wide slot [group={name}, "
                     f"max_active_queries={limit} across the fleet]"
                 )
             with self._changed:
@@ -196,18 +239,10 @@ class FleetCoordinator:
             t = time.monotonic()
             try:
                 if t >= next_renew:
-                    expected = self.held_leases()  # before the renew: see lost_leases
-                    renewed = self.store.renew(self.host, self.pid)
+                    next_renew = t + min(self.heartbeat, _RETRY_S)  # a failed one: soon
+                    self._renew()
                     next_renew = t + self.heartbeat
-                    lost = expected - renewed
-                    if lost:
-                        log.error(
-                            "fleet: %d lease(s) of %s were reclaimed while its heartbeat "
-                            "lapsed; their queries fail at their next checkpoint",
-                            len(lost),
-                            self.instance_id,
-                        )
-                        self.on_lost(lost)
+                self.on_tick()
                 if t >= next_count:  # fleet_active_queries, every second
                     quotas = self.quotas is not None
                     self.counts = self.store.quota_totals() if quotas else self.store.counts()
@@ -225,7 +260,39 @@ class FleetCoordinator:
             except StoreUnavailable as exc:
                 self.errors += 1
                 log.debug("fleet maintenance: %s", exc)
+            except Exception:  # a bug must not stop the heartbeat: log it, go on
+                self.errors += 1
+                log.exception("fleet maintenance failed; it goes on")
             self._stop.wait(0.2)
+
+    def _renew(self) -> None:
+        """One heartbeat. What a lapse cost is failed before the instance is valid
+        again: the leases found reclaimed, and (after a lapse past the fence)
+        every query admitted before it (fleet/modes.py)."""
+        started = time.monotonic()
+        expected = self.held_leases()  # before the renew: leases taken during it are fresh
+        renewed = self.store.renew(self.host, self.pid, self.synced)
+        lost = expected - renewed
+        if lost:
+            log.error(
+                "fleet: %d lease(s) of %s were reclaimed while its heartbeat lapsed; "
+                "their queries fail at their next checkpoint",
+                len(lost),
+                self.instance_id,
+            )
+            self.on_lost(lost)
+        if started >= self.valid_until:
+            self.lapses += 1
+            log.error(
+                "fleet: the heartbeat of %s lapsed past its fence (%.1f s late); the "
+                "queries admitted before fail at their next checkpoint",
+                self.instance_id,
+                started - self.valid_until,
+            )
+            self.on_lapse()
+        with self._fresh:
+            self.valid_until = started + MARGIN * self.expiry
+            self._fresh.notify_all()
 
     def instances(self) -> list[tuple[Any, ...]]:
         """The fleet's instances and their health (resource_group_instances())."""
@@ -235,11 +302,15 @@ class FleetCoordinator:
             self.errors += 1
             raise CoordinationUnavailable(f"fleet coordination: {exc}") from None
 
-    def reconcile(self, live: set[str]) -> list[str]:
-        """Delete this instance's lease rows that no live query holds (``live``:
-        the lease ids of every open query, acquiring ones included)."""
+    def reconcile(self, live: Callable[[], set[str]]) -> list[str]:
+        """Delete this instance's lease rows that no live query holds. ``live()``
+        gives the lease ids of every open query (acquiring ones included) and is
+        read after the database's clock: only rows acquired before that instant
+        are candidates, so a lease taken meanwhile is never one (its query named
+        its lease id before asking for it)."""
         try:
-            gone = self.store.orphans(sorted(live))
+            before = self.store.server_now()
+            gone = self.store.orphans(before, sorted(live()))
         except StoreUnavailable as exc:
             self.errors += 1
             log.debug("fleet reconcile: %s", exc)

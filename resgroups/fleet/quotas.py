@@ -54,17 +54,32 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
-from resgroups.fleet.store import LeaseStore, StoreUnavailable
+from resgroups.fleet.store import Barrier, FleetGroup, LeaseStore, StoreUnavailable
 
 log = logging.getLogger("resgroups.fleet")
 
 _TICK_S = 0.1
-_MARGIN = 0.9  # valid_until = renewal start + _MARGIN * expiry
+MARGIN = 0.9  # valid_until = renewal start + MARGIN * expiry
 
-# (limit, running, queued, the most running + queued at once since the last
-# call, the gate's quota now) of every group with a max_active_queries, by name
-Demand = Callable[[], dict[str, tuple[int, int, int, int, int | None]]]
+
+class GroupDemand(NamedTuple):
+    """What one limited group needs here now (read without the gate's lock: the
+    keeper looks again at its next tick)."""
+
+    group: FleetGroup
+    limit: int
+    running: int
+    queued: int
+    peak: int  # the most running + queued at once since the last call
+    local: int | None  # the gate's quota now
+    limited_since: int  # the catalog version at which the limit appeared (0: none)
+    barrier: Barrier
+
+
+# every group with a max_active_queries, by its key (GroupDef.uid)
+Demand = Callable[[], dict[str, GroupDemand]]
 
 
 class QuotaKeeper:
@@ -78,15 +93,20 @@ class QuotaKeeper:
         demand: Demand,
         limit_to: Callable[[str, int], int],
         lost: Callable[[set[str]], None],
+        catalog: Callable[[], tuple[str, int]],
+        synced: Callable[[tuple[str, int]], None],
     ) -> None:
         self.store = store
         self.heartbeat, self.expiry, self.hold = heartbeat, expiry, hold
         self._demand = demand
         self._limit_to = limit_to  # set a group's local limit; its running queries after
         self._lost = lost  # fail the running queries of these groups
+        self._catalog = catalog  # (the log's identity, the version the runtimes apply)
+        self._synced = synced  # tell the coordinator (its heartbeat carries it)
+        self._adopted = catalog()[1]  # at start nothing runs: nothing to adopt
         self.quotas: dict[str, int] = {}  # what PostgreSQL holds for this instance
         self.usable: dict[str, int] = {}  # the part of it the gate may admit on
-        self.valid_until = time.monotonic() + _MARGIN * expiry
+        self.valid_until = time.monotonic() + MARGIN * expiry
         self.errors = 0
         # group -> (most wanted in this hold window, in the one before, window start)
         self._peaks: dict[str, tuple[int, int, float]] = {}
@@ -168,56 +188,58 @@ class QuotaKeeper:
                 self._apply(group, self.usable[group])
             self._lost(lost)
         with self._fresh:
-            self.valid_until = started + _MARGIN * self.expiry
+            self.valid_until = started + MARGIN * self.expiry
             self._fresh.notify_all()
 
     def _tick(self) -> None:
         if self.stale():
             return  # nothing is granted or given back on a quota that may be gone
         now = time.monotonic()
+        uid, version = self._catalog()  # before the demand: it reflects this version
         demand = self._demand()
-        for group in [g for g in self.quotas if g not in demand]:  # dropped, or no limit now
-            self._set(group, 0, 0, 0)
+        for key in [g for g in self.quotas if g not in demand]:  # dropped, or no limit now
+            self._set(key, FleetGroup(key, key), 0, 0, 0, 0, (uid, 0, self.expiry))
             for table in (self._peaks, self._fair, self._applied):
-                table.pop(group, None)
-        for group, (limit, running, queued, peak, local) in demand.items():
-            # a gate that froze at a lowered limit (GroupRuntime.configure): check
-            # the quota against the limit again
-            changed = local is not None and local != self._applied.get(group, local)
-            self._tick_group(group, limit, running, queued, peak, now, changed)
+                table.pop(key, None)
+        for key, need in demand.items():
+            # a gate that froze at a lowered limit (GroupRuntime.configure), or a limit
+            # that appeared since the last adoption: check the quota again
+            changed = need.local is not None and need.local != self._applied.get(key, need.local)
+            changed = changed or need.limited_since > self._adopted
+            self._tick_group(key, need, now, changed)
+        if version > self._adopted:  # every group's floor is in: say so
+            self.store.synced(uid, version)
+            self._adopted = version
+            self._synced((uid, version))
 
-    def _tick_group(
-        self,
-        group: str,
-        limit: int,
-        running: int,
-        queued: int,
-        peak: int,
-        now: float,
-        changed: bool,
-    ) -> None:
+    def _tick_group(self, key: str, need: GroupDemand, now: float, changed: bool) -> None:
         """One group's quota toward what it needs now (the module's rules)."""
-        mine = self.quotas.get(group, 0)
-        usable = self.usable.get(group, 0)
-        wanted = min(limit, running + queued)
-        target = self._target(group, wanted, min(limit, peak), limit, now)
+        mine = self.quotas.get(key, 0)
+        usable = self.usable.get(key, 0)
+        limit, running = need.limit, need.running
+        wanted = min(limit, running + need.queued)
+
+        def ask(target: int) -> int:  # the quota never below what runs here
+            return self._set(key, need.group, target, wanted, limit, running, need.barrier)
+
+        target = self._target(key, wanted, min(limit, need.peak), limit, now)
         if usable < mine:  # over a lowered limit: what cannot be used goes back
             target = min(target, usable)
         if changed:
-            usable = self._set(group, mine, wanted, limit)
-            self._apply(group, min(target, usable))
+            usable = ask(max(mine, running))
+            self._apply(key, min(target, usable))
         elif wanted > usable and target > usable:  # more: ask
-            usable = self._set(group, max(target, mine), wanted, limit)
-            self._apply(group, min(target, usable))
+            usable = ask(max(target, mine))
+            self._apply(key, min(target, usable))
         elif target < mine:  # less: stop using them here first, then give back
-            running = self._apply(group, min(target, usable))
+            running = self._apply(key, min(target, usable))
             keep = max(target, running)
             if keep < mine:
-                usable = self._set(group, keep, wanted, limit)
-                self._apply(group, min(target, usable))
-        elif group in self._wanted_elsewhere and group not in self._fair:
-            usable = self._set(group, mine, wanted, limit)  # say what is wanted here
-            self._apply(group, min(target, usable))
+                usable = ask(keep)
+                self._apply(key, min(target, usable))
+        elif key in self._wanted_elsewhere and key not in self._fair:
+            usable = ask(mine)  # say what is wanted here
+            self._apply(key, min(target, usable))
 
     def _apply(self, group: str, quota: int) -> int:
         """Set the group's gate to admit on ``quota``; the queries running after."""
@@ -243,19 +265,30 @@ class QuotaKeeper:
             target = min(target, fair)
         return min(target, limit)
 
-    def _set(self, group: str, target: int, wanted: int, limit: int) -> int:
-        """Ask PostgreSQL for ``target``; the part of the quota granted that may be
-        admitted on (the caller sets the gate)."""
-        granted, usable, fair, contended = self.store.set_quota(group, target, wanted, limit)
+    def _set(
+        self,
+        key: str,
+        group: FleetGroup,
+        target: int,
+        wanted: int,
+        limit: int,
+        floor: int,
+        barrier: Barrier,
+    ) -> int:
+        """Ask PostgreSQL for ``target`` (never below ``floor``); the part of the
+        quota granted that may be admitted on (the caller sets the gate)."""
+        granted, usable, fair, contended = self.store.set_quota(
+            group, target, wanted, limit, floor, barrier
+        )
         if contended:
-            self._fair[group] = fair
+            self._fair[key] = fair
         else:
-            self._fair.pop(group, None)
+            self._fair.pop(key, None)
         if granted or wanted:
-            self.quotas[group], self.usable[group] = granted, usable
+            self.quotas[key], self.usable[key] = granted, usable
         else:
-            self.quotas.pop(group, None)
-            self.usable.pop(group, None)
+            self.quotas.pop(key, None)
+            self.usable.pop(key, None)
         return usable
 
     def close(self) -> None:

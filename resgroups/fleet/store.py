@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -26,6 +26,19 @@ _SWEEP_LOCK: Final = (0x7267, 3)
 
 class StoreUnavailable(Exception):
     """The coordination database could not be reached or answer."""
+
+
+class FleetGroup(NamedTuple):
+    """A group as the fleet knows it: its identity (``GroupDef.uid``), the key of
+    every row, and its name now, a label for people reading the tables."""
+
+    key: str
+    name: str
+
+
+# (the log's identity, the version at which the group's limit appeared (0: none to
+# wait for), the expiry in seconds): who must have adopted before anyone admits
+Barrier = tuple[str, int, float]
 
 
 class LeaseStore:
@@ -59,27 +72,56 @@ class LeaseStore:
         except psycopg.Error as exc:  # PoolTimeout is one too
             raise self._unavailable(what, exc) from exc
 
-    def try_acquire(self, group: str, query_id: str, limit: int) -> bool:
-        """One round trip: a lease for ``query_id`` if ``group`` holds fewer than ``limit``."""
+    def try_acquire(self, group: FleetGroup, query_id: str, limit: int, since: Barrier) -> bool:
+        """One round trip: a lease for ``query_id`` if ``group`` holds fewer than
+        ``limit`` and no live instance of the log is behind ``since``."""
         rows = self._run(
             "acquire a lease",
-            "SELECT resgroups_fleet_try_acquire(%s, %s, %s, %s)",
-            (group, self.instance_id, query_id, limit),
+            "SELECT resgroups_fleet_try_acquire(%s, %s, %s, %s, %s, %s, %s, %s)",
+            (group.key, group.name, self.instance_id, query_id, limit, *since),
         )
         return bool(rows[0][0])
 
+    def adopt(self, group: FleetGroup, query_ids: list[str]) -> int:
+        """Leases for queries admitted before the group's limit appeared, whatever
+        the count (they run already); how many were added."""
+        rows = self._run(
+            "adopt running queries",
+            "SELECT resgroups_fleet_adopt(%s, %s, %s, %s)",
+            (group.key, group.name, self.instance_id, query_ids),
+        )
+        return int(rows[0][0])
+
+    def synced(self, catalog_uid: str, version: int) -> None:
+        """Say that this instance has adopted its queries through ``version`` of
+        log ``catalog_uid`` (and wake the instances waiting for that)."""
+        self._run(
+            "report the catalog version",
+            "WITH up AS (UPDATE resgroups_fleet_instances SET catalog_uid = %s,"
+            " catalog_version = %s WHERE instance_id = %s)"
+            " SELECT pg_notify(%s, 'synced')",
+            (catalog_uid, version, self.instance_id, CHANNEL),
+        )
+
     def set_quota(
-        self, group: str, target: int, wanted: int, limit: int
+        self,
+        group: FleetGroup,
+        target: int,
+        wanted: int,
+        limit: int,
+        floor: int,
+        since: Barrier,
     ) -> tuple[int, int, int, bool]:
         """Quota mode, one round trip: ask for ``target`` slots of ``group`` (giving
-        back is always granted), saying ``wanted`` are wanted now; (the quota now
-        held, the part of it this instance may admit on, its fair share, whether
-        the fleet wants more than ``limit``)."""
+        back is always granted, never below ``floor``: the queries running here),
+        saying ``wanted`` are wanted now; (the quota now held, the part of it this
+        instance may admit on, its fair share, whether the fleet wants more than
+        ``limit``)."""
         rows = self._run(
             "set a quota",
             "SELECT granted, usable, fair, contended"
-            " FROM resgroups_fleet_quota_set(%s, %s, %s, %s, %s)",
-            (group, self.instance_id, target, wanted, limit),
+            " FROM resgroups_fleet_quota_set(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (group.key, group.name, self.instance_id, target, wanted, limit, floor, *since),
         )
         granted, usable, fair, contended = rows[0]
         return int(granted), int(usable), int(fair), bool(contended)
@@ -90,7 +132,7 @@ class LeaseStore:
         rows = self._run(
             "renew quotas",
             "UPDATE resgroups_fleet_quotas SET renewed_at = now() WHERE instance_id = %s"
-            " RETURNING group_name, quota",
+            " RETURNING group_key, quota",
             (self.instance_id,),
         )
         return {str(g): int(q) for g, q in rows}
@@ -99,7 +141,7 @@ class LeaseStore:
         """Quota mode: the slots the fleet's quotas hold, per group."""
         rows = self._run(
             "read the quotas",
-            "SELECT group_name, sum(quota) FROM resgroups_fleet_quotas GROUP BY group_name",
+            "SELECT group_key, sum(quota) FROM resgroups_fleet_quotas GROUP BY group_key",
         )
         return {str(g): int(n) for g, n in rows}
 
@@ -130,18 +172,21 @@ class LeaseStore:
         )
         return int(rows[0][0])
 
-    def renew(self, host: str, pid: int) -> set[str]:
-        """The heartbeat: this instance's row stamped and every lease of it renewed
-        now, in one statement; the leases it still holds."""
+    def renew(self, host: str, pid: int, catalog: tuple[str, int]) -> set[str]:
+        """The heartbeat: this instance's row stamped (with the log it follows and
+        the version through which it has adopted its queries) and every lease of
+        it renewed now, in one statement; the leases it still holds."""
         rows = self._run(
             "renew leases",
-            "WITH beat AS (INSERT INTO resgroups_fleet_instances (instance_id, host, pid)"
-            "  VALUES (%s, %s, %s) ON CONFLICT (instance_id)"
-            "  DO UPDATE SET heartbeat_at = now(), host = EXCLUDED.host, pid = EXCLUDED.pid),"
+            "WITH beat AS (INSERT INTO resgroups_fleet_instances"
+            "  (instance_id, host, pid, catalog_uid, catalog_version)"
+            "  VALUES (%s, %s, %s, %s, %s) ON CONFLICT (instance_id)"
+            "  DO UPDATE SET heartbeat_at = now(), host = EXCLUDED.host, pid = EXCLUDED.pid,"
+            "  catalog_uid = EXCLUDED.catalog_uid, catalog_version = EXCLUDED.catalog_version),"
             " renewed AS (UPDATE resgroups_fleet_leases SET renewed_at = now()"
             "  WHERE instance_id = %s RETURNING query_id)"
             " SELECT query_id FROM renewed",
-            (self.instance_id, host, pid, self.instance_id),
+            (self.instance_id, host, pid, *catalog, self.instance_id),
         )
         return {str(r[0]) for r in rows}
 
@@ -157,13 +202,19 @@ class LeaseStore:
             (expiry_s,),
         )
 
-    def orphans(self, live: list[str]) -> list[str]:
-        """Delete this instance's lease rows that no live query holds; their ids."""
+    def server_now(self) -> Any:
+        """The database's clock (``now()``), for :meth:`orphans`."""
+        return self._run("read the clock", "SELECT now()")[0][0]
+
+    def orphans(self, before: Any, live: list[str]) -> list[str]:
+        """Delete this instance's lease rows acquired before ``before`` (the server's
+        clock) that no live query holds; their ids. A lease acquired later is
+        never a candidate, so a lease taken while ``live`` was read is safe."""
         rows = self._run(
             "delete orphaned leases",
-            "DELETE FROM resgroups_fleet_leases WHERE instance_id = %s"
+            "DELETE FROM resgroups_fleet_leases WHERE instance_id = %s AND acquired_at < %s"
             " AND NOT (query_id = ANY(%s)) RETURNING query_id",
-            (self.instance_id, live),
+            (self.instance_id, before, live),
         )
         return [str(r[0]) for r in rows]
 
@@ -190,12 +241,12 @@ class LeaseStore:
                 drifted = [
                     g
                     for (g,) in conn.execute(
-                        "SELECT group_name FROM ("
-                        " SELECT c.group_name, c.leased, coalesce(l.n, 0) AS n"
+                        "SELECT group_key FROM ("
+                        " SELECT c.group_key, c.leased, coalesce(l.n, 0) AS n"
                         " FROM resgroups_fleet_counters c FULL JOIN"
-                        " (SELECT group_name, count(*) AS n FROM resgroups_fleet_leases"
-                        "  GROUP BY group_name) l USING (group_name)) d"
-                        " WHERE leased IS DISTINCT FROM n ORDER BY group_name"
+                        " (SELECT group_key, count(*) AS n FROM resgroups_fleet_leases"
+                        "  GROUP BY group_key) l USING (group_key)) d"
+                        " WHERE leased IS DISTINCT FROM n ORDER BY group_key"
                     ).fetchall()
                 ]
                 if expired:
@@ -207,9 +258,9 @@ class LeaseStore:
         return expired, drifted
 
     def counts(self) -> dict[str, int]:
-        """Leases held per group, fleet-wide (the counters)."""
+        """Leases held per group key, fleet-wide (the counters)."""
         rows = self._run(
-            "read the counters", "SELECT group_name, leased FROM resgroups_fleet_counters"
+            "read the counters", "SELECT group_key, leased FROM resgroups_fleet_counters"
         )
         return {str(g): int(n) for g, n in rows}
 

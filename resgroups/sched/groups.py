@@ -64,6 +64,9 @@ class GroupRuntimes:
         self._group_count = 1
         self._lock = threading.Lock()
         self.applied_version = -1
+        # the version every runtime has been configured to (set once apply is done;
+        # the fleet's modes adopt and report through it, fleet/modes.py)
+        self.configured_version = 0
 
     # ---- applying the catalog ----------------------------------------------------
 
@@ -100,6 +103,7 @@ class GroupRuntimes:
                 self._sync_locked(group_id, snapshot.runtime_group(group_id))
             self._group_count = snapshot.group_count()
             self._update_engagement()
+            self.configured_version = snapshot.version
 
     def _sync_locked(self, group_id: int, group: GroupDef | None) -> None:
         runtime = self._runtimes.get(group_id)
@@ -158,26 +162,6 @@ class GroupRuntimes:
 
     # ---- observation ----------------------------------------------------------------
 
-    def demand(self, snapshot: Snapshot) -> dict[str, tuple[int, int, int, int, int | None]]:
-        """Fleet quota mode: (limit, running, queued, the most running plus queued
-        at once since the last call, the gate's quota) of every group of
-        ``snapshot`` with a max_active_queries, by name (read without the gates'
-        lock: the quota keeper looks again at its next tick)."""
-        out: dict[str, tuple[int, int, int, int, int | None]] = {}
-        for group in snapshot.groups:
-            limit = group.max_active_queries
-            if limit is None:
-                continue
-            runtime = self._runtimes.get(group.id)
-            if runtime is None:
-                out[group.name] = (limit, 0, 0, 0, None)
-            else:
-                gate = runtime.gate.gate
-                now = gate.active + gate.queued
-                peak, gate.demand_peak = max(gate.demand_peak, now), now
-                out[group.name] = (limit, gate.active, gate.queued, peak, runtime.quota)
-        return out
-
     def get(self, group_id: int) -> GroupRuntime | None:
         return self._runtimes.get(group_id)
 
@@ -194,7 +178,8 @@ class GroupRuntimes:
     ) -> list[GroupStatistics]:
         """One frozen statistics record per group of ``snapshot``, creation order;
         ``fleet_counts`` (fleet mode) gives the leases (quota mode: the quotas)
-        held fleet-wide per group, ``fleet_quotas`` (quota mode) this instance's."""
+        held fleet-wide per group identity (``GroupDef.uid``), ``fleet_quotas``
+        (quota mode) this instance's."""
         total_weight = sum(g.cpu_weight for g in snapshot.groups)
         with self._lock:
             runtimes = dict(self._runtimes)
@@ -211,13 +196,13 @@ class GroupRuntimes:
                 total_weight=total_weight,
                 cpus=self._cpus,
                 process_memory_limit=process_memory_limit,
-                fleet_active=None if fleet_counts is None else fleet_counts.get(g.name, 0),
+                fleet_active=None if fleet_counts is None else fleet_counts.get(g.uid, 0),
                 cpu=cpu.get(g.id, NO_CPU_READING),
                 base_group=None if g.base_id is None else snapshot.group_name(g.base_id),
                 fleet_quota=(
                     None
                     if fleet_quotas is None or g.max_active_queries is None
-                    else fleet_quotas.get(g.name, 0)
+                    else fleet_quotas.get(g.uid, 0)
                 ),
             )
             for g in snapshot.groups

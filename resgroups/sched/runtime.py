@@ -62,7 +62,8 @@ class GroupRuntime:
         new = group.max_active_queries
         if self.quota is not None and new is not None and (old is None or new < old):
             self.quota = 0
-        self.definition = group
+        with self.gate.lock:  # the lease mode decides on the limit under it
+            self.definition = group
         self.gate.configure(gate_config(group, self.quota))
         centi = group.cpu_limit_centi_pct
         limit_cores = None if centi is None else centi / 10000 * cpus

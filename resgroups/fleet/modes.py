@@ -1,0 +1,381 @@
+"""Admission modes: how a query's slot is held beyond this process (SPEC §11).
+
+An engine chooses one when it starts and every query asks it, never which
+mode it is in:
+
+=========  ==================================================================
+local      no fleet: the local gate is the whole limit
+lease      a lease row per query of a limited group, after the local slot
+quota      this instance's share of each limit, set as the local gate's limit
+=========  ==================================================================
+
+The interface, in the order a query meets it::
+
+    prepare(group, left)   before the gate: wait (up to ``left`` seconds) until
+                           what this instance holds is valid
+    queued                 called when the query queues at the gate (or None)
+    fast                   whether the fast path may take slot and worker at once
+    after_slot(held, ...)  with the local slot held: what the fleet needs too
+    give_back(held)        what ``after_slot`` took, however the query ended
+    valid_until            the fence: past it (time.monotonic), a query fails
+                           at its next checkpoint with CoordinationUnavailable
+    counts(), quotas()     what resource_groups() shows (fleet_active_queries,
+                           fleet_quota), by group identity
+
+:class:`~resgroups.query.Holdings` owns what a query holds (ticket, runner,
+lease), so the query, the registry and the reconcile loop read one record.
+
+Fencing (both fleet modes)
+    The coordinator renews this instance's row and leases every heartbeat; a
+    renewal that started at ``t`` makes them valid until ``t + 0.9 expiry``,
+    strictly before the sweep of any other instance could reclaim them
+    (``t + expiry`` on the database's clock, which ran at least from ``t``).
+    Past that, nothing is admitted and running queries fail at the checkpoint
+    armed for that moment. A renewal after such a lapse fails every query
+    admitted before it (their leases may be gone; those that held nothing in
+    the fleet, admitted while their group had no limit, may have been left
+    out of a limit that appeared meanwhile) before the instance is valid
+    again, so a query that wakes after a pause cannot pass a checkpoint on
+    what it held.
+
+Limits that appear
+    A query admitted while its group had no limit holds no lease or quota.
+    When ``max_active_queries`` appears (``GroupDef.limited_since``), each
+    instance first adopts what it runs there (lease mode: a lease for each,
+    whatever the count; quota mode: a quota never below what it runs), then
+    reports the catalog version through which it has done so; the database
+    admits nobody on that limit while a live instance of the same log is
+    behind it (``resgroups_fleet_behind``). A lowered limit needs no barrier:
+    every running query already holds its lease or quota.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
+
+from resgroups.errors import CoordinationUnavailable, QueueTimeout
+
+if TYPE_CHECKING:
+    from resgroups.catalog.model import GroupDef
+    from resgroups.fleet.coordinator import FleetCoordinator
+    from resgroups.fleet.quotas import GroupDemand, QuotaKeeper
+    from resgroups.fleet.store import Barrier, FleetGroup
+    from resgroups.query import Holdings
+    from resgroups.sched.runtime import GroupRuntime
+
+
+class Runtimes(Protocol):
+    """What a mode reads of the engine's live groups (sched.groups.GroupRuntimes)."""
+
+    def all(self) -> list[GroupRuntime]: ...
+
+
+class AdmissionMode:
+    """Local admission: the local gate is the limit, nothing more is held."""
+
+    name = "local"
+    fast = True  # the fast path may be tried before the gate
+    fenced = False  # queries need not check valid_until and epoch
+    queued: Callable[[], None] | None = None
+    valid_until = math.inf
+
+    def prepare(self, group: GroupDef, left: float) -> None:
+        return None
+
+    def after_slot(
+        self,
+        held: Holdings,
+        runtime: GroupRuntime,
+        *,
+        deadline: float,
+        queue_deadline: float,
+        cancelled: Callable[[], bool],
+        now: Callable[[], float],
+    ) -> None:
+        return None
+
+    def give_back(self, held: Holdings) -> None:
+        return None
+
+    def poke(self) -> None:
+        """A query was cancelled: wake a wait for the fleet, if any."""
+
+    def counts(self) -> dict[str, int] | None:
+        """Fleet-wide running (leases or quotas) by group key; None: no fleet."""
+        return None
+
+    def quotas(self) -> dict[str, int] | None:
+        """This instance's usable quota by group key; None: not quota mode."""
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def fleet_group(group: GroupDef) -> FleetGroup:
+    from resgroups.fleet.store import FleetGroup
+
+    return FleetGroup(group.uid, group.name)
+
+
+class _FleetMode(AdmissionMode):
+    """What both fleet modes share: the instance fence and the catalog barrier."""
+
+    fenced = True
+
+    def __init__(
+        self,
+        coordinator: FleetCoordinator,
+        holdings: Callable[[], Iterable[Holdings]],
+        runtimes: Runtimes,
+        catalog: Callable[[], tuple[str, int]],
+    ) -> None:
+        self.coordinator = coordinator
+        self._holdings = holdings  # every open query's holdings (the engine's registry)
+        self._runtimes = runtimes
+        self._catalog = catalog  # (the log's identity, the version its runtimes apply)
+        coordinator.held_leases = self._held_leases
+        coordinator.on_lost = self._lost
+        coordinator.on_lapse = self._lapsed
+
+    @property
+    def valid_until(self) -> float:  # type: ignore[override]
+        return self.coordinator.valid_until
+
+    def prepare(self, group: GroupDef, left: float) -> None:
+        """Wait until this instance's heartbeat is valid (a lapse: what it holds may
+        have been reclaimed); CoordinationUnavailable at the end of ``left``."""
+        if not self.coordinator.wait_fresh(time.monotonic() + max(0.0, left)):
+            raise CoordinationUnavailable(
+                f"this instance's fleet heartbeat could not be renewed before the "
+                f"timeout [group={group.name}]: fleet coordination unreachable?"
+            )
+
+    def poke(self) -> None:
+        self.coordinator.poke()
+
+    def counts(self) -> dict[str, int] | None:
+        return self.coordinator.counts
+
+    def barrier(self, group: GroupDef) -> Barrier:
+        """Who must have adopted before anyone admits on ``group``'s limit."""
+        uid, _ = self._catalog()
+        return uid, group.limited_since, self.coordinator.expiry
+
+    # ---- fencing callbacks (the coordinator's maintenance thread) ----------------------
+
+    def _held_leases(self) -> set[str]:
+        return {h.lease_id for h in self._holdings() if h.leased and h.lease_id is not None}
+
+    def _lost(self, lost: set[str]) -> None:
+        """Leases a sweep reclaimed while this instance's heartbeat lapsed."""
+        for held in self._holdings():
+            if held.lease_id in lost:
+                held.fail(
+                    CoordinationUnavailable(
+                        f"the fleet lease of query {held.query_id} [group={held.group}] was "
+                        "reclaimed while this instance's heartbeat lapsed; the query cannot "
+                        "go on without it"
+                    )
+                )
+
+    def _lapsed(self) -> None:
+        """The heartbeat lapsed past the fence, and a renewal is about to make the
+        instance valid again: every query admitted before fails at its next
+        checkpoint (and one inside native code at once, through on_cancel)."""
+        error = CoordinationUnavailable(
+            "this instance's fleet heartbeat lapsed past the fence (a paused or "
+            "partitioned process?): what its queries held may have been given to others"
+        )
+        for held in self._holdings():
+            if held.runtime is not None:
+                held.fail(error)
+
+
+class LeaseAdmission(_FleetMode):
+    """A lease row per query of a limited group, taken after the local slot."""
+
+    name = "lease"
+    fast = False  # the lease comes between the slot and the worker
+
+    def __init__(
+        self,
+        coordinator: FleetCoordinator,
+        holdings: Callable[[], Iterable[Holdings]],
+        runtimes: Runtimes,
+        catalog: Callable[[], tuple[str, int]],
+    ) -> None:
+        super().__init__(coordinator, holdings, runtimes, catalog)
+        self._adopted = catalog()[1]  # at start nothing runs: nothing to adopt
+        coordinator.synced = (catalog()[0], self._adopted)
+        coordinator.on_tick = self._sync
+        self._sync_lock = threading.Lock()
+
+    def after_slot(
+        self,
+        held: Holdings,
+        runtime: GroupRuntime,
+        *,
+        deadline: float,
+        queue_deadline: float,
+        cancelled: Callable[[], bool],
+        now: Callable[[], float],
+    ) -> None:
+        """A fleet-wide lease for a group with a max_active_queries (the limit this
+        engine's catalog holds); none, and no round trip, for a group without.
+        Waiting for it counts as queued, within the queue and query timeouts."""
+        coordinator = self.coordinator
+        lease = held.lease_id = coordinator.new_lease_id()  # released at the end
+        with runtime.gate.lock:  # against _sync's scan: decided and marked at once
+            group = runtime.definition
+            if group.max_active_queries is None:
+                held.unleased = True
+                return
+            runtime.fleet_waiting += 1
+            held.seeking = True
+        try:
+            coordinator.acquire(
+                fleet_group(group),
+                lease,
+                group.max_active_queries,
+                self.barrier(group),
+                deadline=deadline,
+                queue_deadline=queue_deadline,
+                cancelled=cancelled,
+                now=now,
+                ready=lambda: self._adopted >= group.limited_since,
+            )
+            held.leased = True
+        except QueueTimeout:
+            runtime.fleet_timed_out()
+            raise
+        finally:
+            held.seeking = False
+            runtime.fleet_wait(-1)
+
+    def give_back(self, held: Holdings) -> None:
+        """The lease goes to the batcher (a missing lease is a no-op there)."""
+        lease, held.lease_id = held.lease_id, None
+        held.leased = held.unleased = False
+        if lease is not None:
+            self.coordinator.release(lease)
+
+    def _sync(self) -> None:
+        """The maintenance thread, at each turn: when the catalog moved, adopt the
+        queries admitted without a lease in groups whose limit appeared since, then
+        say so (the barrier the other instances wait on)."""
+        uid, version = self._catalog()
+        if version <= self._adopted:
+            return
+        with self._sync_lock:
+            for runtime in self._runtimes.all():
+                group = runtime.definition
+                if group.max_active_queries is None or group.limited_since <= self._adopted:
+                    continue
+                with runtime.gate.lock:
+                    orphans = [
+                        (h, h.lease_id)
+                        for h in self._holdings()
+                        if h.runtime is runtime and h.unleased and h.lease_id is not None
+                    ]
+                if not orphans:
+                    continue
+                self.coordinator.store.adopt(fleet_group(group), [i for _, i in orphans])
+                for held, lease in orphans:
+                    with runtime.gate.lock:
+                        adopted = held.lease_id == lease and held.unleased
+                        if adopted:
+                            held.unleased, held.leased = False, True
+                    if not adopted:  # it ended meanwhile: its new row goes again
+                        self.coordinator.release(lease)
+            self.coordinator.store.synced(uid, version)
+            self._adopted = version
+            self.coordinator.synced = (uid, version)
+            self.coordinator.poke()
+
+
+class QuotaAdmission(_FleetMode):
+    """This instance's share of each limit (fleet/quotas.py), as the gate's limit."""
+
+    name = "quota"
+
+    def __init__(
+        self,
+        coordinator: FleetCoordinator,
+        holdings: Callable[[], Iterable[Holdings]],
+        runtimes: Runtimes,
+        catalog: Callable[[], tuple[str, int]],
+        *,
+        hold: float,
+    ) -> None:
+        super().__init__(coordinator, holdings, runtimes, catalog)
+        coordinator.synced = catalog()
+        self.keeper: QuotaKeeper = coordinator.start_quotas(
+            hold=hold,
+            demand=self._demand,
+            limit_to=self._limit_to,
+            lost=self._quota_lost,
+            catalog=catalog,
+        )
+        self.queued = self.keeper.poke  # queued here: the keeper asks for more at once
+
+    @property
+    def valid_until(self) -> float:  # type: ignore[override]
+        return min(self.coordinator.valid_until, self.keeper.valid_until)
+
+    def prepare(self, group: GroupDef, left: float) -> None:
+        super().prepare(group, left)
+        if group.max_active_queries is not None and not self.keeper.wait_fresh(
+            time.monotonic() + max(0.0, left)
+        ):
+            raise CoordinationUnavailable(
+                f"the fleet quota of group {group.name} could not be renewed before the "
+                "timeout (fleet coordination unreachable?)"
+            )
+
+    def quotas(self) -> dict[str, int] | None:
+        return self.keeper.usable
+
+    def _runtime(self, key: str) -> GroupRuntime | None:
+        return next((r for r in self._runtimes.all() if r.definition.uid == key), None)
+
+    def _demand(self) -> dict[str, GroupDemand]:
+        from resgroups.fleet.quotas import GroupDemand
+
+        out: dict[str, GroupDemand] = {}
+        for runtime in self._runtimes.all():
+            group = runtime.definition
+            limit = group.max_active_queries
+            if limit is None or runtime.dropped:
+                continue
+            gate = runtime.gate.gate
+            now = gate.active + gate.queued
+            peak, gate.demand_peak = max(gate.demand_peak, now), now
+            out[group.uid] = GroupDemand(
+                fleet_group(group), limit, gate.active, gate.queued, peak, runtime.quota,
+                group.limited_since, self.barrier(group),
+            )  # fmt: skip
+        return out
+
+    def _limit_to(self, key: str, quota: int) -> int:
+        """This instance admits at most ``quota`` queries of the group at once from
+        now on; the queries running once that applies."""
+        runtime = self._runtime(key)
+        return 0 if runtime is None else runtime.set_quota(quota)
+
+    def _quota_lost(self, keys: set[str]) -> None:
+        """This instance's quota in these groups was reclaimed while its heartbeat
+        lapsed: the queries running on it fail at their next checkpoint."""
+        for held in self._holdings():
+            runtime = held.runtime
+            if runtime is not None and runtime.definition.uid in keys:
+                held.fail(
+                    CoordinationUnavailable(
+                        f"the fleet quota of group {held.group} on this instance was "
+                        "reclaimed while its heartbeat lapsed; the query cannot go on on it"
+                    )
+                )

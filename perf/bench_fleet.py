@@ -50,7 +50,7 @@ from _pg import add_dsn_argument, scratch_database
 
 import resgroups
 from resgroups.fleet.releases import BatchedReleases
-from resgroups.fleet.store import LeaseStore
+from resgroups.fleet.store import FleetGroup, LeaseStore
 from resgroups.pgschema import migrate
 
 LIMIT = 1_000_000
@@ -98,7 +98,7 @@ def lease_design(dsn: str, admitters: int) -> tuple[Callable[[], tuple[Admit, Re
 
     def make() -> tuple[Admit, Release]:
         def admit(query_id: str) -> None:
-            if not store.try_acquire(GROUP, query_id, LIMIT):
+            if not store.try_acquire(FleetGroup(GROUP, GROUP), query_id, LIMIT, ("", 0, 300.0)):
                 raise RuntimeError("refused")
 
         return admit, releases.release
@@ -238,7 +238,7 @@ def prepare(dsn: str, held: int) -> None:
             conn.execute(f"DELETE FROM {table}")
         conn.execute("DELETE FROM upsert_counters")
         conn.execute(
-            "INSERT INTO resgroups_fleet_leases (query_id, group_name, instance_id)"
+            "INSERT INTO resgroups_fleet_leases (query_id, group_key, instance_id)"
             " SELECT 'held' || i, %s, 'elsewhere' FROM generate_series(1, %s) AS i",
             [GROUP, held],
         )

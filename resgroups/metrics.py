@@ -124,6 +124,12 @@ class _Collector(Collector):
             "Failed calls to the fleet coordination database.",
             value=0 if engine.fleet is None else engine.fleet.errors,
         )
+        yield CounterMetricFamily(
+            INSTANCE + "fleet_fence_lapses",
+            "Heartbeats that came after this instance's fleet fence had passed (its "
+            "queries admitted before failed with CoordinationUnavailable).",
+            value=0 if engine.fleet is None else engine.fleet.lapses,
+        )
         yield GaugeMetricFamily(
             INSTANCE + "lease_release_queue",
             "Fleet lease releases queued for the batcher.",

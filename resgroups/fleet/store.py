@@ -192,12 +192,13 @@ class LeaseStore:
 
     def instances(self, expiry_s: float) -> list[tuple[Any, ...]]:
         """Every instance of the fleet: (id, host, pid, last heartbeat, leases held,
-        healthy: a heartbeat within ``expiry_s``), oldest first."""
+        healthy: a heartbeat within ``expiry_s``, the catalog version through which it
+        has adopted its queries), oldest first."""
         return self._run(
             "list the instances",
             "SELECT i.instance_id, i.host, i.pid, i.heartbeat_at,"
             " (SELECT count(*) FROM resgroups_fleet_leases l WHERE l.instance_id = i.instance_id),"
-            " i.heartbeat_at > now() - make_interval(secs => %s)"
+            " i.heartbeat_at > now() - make_interval(secs => %s), i.catalog_version"
             " FROM resgroups_fleet_instances i ORDER BY i.started_at, i.instance_id",
             (expiry_s,),
         )

@@ -62,6 +62,7 @@ def _resource_group_queries(session: Session, args: tuple[Any, ...]) -> list[tup
 INSTANCE_COLUMNS: Final = (
     ("instance_id", "text"), ("host", "text"), ("pid", "int"),
     ("last_heartbeat", "timestamptz"), ("leases_held", "int"), ("healthy", "bool"),
+    ("catalog_version", "int"),
 )  # fmt: skip
 
 
@@ -77,8 +78,8 @@ def _resource_group_instances(session: Session, args: tuple[Any, ...]) -> list[t
             "with coordination='postgresql://...' (resgroups serve --coordination ...)"
         )
     return [
-        (str(i), str(h), int(p), at, int(n), bool(ok))
-        for i, h, p, at, n, ok in engine.fleet.instances()
+        (str(i), str(h), int(p), at, int(n), bool(ok), int(v))
+        for i, h, p, at, n, ok, v in engine.fleet.instances()
     ]
 
 

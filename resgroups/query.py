@@ -437,12 +437,14 @@ class Query:
 
     def on_cancel(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once, on another thread, as soon as the query is
-        cancelled, fails (a memory limit, a lost fleet lease) or its query
-        timeout passes, so that work inside one native call can be interrupted
-        (``duckdb_connection.interrupt()``); the query then raises QueryCancelled
-        or QueryTimeout at its next checkpoint, as always. One timer thread
-        watches every query's deadline; a callback that raises is logged, and
-        none runs once ``__exit__`` has returned."""
+        cancelled, fails (a memory limit, a lost fleet lease), its query
+        timeout passes or (fleet mode) the instance's fence passes, so that
+        work inside one native call can be interrupted
+        (``duckdb_connection.interrupt()``); the query then raises its error
+        (QueryCancelled, QueryTimeout, CoordinationUnavailable) at its next
+        checkpoint, as always. One timer thread watches every query's
+        deadline; a callback that raises is logged, and none runs once
+        ``__exit__`` has returned."""
         if self.state is _DONE:
             raise InvalidParameter("on_cancel() on a query that has ended")
         self._on_cancel = (*self._on_cancel, callback)
@@ -455,6 +457,8 @@ class Query:
             return -math.inf
         if self.state is _SUSPENDED:  # the timeout does not run meanwhile
             return math.inf
+        if self._fenced:  # fleet mode: native work stops at the fence too (re-read then)
+            return min(self._timeout_at, self._now() + self._mode.valid_until - time.monotonic())
         return self._timeout_at
 
     def fire(self) -> None:

@@ -23,6 +23,7 @@ its local slot (SPEC §11).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -82,7 +83,9 @@ class FleetCoordinator:
         self.synced: tuple[str, int] = ("", 0)
         self.counts: dict[str, int] = {}  # fleet-wide leases (or quotas) per group key
         self.quotas: QuotaKeeper | None = None  # quota mode (start_quotas); None: leases
-        self.valid_until = time.monotonic() + MARGIN * expiry  # the fence
+        # the fence: nothing is valid before the first heartbeat (until this instance's
+        # row says which log it follows, the others' barriers cannot count it)
+        self.valid_until = -math.inf
         self.lapses = 0  # renewals that came after the fence had passed
         self._fresh = threading.Condition()
         self._changed = threading.Condition()
@@ -92,6 +95,11 @@ class FleetCoordinator:
             threading.Thread(target=self._listen, name="resgroups-fleet-listen", daemon=True),
             threading.Thread(target=self._maintain, name="resgroups-fleet-maintain", daemon=True),
         ]
+
+
+    def start(self) -> None:
+        """Start listening and the heartbeat, once the admission mode has set its
+        callbacks and what the first heartbeat reports (``synced``)."""
         for thread in self._threads:
             thread.start()
 
@@ -281,7 +289,7 @@ class FleetCoordinator:
                 self.instance_id,
             )
             self.on_lost(lost)
-        if started >= self.valid_until:
+        if self.valid_until != -math.inf and started >= self.valid_until:
             self.lapses += 1
             log.error(
                 "fleet: the heartbeat of %s lapsed past its fence (%.1f s late); the "

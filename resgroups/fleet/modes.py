@@ -214,6 +214,7 @@ class LeaseAdmission(_FleetMode):
         coordinator.synced = (catalog()[0], self._adopted)
         coordinator.on_tick = self._sync
         self._sync_lock = threading.Lock()
+        coordinator.start()
 
     def after_slot(
         self,
@@ -258,11 +259,13 @@ class LeaseAdmission(_FleetMode):
             runtime.fleet_wait(-1)
 
     def give_back(self, held: Holdings) -> None:
-        """The lease goes to the batcher (a missing lease is a no-op there)."""
-        lease, held.lease_id = held.lease_id, None
-        held.leased = held.unleased = False
+        """The lease goes to the batcher (a missing lease is a no-op there), and only
+        then leaves the holdings: the reconcile loop always finds it in one."""
+        lease = held.lease_id
         if lease is not None:
             self.coordinator.release(lease)
+        held.lease_id = None
+        held.leased = held.unleased = False
 
     def _sync(self) -> None:
         """The maintenance thread, at each turn: when the catalog moved, adopt the
@@ -322,6 +325,7 @@ class QuotaAdmission(_FleetMode):
             catalog=catalog,
         )
         self.queued = self.keeper.poke  # queued here: the keeper asks for more at once
+        coordinator.start()
 
     @property
     def valid_until(self) -> float:  # type: ignore[override]

@@ -96,7 +96,6 @@ class FleetCoordinator:
             threading.Thread(target=self._maintain, name="resgroups-fleet-maintain", daemon=True),
         ]
 
-
     def start(self) -> None:
         """Start listening and the heartbeat, once the admission mode has set its
         callbacks and what the first heartbeat reports (``synced``)."""

@@ -354,7 +354,7 @@ class QuotaAdmission(_FleetMode):
         for runtime in self._runtimes.all():
             group = runtime.definition
             limit = group.max_active_queries
-            if limit is None or runtime.dropped:
+            if limit is None:  # a dropped group's queries still finish under its limit
                 continue
             gate = runtime.gate.gate
             now = gate.active + gate.queued

@@ -51,6 +51,7 @@ Fail closed
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -111,6 +112,8 @@ class QuotaKeeper:
         # group -> (most wanted in this hold window, in the one before, window start)
         self._peaks: dict[str, tuple[int, int, float]] = {}
         self._fair: dict[str, int] = {}  # group -> fair share while contended
+        self._yielded: dict[str, float] = {}  # group -> when told its turn was over
+        self._asked: dict[str, float] = {}  # group -> when PostgreSQL was last asked
         self._wanted_elsewhere: dict[str, float] = {}  # group -> when another said 'want'
         self._applied: dict[str, int] = {}  # group -> the quota last given its gate
         self._wake = threading.Event()
@@ -199,7 +202,7 @@ class QuotaKeeper:
         demand = self._demand()
         for key in [g for g in self.quotas if g not in demand]:  # dropped, or no limit now
             self._set(key, FleetGroup(key, key), 0, 0, 0, 0, (uid, 0, self.expiry))
-            for table in (self._peaks, self._fair, self._applied):
+            for table in (self._peaks, self._fair, self._applied, self._yielded, self._asked):
                 table.pop(key, None)
         for key, need in demand.items():
             # a gate that froze at a lowered limit (GroupRuntime.configure), or a limit
@@ -225,7 +228,12 @@ class QuotaKeeper:
         target = self._target(key, wanted, min(limit, need.peak), limit, now)
         if usable < mine:  # over a lowered limit: what cannot be used goes back
             target = min(target, usable)
-        if changed:
+        turn_over = self._fair.get(key) == 0
+        if turn_over and wanted > mine and now - self._yielded.get(key, now) >= self.hold:
+            self._yielded[key] = now  # a turn given up: ask again, at most once a hold
+            usable = ask(max(mine, wanted))
+            self._apply(key, min(wanted, usable))
+        elif changed:
             usable = ask(max(mine, running))
             self._apply(key, min(target, usable))
         elif wanted > usable and target > usable:  # more: ask
@@ -237,8 +245,10 @@ class QuotaKeeper:
             if keep < mine:
                 usable = ask(keep)
                 self._apply(key, min(target, usable))
-        elif key in self._wanted_elsewhere and key not in self._fair:
-            usable = ask(mine)  # say what is wanted here
+        elif key in self._wanted_elsewhere and (
+            key not in self._fair or now - self._asked.get(key, -math.inf) >= self.hold
+        ):  # say what is wanted here; while contended, learn again whose turn it is
+            usable = ask(mine)
             self._apply(key, min(target, usable))
 
     def _apply(self, group: str, quota: int) -> int:
@@ -278,9 +288,12 @@ class QuotaKeeper:
         """Ask PostgreSQL for ``target`` (never below ``floor``); the part of the
         quota granted that may be admitted on (the caller sets the gate)."""
         granted, usable, fair, contended = self.store.set_quota(
-            group, target, wanted, limit, floor, barrier
+            group, target, wanted, limit, floor, barrier, self.hold
         )
+        self._asked[key] = time.monotonic()
         if contended:
+            if fair == 0 and self._fair.get(key) != 0:
+                self._yielded[key] = time.monotonic()  # asks again after a hold
             self._fair[key] = fair
         else:
             self._fair.pop(key, None)

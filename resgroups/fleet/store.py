@@ -111,17 +111,18 @@ class LeaseStore:
         limit: int,
         floor: int,
         since: Barrier,
+        hold: float,
     ) -> tuple[int, int, int, bool]:
         """Quota mode, one round trip: ask for ``target`` slots of ``group`` (giving
         back is always granted, never below ``floor``: the queries running here),
         saying ``wanted`` are wanted now; (the quota now held, the part of it this
-        instance may admit on, its fair share, whether the fleet wants more than
-        ``limit``)."""
+        instance may admit on, its fair share (0: its turn is over, see the
+        migration), whether the fleet wants more than ``limit``)."""
         rows = self._run(
             "set a quota",
             "SELECT granted, usable, fair, contended"
-            " FROM resgroups_fleet_quota_set(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (group.key, group.name, self.instance_id, target, wanted, limit, floor, *since),
+            " FROM resgroups_fleet_quota_set(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (group.key, group.name, self.instance_id, target, wanted, limit, floor, *since, hold),
         )
         granted, usable, fair, contended = rows[0]
         return int(granted), int(usable), int(fair), bool(contended)

@@ -12,6 +12,8 @@ ALTER TABLE resgroups_fleet_counters RENAME COLUMN group_name TO group_key;
 ALTER TABLE resgroups_fleet_quotas RENAME COLUMN group_name TO group_key;
 ALTER TABLE resgroups_fleet_quotas ADD COLUMN group_name text;
 UPDATE resgroups_fleet_quotas SET group_name = group_key;
+-- when the row's quota last went from none to some: how long its turn has run
+ALTER TABLE resgroups_fleet_quotas ADD COLUMN held_since timestamptz NOT NULL DEFAULT now();
 
 -- A limit that appears (ALTER from no limit) must count the queries admitted
 -- before it, which hold no lease and no quota. Each instance adopts its own
@@ -125,10 +127,15 @@ DROP FUNCTION IF EXISTS resgroups_fleet_quota_set(text, text, bigint, bigint, bi
 -- appeared: p_floor, the queries this instance runs in the group now (its
 -- quota is never set below them: they run already, admitted before the
 -- limit), and the barrier above: while an instance of the log is behind
--- p_since, nothing of the quota is usable.
+-- p_since, nothing of the quota is usable. And turns: when the limit is
+-- smaller than the instances that want it (this one's exact share below one
+-- slot), an instance that has held its slots for p_hold seconds while another
+-- waits with none is told a fair share of 0, so it gives them back and the
+-- waiting one takes them; it asks again after p_hold.
 CREATE OR REPLACE FUNCTION resgroups_fleet_quota_set(
     p_key text, p_name text, p_instance text, p_target bigint, p_wanted bigint, p_max bigint,
     p_floor bigint, p_catalog text, p_since bigint, p_expiry double precision,
+    p_hold double precision,
     OUT granted bigint, OUT usable bigint, OUT fair bigint, OUT contended boolean
 )
 LANGUAGE plpgsql AS $$
@@ -136,12 +143,13 @@ DECLARE
     others bigint;
     others_wanted bigint;
     mine bigint;
+    mine_since timestamptz;
 BEGIN
     PERFORM pg_advisory_xact_lock(29287 + 16, hashtext(p_key));
     SELECT coalesce(sum(quota), 0), coalesce(sum(wanted), 0) INTO others, others_wanted
       FROM resgroups_fleet_quotas
      WHERE group_key = p_key AND instance_id <> p_instance;
-    SELECT quota INTO mine FROM resgroups_fleet_quotas
+    SELECT quota, held_since INTO mine, mine_since FROM resgroups_fleet_quotas
      WHERE group_key = p_key AND instance_id = p_instance;
     mine := coalesce(mine, 0);
     IF p_target <= mine THEN
@@ -159,15 +167,24 @@ BEGIN
         DELETE FROM resgroups_fleet_quotas
          WHERE group_key = p_key AND instance_id = p_instance;
     ELSE
-        INSERT INTO resgroups_fleet_quotas (group_key, group_name, instance_id, quota, wanted)
+        INSERT INTO resgroups_fleet_quotas AS q (group_key, group_name, instance_id, quota, wanted)
         VALUES (p_key, p_name, p_instance, granted, p_wanted)
         ON CONFLICT (group_key, instance_id)
         DO UPDATE SET quota = EXCLUDED.quota, wanted = EXCLUDED.wanted,
-                      group_name = EXCLUDED.group_name, renewed_at = now();
+                      group_name = EXCLUDED.group_name, renewed_at = now(),
+                      held_since = CASE WHEN q.quota = 0 AND EXCLUDED.quota > 0
+                                        THEN now() ELSE q.held_since END;
     END IF;
     contended := others_wanted + p_wanted > p_max;
     IF contended AND p_wanted > 0 THEN
         fair := greatest(1, (p_max * p_wanted) / (others_wanted + p_wanted));
+        IF p_max * p_wanted < others_wanted + p_wanted AND mine > 0
+           AND mine_since < now() - make_interval(secs => p_hold)
+           AND EXISTS (SELECT 1 FROM resgroups_fleet_quotas
+                        WHERE group_key = p_key AND instance_id <> p_instance
+                          AND quota = 0 AND wanted > 0) THEN
+            fair := 0;  -- its turn is over: another waits with none
+        END IF;
     ELSE
         fair := p_max;
     END IF;

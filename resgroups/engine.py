@@ -11,6 +11,8 @@ part               what it holds
 ``authenticator``  who may open a session (resgroups.access)
 ``tables``         the reference executor's in-memory tables (resgroups.exec)
 ``_metrics``       the Prometheus registry (resgroups.metrics)
+``admission``      how a query's slot is held beyond this process: locally, a
+                   fleet lease, or this instance's quota (resgroups.fleet.modes)
 =================  ==========================================================
 
 The engine wires them together and validates its arguments; each part can
@@ -474,8 +476,13 @@ class Engine:
         except BaseException:
             self._log.close()
             raise
-        holdings = lambda: list(self._queries.values())  # noqa: E731
-        catalog = lambda: (self.snapshot.catalog_uid, self.runtimes.configured_version)  # noqa: E731
+
+        def holdings() -> list[Holdings]:  # the registry, a copy (read off the query path)
+            return list(self._queries.values())
+
+        def catalog() -> tuple[str, int]:  # the log followed, the version the gates apply
+            return self.snapshot.catalog_uid, self.runtimes.configured_version
+
         if mode == "quota":
             return fleet, QuotaAdmission(fleet, holdings, self.runtimes, catalog, hold=quota_hold)
         return fleet, LeaseAdmission(fleet, holdings, self.runtimes, catalog)

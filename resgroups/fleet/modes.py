@@ -79,11 +79,12 @@ class AdmissionMode:
 
     name = "local"
     fast = True  # the fast path may be tried before the gate
-    fenced = False  # queries need not check valid_until and epoch
-    queued: Callable[[], None] | None = None
+    fenced = False  # queries need not check valid_until
+    queued: Callable[[], None] | None = None  # called when a query queues at the gate
     valid_until = math.inf
 
     def prepare(self, group: GroupDef, left: float) -> None:
+        """Before the gate: wait until what this instance holds is valid."""
         return None
 
     def after_slot(
@@ -96,9 +97,11 @@ class AdmissionMode:
         cancelled: Callable[[], bool],
         now: Callable[[], float],
     ) -> None:
+        """With the local slot held: what the fleet needs too (lease mode: a lease)."""
         return None
 
     def give_back(self, held: Holdings) -> None:
+        """What ``after_slot`` took, however the query ended."""
         return None
 
     def poke(self) -> None:
@@ -110,9 +113,6 @@ class AdmissionMode:
 
     def quotas(self) -> dict[str, int] | None:
         """This instance's usable quota by group key; None: not quota mode."""
-        return None
-
-    def close(self) -> None:
         return None
 
 

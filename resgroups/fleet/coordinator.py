@@ -40,7 +40,8 @@ from resgroups.errors import (
     QueryTimeout,
     QueueTimeout,
 )
-from resgroups.fleet.quotas import MARGIN, Demand, QuotaKeeper
+from resgroups.fleet.fence import Fence
+from resgroups.fleet.quotas import Demand, QuotaKeeper
 from resgroups.fleet.releases import BatchedReleases
 from resgroups.fleet.store import Barrier, FleetGroup, LeaseStore, StoreUnavailable
 
@@ -83,11 +84,10 @@ class FleetCoordinator:
         self.synced: tuple[str, int] = ("", 0)
         self.counts: dict[str, int] = {}  # fleet-wide leases (or quotas) per group key
         self.quotas: QuotaKeeper | None = None  # quota mode (start_quotas); None: leases
-        # the fence: nothing is valid before the first heartbeat (until this instance's
-        # row says which log it follows, the others' barriers cannot count it)
-        self.valid_until = -math.inf
+        # nothing is valid before the first heartbeat (until this instance's row says
+        # which log it follows, the others' barriers cannot count it)
+        self.fence = Fence(expiry)
         self.lapses = 0  # renewals that came after the fence had passed
-        self._fresh = threading.Condition()
         self._changed = threading.Condition()
         self._generation = 0
         self._stop = threading.Event()
@@ -135,22 +135,9 @@ class FleetCoordinator:
         self.synced = catalog
         self.poke()
 
-    # ---- the fence ---------------------------------------------------------------------
-
-    def stale(self) -> bool:
-        """Past ``valid_until``: what this instance holds may have been reclaimed."""
-        return time.monotonic() >= self.valid_until
-
-    def wait_fresh(self, deadline: float) -> bool:
-        """Until a renewal makes this instance valid again (True) or the monotonic
-        ``deadline`` passes (False)."""
-        with self._fresh:
-            while self.stale():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._fresh.wait(min(left, _POLL_S))
-        return True
+    @property
+    def valid_until(self) -> float:
+        return self.fence.valid_until
 
     # ---- admission ------------------------------------------------------------------
 
@@ -297,9 +284,7 @@ class FleetCoordinator:
                 started - self.valid_until,
             )
             self.on_lapse()
-        with self._fresh:
-            self.valid_until = started + MARGIN * self.expiry
-            self._fresh.notify_all()
+        self.fence.renewed(started)
 
     def instances(self) -> list[tuple[Any, ...]]:
         """The fleet's instances and their health (resource_group_instances())."""

@@ -149,7 +149,7 @@ class _FleetMode(AdmissionMode):
     def prepare(self, group: GroupDef, left: float) -> None:
         """Wait until this instance's heartbeat is valid (a lapse: what it holds may
         have been reclaimed); CoordinationUnavailable at the end of ``left``."""
-        if not self.coordinator.wait_fresh(time.monotonic() + max(0.0, left)):
+        if not self.coordinator.fence.wait_fresh(time.monotonic() + max(0.0, left)):
             raise CoordinationUnavailable(
                 f"this instance's fleet heartbeat could not be renewed before the "
                 f"timeout [group={group.name}]: fleet coordination unreachable?"

@@ -57,12 +57,12 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+from resgroups.fleet.fence import MARGIN, Fence
 from resgroups.fleet.store import Barrier, FleetGroup, LeaseStore, StoreUnavailable
 
 log = logging.getLogger("resgroups.fleet")
 
 _TICK_S = 0.1
-MARGIN = 0.9  # valid_until = renewal start + MARGIN * expiry
 
 
 class GroupDemand(NamedTuple):
@@ -107,7 +107,7 @@ class QuotaKeeper:
         self._adopted = catalog()[1]  # at start nothing runs: nothing to adopt
         self.quotas: dict[str, int] = {}  # what PostgreSQL holds for this instance
         self.usable: dict[str, int] = {}  # the part of it the gate may admit on
-        self.valid_until = time.monotonic() + MARGIN * expiry
+        self.fence = Fence(expiry, time.monotonic() + MARGIN * expiry)
         self.errors = 0
         # group -> (most wanted in this hold window, in the one before, window start)
         self._peaks: dict[str, tuple[int, int, float]] = {}
@@ -117,7 +117,6 @@ class QuotaKeeper:
         self._wanted_elsewhere: dict[str, float] = {}  # group -> when another said 'want'
         self._applied: dict[str, int] = {}  # group -> the quota last given its gate
         self._wake = threading.Event()
-        self._fresh = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="resgroups-fleet-quota", daemon=True)
 
@@ -137,21 +136,18 @@ class QuotaKeeper:
             self._wanted_elsewhere[payload[5:]] = time.monotonic()
         self._wake.set()
 
+    @property
+    def valid_until(self) -> float:
+        return self.fence.valid_until
+
     def stale(self) -> bool:
-        """Past ``valid_until``: the quota may have been reclaimed meanwhile."""
-        return time.monotonic() >= self.valid_until
+        """Past the fence: the quota may have been reclaimed meanwhile."""
+        return self.fence.stale()
 
     def wait_fresh(self, deadline: float) -> bool:
         """Until a renewal makes the quota valid again (True) or the monotonic
         ``deadline`` passes (False)."""
-        with self._fresh:
-            while self.stale():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._wake.set()
-                self._fresh.wait(min(left, _TICK_S))
-        return True
+        return self.fence.wait_fresh(deadline, self._wake.set)
 
     # ---- the keeper's thread ------------------------------------------------------------
 
@@ -190,9 +186,7 @@ class QuotaKeeper:
                 self.usable[group] = min(self.usable.get(group, 0), self.quotas[group])
                 self._apply(group, self.usable[group])
             self._lost(lost)
-        with self._fresh:
-            self.valid_until = started + MARGIN * self.expiry
-            self._fresh.notify_all()
+        self.fence.renewed(started)
 
     def _tick(self) -> None:
         if self.stale():

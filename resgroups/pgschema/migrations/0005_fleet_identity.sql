@@ -77,8 +77,10 @@ BEGIN
     IF EXISTS (SELECT 1 FROM resgroups_fleet_leases WHERE query_id = p_query) THEN
         RETURN true;  -- a retry of an acquire whose answer was lost
     END IF;
-    IF resgroups_fleet_behind(p_catalog, p_since, p_expiry) THEN
-        RETURN false;
+    IF p_since > 0 THEN  -- a limit that appeared: only then is the barrier read
+        IF resgroups_fleet_behind(p_catalog, p_since, p_expiry) THEN
+            RETURN false;
+        END IF;
     END IF;
     SELECT leased INTO held FROM resgroups_fleet_counters WHERE group_key = p_key;
     IF coalesce(held, 0) >= p_max THEN
@@ -160,8 +162,10 @@ BEGIN
     granted := greatest(granted, p_floor);
     -- a limit lowered below what the fleet holds: admit on no more than it leaves
     usable := greatest(0, least(granted, p_max - others));
-    IF resgroups_fleet_behind(p_catalog, p_since, p_expiry) THEN
-        usable := 0;
+    IF p_since > 0 THEN
+        IF resgroups_fleet_behind(p_catalog, p_since, p_expiry) THEN
+            usable := 0;
+        END IF;
     END IF;
     IF granted = 0 AND p_wanted = 0 THEN
         DELETE FROM resgroups_fleet_quotas

@@ -551,7 +551,9 @@ class Engine:
     def close(self, grace: float = 10.0) -> None:
         """Refuse new queries, fail queued ones, wait up to ``grace`` seconds for
         running ones (then cancel them), stop the pools and release the catalog.
-        Idempotent."""
+        In fleet mode this instance's leases and quotas are released only once no
+        query of it runs; one that does not leave at its cancel (a native call
+        without checkpoints) keeps them until they expire. Idempotent."""
         with self._close_lock:
             if self._closed:
                 return
@@ -569,9 +571,13 @@ class Engine:
             for query in leftover:
                 log.warning("closing the engine: cancelling a query still running after %ss", grace)
                 query.cancel()
+            settle = time.monotonic() + min(grace, 2.0)  # a cancel lands at a checkpoint
+            while leftover and self.live_queries() and time.monotonic() < settle:
+                time.sleep(0.005)
             self._follower.stop()
-            if self.fleet is not None:
-                self.fleet.close()  # flush the releases, then free every lease of ours
+            if self.fleet is not None:  # flush the releases, then free every lease of ours,
+                # unless a query still runs on them: then they are left to expire
+                self.fleet.close(release=not self.live_queries())
             self.deadlines.close()  # their on_cancel callbacks first
             self.dispatcher.close()
             self._catalog.close()

@@ -128,7 +128,7 @@ class _Collector(Collector):
             INSTANCE + "fleet_fence_lapses",
             "Heartbeats that came after this instance's fleet fence had passed (its "
             "queries admitted before failed with CoordinationUnavailable).",
-            value=0 if engine.fleet is None else engine.fleet.lapses,
+            value=0 if engine.fleet is None else engine.fleet.total_lapses,
         )
         yield GaugeMetricFamily(
             INSTANCE + "lease_release_queue",

@@ -133,6 +133,12 @@ class Holdings:
         self.user = query.user
         self.query_ref = weakref.ref(query)  # dead: the handle is lost (a zombie)
 
+    @property
+    def admitted(self) -> bool:
+        """Holding a slot of its group now (not queued, not suspended)."""
+        ticket = self.ticket
+        return ticket is not None and ticket.state is TICKET_ACTIVE
+
     def give_back(self, dispatcher: Dispatcher, mode: AdmissionMode) -> int:
         """Release the worker, the slot, the lease and every byte; the bytes."""
         runner, self.runner = self.runner, None
@@ -208,6 +214,8 @@ class Task:
             now = query._seen = query._now()  # a task's progress is its query's
             if now >= query._stop_at:
                 query._checkpoint_slow()
+            if now >= query._fence_at:  # fleet mode: the instance's fence, for tasks too
+                query._check_fence()
             if now >= self._slice_end:
                 self._charge_slice(now)
         if self._batch.failed:
@@ -354,6 +362,7 @@ class Query:
     _watched = False  # on_cancel was called: the deadline watcher knows it
     _on_cancel: tuple[Callable[[], object], ...] = ()  # not yet called (on_cancel)
     _fenced = False  # fleet mode: what it holds lapses at the mode's valid_until
+    _fence_at = math.inf  # that moment on the engine clock, as last looked (tasks read it)
 
     def __init__(self, session: Session, kind: str, pool: str) -> None:
         if kind not in KINDS:
@@ -475,14 +484,8 @@ class Query:
             raise type(self._failure)(self._failure.message)
         if self._cancelled:
             raise QueryCancelled(f"query cancelled [group={self.group}, user={self.user}]")
-        if self._fenced and time.monotonic() >= self._mode.valid_until:
-            error = CoordinationUnavailable(
-                f"what this instance holds in the fleet for group {self.group} may have "
-                "been given to others: its heartbeat lapsed past the fence (a paused or "
-                "partitioned process?)"
-            )
-            self.fail(error)
-            raise CoordinationUnavailable(error.message)
+        if self._fenced:
+            self._check_fence()
         now = self._now()
         if now >= self._timeout_at:
             raise QueryTimeout(
@@ -499,6 +502,22 @@ class Query:
                 self._cpu_mark = self._meter()
         self._arm()
 
+    def _check_fence(self) -> None:
+        """Fleet mode: fail (for good, every thread of the query) once the
+        instance's fence has passed: what it held may have been given to others;
+        else note when to look again (any thread of the query may call this)."""
+        mode = self._mode
+        left = mode.valid_until - time.monotonic()
+        if left <= 0:
+            error = CoordinationUnavailable(
+                f"this instance could not renew what it holds in the fleet in time "
+                f"(a paused or partitioned process?): the slot of query {self.id} "
+                f"[group={self.group}] may have been given to another process"
+            )
+            self.fail(error)
+            raise CoordinationUnavailable(error.message)
+        self._fence_at = self._now() + left
+
     def _arm(self) -> None:
         """Set the checkpoint deadline: the stop time, the end of a new slice, or
         the next health probe, whichever comes first. The probe makes the slow
@@ -513,7 +532,8 @@ class Query:
             self._slice_end = math.inf
         self._deadline = min(self._stop_at, self._slice_end, now + self._probe_s)
         if self._fenced:  # fleet mode: a checkpoint at the fence (its clock is real time)
-            self._deadline = min(self._deadline, now + self._mode.valid_until - time.monotonic())
+            fence = self._fence_at = now + self._mode.valid_until - time.monotonic()
+            self._deadline = min(self._deadline, fence)
         if self._cancelled:  # cancel() may have run in between
             self._deadline = -math.inf
 

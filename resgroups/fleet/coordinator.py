@@ -23,7 +23,6 @@ its local slot (SPEC §11).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import threading
@@ -139,32 +138,41 @@ class FleetCoordinator:
     def valid_until(self) -> float:
         return self.fence.valid_until
 
+    @property
+    def total_lapses(self) -> int:
+        """Renewals that came after their fence: the heartbeat's and the quotas'."""
+        return self.lapses + (self.quotas.lapses if self.quotas is not None else 0)
+
     # ---- admission ------------------------------------------------------------------
 
     def acquire(
         self,
-        group: FleetGroup,
         lease_id: str,
-        limit: int,
-        since: Barrier,
+        group: Callable[[], tuple[FleetGroup, int | None, Barrier]],
         *,
         deadline: float,
         queue_deadline: float,
         cancelled: Callable[[], bool],
         now: Callable[[], float] = time.monotonic,
         ready: Callable[[], bool] = lambda: True,
-    ) -> None:
-        """Hold a fleet lease for ``lease_id`` in ``group`` before returning. While
+    ) -> bool:
+        """Hold a fleet lease for ``lease_id`` before returning True. ``group()``
+        says, at each try, the group, its limit as this engine's catalog holds it
+        now and its barrier: a limit raised while waiting counts at once, and a
+        limit gone (RESET) ends the wait with False, no lease needed. While
         ``ready()`` is false (this instance has not adopted its queries since the
         limit appeared) it waits without asking."""
         unavailable: str | None = None
-        name = group.name
         while True:
             with self._changed:
                 seen = self._generation
+            key, limit, since = group()
+            name = key.name
+            if limit is None:
+                return False
             try:
-                if ready() and self.store.try_acquire(group, lease_id, limit, since):
-                    return
+                if ready() and self.store.try_acquire(key, lease_id, limit, since):
+                    return True
                 unavailable = None
             except StoreUnavailable as exc:
                 self.errors += 1
@@ -266,6 +274,7 @@ class FleetCoordinator:
         started = time.monotonic()
         expected = self.held_leases()  # before the renew: leases taken during it are fresh
         renewed = self.store.renew(self.host, self.pid, self.synced)
+        lapsed = self.fence.lapsed()
         lost = expected - renewed
         if lost:
             log.error(
@@ -275,13 +284,13 @@ class FleetCoordinator:
                 self.instance_id,
             )
             self.on_lost(lost)
-        if self.valid_until != -math.inf and started >= self.valid_until:
+        if lapsed:
             self.lapses += 1
             log.error(
-                "fleet: the heartbeat of %s lapsed past its fence (%.1f s late); the "
-                "queries admitted before fail at their next checkpoint",
+                "fleet: the heartbeat of %s came %.1f s after its fence; the queries "
+                "admitted before fail at their next checkpoint",
                 self.instance_id,
-                started - self.valid_until,
+                time.monotonic() - self.valid_until,
             )
             self.on_lapse()
         self.fence.renewed(started)
@@ -311,16 +320,25 @@ class FleetCoordinator:
             self.poke()
         return gone
 
-    def close(self) -> None:
+    def close(self, *, release: bool = True) -> None:
         """Flush the queued releases, release every lease and quota of this
-        instance, stop."""
+        instance (``release``; False: a query still runs on them, so they are
+        left to expire), stop."""
         if self.quotas is not None:
             self.quotas.close()
         self.releases.close()
-        try:
-            self.store.release_instance()
-        except StoreUnavailable as exc:
-            log.warning("fleet: leases of %s left to expire: %s", self.instance_id, exc)
+        if not release:
+            log.warning(
+                "fleet: a query of %s still runs at close: its leases and quotas are left "
+                "to expire (lease_expiry=%ss)",
+                self.instance_id,
+                self.expiry,
+            )
+        else:
+            try:
+                self.store.release_instance()
+            except StoreUnavailable as exc:
+                log.warning("fleet: leases of %s left to expire: %s", self.instance_id, exc)
         self._stop.set()
         self.poke()
         for thread in self._threads:

@@ -30,6 +30,12 @@ class Fence:
         """Past ``valid_until``: what it guards may have been reclaimed."""
         return time.monotonic() >= self.valid_until
 
+    def lapsed(self) -> bool:
+        """Whether a renewal completing now comes after the fence had passed (the
+        first one never does): judged at completion, since a renewal that
+        started in time may take effect only after another instance's sweep."""
+        return self.valid_until != -math.inf and time.monotonic() >= self.valid_until
+
     def renewed(self, started: float) -> None:
         """A renewal that started at ``started`` went through."""
         with self._fresh:

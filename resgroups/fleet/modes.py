@@ -192,7 +192,7 @@ class _FleetMode(AdmissionMode):
             "partitioned process?): what its queries held may have been given to others"
         )
         for held in self._holdings():
-            if held.runtime is not None:
+            if held.admitted:  # holding a slot (queued ones are admitted after, or not)
                 held.fail(error)
 
 
@@ -238,18 +238,25 @@ class LeaseAdmission(_FleetMode):
                 return
             runtime.fleet_waiting += 1
             held.seeking = True
+
+        def now_held() -> tuple[FleetGroup, int | None, Barrier]:  # re-read at each try
+            group = runtime.definition
+            return fleet_group(group), group.max_active_queries, self.barrier(group)
+
         try:
-            coordinator.acquire(
-                fleet_group(group),
+            while not coordinator.acquire(
                 lease,
-                group.max_active_queries,
-                self.barrier(group),
+                now_held,
                 deadline=deadline,
                 queue_deadline=queue_deadline,
                 cancelled=cancelled,
                 now=now,
-                ready=lambda: self._adopted >= group.limited_since,
-            )
+                ready=lambda: self._adopted >= runtime.definition.limited_since,
+            ):
+                with runtime.gate.lock:  # the limit went while waiting: none needed
+                    if runtime.definition.max_active_queries is None:
+                        held.unleased = True
+                        return
             held.leased = True
         except QueueTimeout:
             runtime.fleet_timed_out()
@@ -376,7 +383,7 @@ class QuotaAdmission(_FleetMode):
         lapsed: the queries running on it fail at their next checkpoint."""
         for held in self._holdings():
             runtime = held.runtime
-            if runtime is not None and runtime.definition.uid in keys:
+            if held.admitted and runtime is not None and runtime.definition.uid in keys:
                 held.fail(
                     CoordinationUnavailable(
                         f"the fleet quota of group {held.group} on this instance was "

@@ -57,7 +57,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from resgroups.fleet.fence import MARGIN, Fence
+from resgroups.fleet.fence import Fence
 from resgroups.fleet.store import Barrier, FleetGroup, LeaseStore, StoreUnavailable
 
 log = logging.getLogger("resgroups.fleet")
@@ -107,8 +107,9 @@ class QuotaKeeper:
         self._adopted = catalog()[1]  # at start nothing runs: nothing to adopt
         self.quotas: dict[str, int] = {}  # what PostgreSQL holds for this instance
         self.usable: dict[str, int] = {}  # the part of it the gate may admit on
-        self.fence = Fence(expiry, time.monotonic() + MARGIN * expiry)
+        self.fence = Fence(expiry)  # nothing held before the first renewal
         self.errors = 0
+        self.lapses = 0  # renewals that came after the fence had passed
         # group -> (most wanted in this hold window, in the one before, window start)
         self._peaks: dict[str, tuple[int, int, float]] = {}
         self._fair: dict[str, int] = {}  # group -> fair share while contended
@@ -174,6 +175,10 @@ class QuotaKeeper:
         started = time.monotonic()
         held = self.store.renew_quotas()
         lost = {g for g, q in self.quotas.items() if held.get(g, 0) < q}
+        if self.fence.lapsed():  # the rows may have been swept and taken meanwhile, and
+            # a late quota call may have written them back: nothing held before counts
+            self.lapses += 1
+            lost |= set(self.quotas) | set(self._applied)
         if lost:
             log.error(
                 "fleet: the quota of %s in %s was reclaimed while its heartbeat lapsed; "
@@ -216,8 +221,12 @@ class QuotaKeeper:
         limit, running = need.limit, need.running
         wanted = min(limit, running + need.queued)
 
-        def ask(target: int) -> int:  # the quota never below what runs here
-            return self._set(key, need.group, target, wanted, limit, running, need.barrier)
+        # a limit that appeared: the quota is never set below what runs here (those
+        # queries run already); otherwise it never grows past the room the others leave
+        floor = running if need.limited_since > self._adopted else 0
+
+        def ask(target: int) -> int:
+            return self._set(key, need.group, target, wanted, limit, floor, need.barrier)
 
         target = self._target(key, wanted, min(limit, need.peak), limit, now)
         if usable < mine:  # over a lowered limit: what cannot be used goes back

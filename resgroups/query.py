@@ -126,6 +126,7 @@ class Holdings:
     seeking = False  # waiting for the fleet lease
     leased = False  # the fleet lease is held (its row exists), not just sought
     unleased = False  # admitted while the group had no limit: holds no lease (yet)
+    fenced = False  # fleet mode: runs on the instance's fence (a lapse fails it)
     suspended = False
 
     def __init__(self, query: Query) -> None:
@@ -680,6 +681,7 @@ class Query:
             mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))
             self._fenced = True
             if mode.fast and fastpath.admit(self._dispatcher, runtime.gate.gate, ticket, runner):
+                self._hold_fence(group, queue_timeout)
                 self._cpu_mark = self._meter() if runner.scheduled else 0
                 self._arm()
                 return
@@ -703,8 +705,22 @@ class Query:
             runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
             self._runner = self.held.runner = runner
             self._dispatcher.acquire(runner, self._wait_error, self._timeout_at)
+        if mode.fenced:
+            self._hold_fence(group, queue_timeout)
         self._cpu_mark = self._meter() if runner.scheduled else 0
         self._arm()
+
+    def _hold_fence(self, group: GroupDef, queue_timeout: float) -> None:
+        """Fleet mode, once the slot is held: run on the fence from here. A query
+        that waited in the queue across a lapse waits for the renewal first (the
+        renewal fails the queries that run on the fence, not this one); one that
+        finds the fence passed once it runs on it fails now."""
+        mode = self._mode
+        if time.monotonic() >= mode.valid_until:
+            mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))
+        self.held.fenced = True
+        if time.monotonic() >= mode.valid_until:
+            self._check_fence()  # raises
 
     def _is_cancelled(self) -> bool:
         return self._cancelled
@@ -730,6 +746,7 @@ class Query:
         ticket, self._ticket = self._ticket, None
         held = self.held
         held.runner = held.ticket = None
+        held.fenced = False
         runtime = self._runtime
         if (
             runner is not None

@@ -87,6 +87,8 @@ class FleetCoordinator:
         # which log it follows, the others' barriers cannot count it)
         self.fence = Fence(expiry)
         self.lapses = 0  # renewals that came after the fence had passed
+        self.admission = ""  # the admission mode's name (set by it), sent with the heartbeat
+        self.conflict: str | None = None  # an older live instance admitting in another mode
         self._changed = threading.Condition()
         self._generation = 0
         self._stop = threading.Event()
@@ -273,8 +275,22 @@ class FleetCoordinator:
         every query admitted before it (fleet/modes.py)."""
         started = time.monotonic()
         expected = self.held_leases()  # before the renew: leases taken during it are fresh
-        renewed = self.store.renew(self.host, self.pid, self.synced)
+        renewed, other = self.store.renew(
+            self.host, self.pid, self.synced, self.expiry, self.admission
+        )
         lapsed = self.fence.lapsed()
+        if other is not None and other != self.conflict:
+            log.error(
+                "fleet: instance %s admits with fleet_admission=%r, while %s, which started "
+                "earlier, admits otherwise (leases and quotas do not see each other): %s "
+                "admits nothing until it is gone",
+                self.instance_id,
+                self.admission,
+                other,
+                self.instance_id,
+            )
+        conflicted = other is not None and other != self.conflict
+        self.conflict = other
         lost = expected - renewed
         if lost:
             log.error(
@@ -292,6 +308,7 @@ class FleetCoordinator:
                 self.instance_id,
                 time.monotonic() - self.valid_until,
             )
+        if lapsed or conflicted:  # what was admitted meanwhile may not count anywhere
             self.on_lapse()
         self.fence.renewed(started)
 

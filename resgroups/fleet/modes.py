@@ -138,6 +138,7 @@ class _FleetMode(AdmissionMode):
         self._holdings = holdings  # every open query's holdings (the engine's registry)
         self._runtimes = runtimes
         self._catalog = catalog  # (the log's identity, the version its runtimes apply)
+        coordinator.admission = self.name
         coordinator.held_leases = self._held_leases
         coordinator.on_lost = self._lost
         coordinator.on_lapse = self._lapsed
@@ -148,11 +149,19 @@ class _FleetMode(AdmissionMode):
 
     def prepare(self, group: GroupDef, left: float) -> None:
         """Wait until this instance's heartbeat is valid (a lapse: what it holds may
-        have been reclaimed); CoordinationUnavailable at the end of ``left``."""
+        have been reclaimed); CoordinationUnavailable at the end of ``left``, or at
+        once while an older instance of the fleet admits in another mode."""
         if not self.coordinator.fence.wait_fresh(time.monotonic() + max(0.0, left)):
             raise CoordinationUnavailable(
                 f"this instance's fleet heartbeat could not be renewed before the "
                 f"timeout [group={group.name}]: fleet coordination unreachable?"
+            )
+        conflict = self.coordinator.conflict
+        if conflict is not None:
+            raise CoordinationUnavailable(
+                f"this engine admits with fleet_admission={self.name!r}, but fleet instance "
+                f"{conflict} admits otherwise and started first [group={group.name}]: one "
+                "fleet must use one admission mode (stop the others, or use theirs)"
             )
 
     def poke(self) -> None:
@@ -192,7 +201,7 @@ class _FleetMode(AdmissionMode):
             "partitioned process?): what its queries held may have been given to others"
         )
         for held in self._holdings():
-            if held.admitted:  # holding a slot (queued ones are admitted after, or not)
+            if held.fenced:  # running on the fence (queued ones wait for the renewal)
                 held.fail(error)
 
 

@@ -173,23 +173,36 @@ class LeaseStore:
         )
         return int(rows[0][0])
 
-    def renew(self, host: str, pid: int, catalog: tuple[str, int]) -> set[str]:
-        """The heartbeat: this instance's row stamped (with the log it follows and
-        the version through which it has adopted its queries) and every lease of
-        it renewed now, in one statement; the leases it still holds."""
+    def renew(
+        self, host: str, pid: int, catalog: tuple[str, int], expiry: float, mode: str
+    ) -> tuple[set[str], str | None]:
+        """The heartbeat: this instance's row stamped (with the log it follows, the
+        version through which it has adopted its queries, its expiry and admission
+        mode) and every lease of it renewed now, in one statement; the leases it
+        still holds, and an older live instance admitting in another mode (None:
+        none)."""
         rows = self._run(
             "renew leases",
             "WITH beat AS (INSERT INTO resgroups_fleet_instances"
-            "  (instance_id, host, pid, catalog_uid, catalog_version)"
-            "  VALUES (%s, %s, %s, %s, %s) ON CONFLICT (instance_id)"
+            "  (instance_id, host, pid, catalog_uid, catalog_version, expiry, admission)"
+            "  VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (instance_id)"
             "  DO UPDATE SET heartbeat_at = now(), host = EXCLUDED.host, pid = EXCLUDED.pid,"
-            "  catalog_uid = EXCLUDED.catalog_uid, catalog_version = EXCLUDED.catalog_version),"
+            "  catalog_uid = EXCLUDED.catalog_uid, catalog_version = EXCLUDED.catalog_version,"
+            "  expiry = EXCLUDED.expiry, admission = EXCLUDED.admission"
+            "  RETURNING started_at),"
             " renewed AS (UPDATE resgroups_fleet_leases SET renewed_at = now()"
             "  WHERE instance_id = %s RETURNING query_id)"
-            " SELECT query_id FROM renewed",
-            (self.instance_id, host, pid, *catalog, self.instance_id),
-        )
-        return {str(r[0]) for r in rows}
+            " SELECT 'lease', query_id FROM renewed"
+            " UNION ALL SELECT 'other', o.instance_id || ' (' || o.admission || ')'"
+            "  FROM resgroups_fleet_instances o, beat"
+            "  WHERE o.instance_id <> %s AND o.admission NOT IN ('', %s)"
+            "  AND o.started_at < beat.started_at"
+            "  AND o.heartbeat_at > now() - make_interval(secs => o.expiry)",
+            (self.instance_id, host, pid, *catalog, expiry, mode, self.instance_id,
+             self.instance_id, mode),
+        )  # fmt: skip
+        others = sorted(str(r[1]) for r in rows if r[0] == "other")
+        return {str(r[1]) for r in rows if r[0] == "lease"}, (others[0] if others else None)
 
     def instances(self, expiry_s: float) -> list[tuple[Any, ...]]:
         """Every instance of the fleet: (id, host, pid, last heartbeat, leases held,
@@ -230,14 +243,19 @@ class LeaseStore:
                 row = owner.fetchone()
                 if not row or not row[0]:
                     return None
+                # past the owner's own expiry (and this one's), whatever the sweeper's
                 expired = conn.execute(
-                    "DELETE FROM resgroups_fleet_leases"
-                    " WHERE renewed_at < now() - make_interval(secs => %s)",
+                    "DELETE FROM resgroups_fleet_leases l"
+                    " WHERE renewed_at < now() - make_interval(secs => greatest(%s,"
+                    " (SELECT i.expiry FROM resgroups_fleet_instances i"
+                    "   WHERE i.instance_id = l.instance_id)))",
                     [expiry_s],
                 ).rowcount
                 expired += conn.execute(  # quota mode: the shares of lapsed instances
-                    "DELETE FROM resgroups_fleet_quotas"
-                    " WHERE renewed_at < now() - make_interval(secs => %s)",
+                    "DELETE FROM resgroups_fleet_quotas q"
+                    " WHERE renewed_at < now() - make_interval(secs => greatest(%s,"
+                    " (SELECT i.expiry FROM resgroups_fleet_instances i"
+                    "   WHERE i.instance_id = q.instance_id)))",
                     [expiry_s],
                 ).rowcount
                 drifted = [

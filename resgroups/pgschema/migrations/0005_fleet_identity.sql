@@ -23,6 +23,12 @@ ALTER TABLE resgroups_fleet_quotas ADD COLUMN held_since timestamptz NOT NULL DE
 -- limit appeared, nobody is admitted on that limit.
 ALTER TABLE resgroups_fleet_instances ADD COLUMN catalog_uid text NOT NULL DEFAULT '';
 ALTER TABLE resgroups_fleet_instances ADD COLUMN catalog_version bigint NOT NULL DEFAULT 0;
+-- Each instance's own lease_expiry and admission mode, sent with its heartbeat:
+-- its rows are reclaimed only past ITS expiry (the sweep owner's may be shorter),
+-- and an instance whose mode differs from an older live instance's admits
+-- nothing (leases and quotas do not see each other).
+ALTER TABLE resgroups_fleet_instances ADD COLUMN expiry double precision NOT NULL DEFAULT 0;
+ALTER TABLE resgroups_fleet_instances ADD COLUMN admission text NOT NULL DEFAULT '';
 
 CREATE OR REPLACE FUNCTION resgroups_fleet_count_inserts() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -49,7 +55,7 @@ BEGIN
 END
 $$;
 
--- true while a live instance (a heartbeat within p_expiry seconds) following
+-- true while a live instance (a heartbeat within its expiry, and p_expiry) following
 -- log p_catalog has not yet adopted its queries through version p_since
 CREATE OR REPLACE FUNCTION resgroups_fleet_behind(
     p_catalog text, p_since bigint, p_expiry double precision
@@ -58,7 +64,7 @@ LANGUAGE sql STABLE AS $$
     SELECT p_since > 0 AND EXISTS (
         SELECT 1 FROM resgroups_fleet_instances
          WHERE catalog_uid = p_catalog AND catalog_version < p_since
-           AND heartbeat_at > now() - make_interval(secs => p_expiry))
+           AND heartbeat_at > now() - make_interval(secs => greatest(p_expiry, expiry)))
 $$;
 
 DROP FUNCTION IF EXISTS resgroups_fleet_try_acquire(text, text, text, bigint);

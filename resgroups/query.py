@@ -678,10 +678,13 @@ class Query:
         group = runtime.definition
         queue_timeout = group.queue_timeout_ms / 1000
         if mode.fenced:  # fleet mode: nothing is admitted on what may have lapsed
-            mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))
+            if not mode.fresh():
+                mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))
             self._fenced = True
             if mode.fast and fastpath.admit(self._dispatcher, runtime.gate.gate, ticket, runner):
-                self._hold_fence(group, queue_timeout)
+                self.held.fenced = True  # it runs on the fence from here
+                if time.monotonic() >= mode.valid_until:  # it passed meanwhile
+                    self._check_fence()  # raises
                 self._cpu_mark = self._meter() if runner.scheduled else 0
                 self._arm()
                 return

@@ -11,6 +11,8 @@ quota      this instance's share of each limit, set as the local gate's limit
 
 The interface, in the order a query meets it::
 
+    fresh()                whether ``prepare`` would return at once (asked first,
+                           so the common case costs one clock read)
     prepare(group, left)   before the gate: wait (up to ``left`` seconds) until
                            what this instance holds is valid
     queued                 called when the query queues at the gate (or None)
@@ -83,6 +85,10 @@ class AdmissionMode:
     queued: Callable[[], None] | None = None  # called when a query queues at the gate
     valid_until = math.inf
 
+    def fresh(self) -> bool:
+        """Whether ``prepare`` would return at once (the query path asks it first)."""
+        return True
+
     def prepare(self, group: GroupDef, left: float) -> None:
         """Before the gate: wait until what this instance holds is valid."""
         return None
@@ -145,7 +151,11 @@ class _FleetMode(AdmissionMode):
 
     @property
     def valid_until(self) -> float:  # type: ignore[override]
-        return self.coordinator.valid_until
+        return self.coordinator.fence.valid_until
+
+    def fresh(self) -> bool:
+        """Valid now and nothing in the way: ``prepare`` would not wait or refuse."""
+        return time.monotonic() < self.valid_until and self.coordinator.conflict is None
 
     def prepare(self, group: GroupDef, left: float) -> None:
         """Wait until this instance's heartbeat is valid (a lapse: what it holds may
@@ -341,11 +351,13 @@ class QuotaAdmission(_FleetMode):
             catalog=catalog,
         )
         self.queued = self.keeper.poke  # queued here: the keeper asks for more at once
+        self._heartbeat, self._quotas = coordinator.fence, self.keeper.fence
         coordinator.start()
 
     @property
     def valid_until(self) -> float:  # type: ignore[override]
-        return min(self.coordinator.valid_until, self.keeper.valid_until)
+        heartbeat, quotas = self._heartbeat.valid_until, self._quotas.valid_until
+        return heartbeat if heartbeat < quotas else quotas
 
     def prepare(self, group: GroupDef, left: float) -> None:
         super().prepare(group, left)

@@ -98,7 +98,7 @@ def lease_design(dsn: str, admitters: int) -> tuple[Callable[[], tuple[Admit, Re
 
     def make() -> tuple[Admit, Release]:
         def admit(query_id: str) -> None:
-            if not store.try_acquire(FleetGroup(GROUP, GROUP), query_id, LIMIT, ("", 0, 300.0)):
+            if not store.try_acquire(FleetGroup(GROUP, GROUP), query_id, LIMIT, ("", 0, 300.0, 0)):
                 raise RuntimeError("refused")
 
         return admit, releases.release

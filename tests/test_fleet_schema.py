@@ -28,7 +28,7 @@ def _acquire(
     conn: psycopg.Connection[tuple[object, ...]], group: str, query: str, limit: int
 ) -> bool:
     row = conn.execute(
-        "SELECT resgroups_fleet_try_acquire(%s, %s, %s, %s, %s, '', 0, 300)",
+        "SELECT resgroups_fleet_try_acquire(%s, %s, %s, %s, %s, '', 0, 300, 0)",
         [group, group, "i1", query, limit],
     ).fetchone()
     assert row is not None
@@ -140,7 +140,7 @@ def test_nobody_admits_on_a_new_limit_while_a_live_instance_is_behind(pg_catalog
 
     def acquire(conn: psycopg.Connection[tuple[object, ...]], query: str) -> bool:
         row = conn.execute(
-            "SELECT resgroups_fleet_try_acquire('k', 'g', 'i1', %s, 5, 'log', 7, 60)", [query]
+            "SELECT resgroups_fleet_try_acquire('k', 'g', 'i1', %s, 5, 'log', 7, 60, 7)", [query]
         ).fetchone()
         assert row is not None
         return bool(row[0])

@@ -182,8 +182,8 @@ class _FleetMode(AdmissionMode):
 
     def barrier(self, group: GroupDef) -> Barrier:
         """Who must have adopted before anyone admits on ``group``'s limit."""
-        uid, _ = self._catalog()
-        return uid, group.limited_since, self.coordinator.expiry
+        uid, version = self._catalog()
+        return uid, group.limited_since, self.coordinator.expiry, version
 
     # ---- fencing callbacks (the coordinator's maintenance thread) ----------------------
 

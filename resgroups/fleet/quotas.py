@@ -200,7 +200,7 @@ class QuotaKeeper:
         uid, version = self._catalog()  # before the demand: it reflects this version
         demand = self._demand()
         for key in [g for g in self.quotas if g not in demand]:  # dropped, or no limit now
-            self._set(key, FleetGroup(key, key), 0, 0, 0, 0, (uid, 0, self.expiry))
+            self._set(key, FleetGroup(key, key), 0, 0, 0, 0, (uid, 0, self.expiry, version))
             for table in (self._peaks, self._fair, self._applied, self._yielded, self._asked):
                 table.pop(key, None)
         for key, need in demand.items():

@@ -37,8 +37,9 @@ class FleetGroup(NamedTuple):
 
 
 # (the log's identity, the version at which the group's limit appeared (0: none to
-# wait for), the expiry in seconds): who must have adopted before anyone admits
-Barrier = tuple[str, int, float]
+# wait for), the expiry in seconds, the version the caller's gates apply): who
+# must have adopted before anyone admits, and whether the caller's catalog lags
+Barrier = tuple[str, int, float, int]
 
 
 class LeaseStore:
@@ -77,7 +78,7 @@ class LeaseStore:
         ``limit`` and no live instance of the log is behind ``since``."""
         rows = self._run(
             "acquire a lease",
-            "SELECT resgroups_fleet_try_acquire(%s, %s, %s, %s, %s, %s, %s, %s)",
+            "SELECT resgroups_fleet_try_acquire(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (group.key, group.name, self.instance_id, query_id, limit, *since),
         )
         return bool(rows[0][0])
@@ -121,7 +122,7 @@ class LeaseStore:
         rows = self._run(
             "set a quota",
             "SELECT granted, usable, fair, contended"
-            " FROM resgroups_fleet_quota_set(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            " FROM resgroups_fleet_quota_set(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (group.key, group.name, self.instance_id, target, wanted, limit, floor, *since, hold),
         )
         granted, usable, fair, contended = rows[0]

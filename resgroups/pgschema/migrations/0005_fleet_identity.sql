@@ -67,13 +67,26 @@ LANGUAGE sql STABLE AS $$
            AND heartbeat_at > now() - make_interval(secs => greatest(p_expiry, expiry)))
 $$;
 
+-- true while a live instance of log p_catalog has applied a later version than
+-- p_version: a caller whose catalog lags (a pause, a slow follower) waits until
+-- it has caught up, so it never admits under a limit the fleet has lowered
+CREATE OR REPLACE FUNCTION resgroups_fleet_ahead(
+    p_catalog text, p_version bigint, p_expiry double precision
+) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_catalog <> '' AND EXISTS (
+        SELECT 1 FROM resgroups_fleet_instances
+         WHERE catalog_uid = p_catalog AND catalog_version > p_version
+           AND heartbeat_at > now() - make_interval(secs => greatest(p_expiry, expiry)))
+$$;
+
 DROP FUNCTION IF EXISTS resgroups_fleet_try_acquire(text, text, text, bigint);
 -- one round trip per admission: the group's lock for the call and its commit,
 -- the counter read, the lease inserted if below the limit the caller's catalog
 -- holds and every live instance has adopted what it ran before that limit
 CREATE OR REPLACE FUNCTION resgroups_fleet_try_acquire(
     p_key text, p_name text, p_instance text, p_query text, p_max bigint,
-    p_catalog text, p_since bigint, p_expiry double precision
+    p_catalog text, p_since bigint, p_expiry double precision, p_version bigint
 ) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -87,6 +100,9 @@ BEGIN
         IF resgroups_fleet_behind(p_catalog, p_since, p_expiry) THEN
             RETURN false;
         END IF;
+    END IF;
+    IF resgroups_fleet_ahead(p_catalog, p_version, p_expiry) THEN
+        RETURN false;  -- this caller's catalog lags: its limit may be an old one
     END IF;
     SELECT leased INTO held FROM resgroups_fleet_counters WHERE group_key = p_key;
     IF coalesce(held, 0) >= p_max THEN
@@ -143,7 +159,7 @@ DROP FUNCTION IF EXISTS resgroups_fleet_quota_set(text, text, bigint, bigint, bi
 CREATE OR REPLACE FUNCTION resgroups_fleet_quota_set(
     p_key text, p_name text, p_instance text, p_target bigint, p_wanted bigint, p_max bigint,
     p_floor bigint, p_catalog text, p_since bigint, p_expiry double precision,
-    p_hold double precision,
+    p_version bigint, p_hold double precision,
     OUT granted bigint, OUT usable bigint, OUT fair bigint, OUT contended boolean
 )
 LANGUAGE plpgsql AS $$
@@ -172,6 +188,9 @@ BEGIN
         IF resgroups_fleet_behind(p_catalog, p_since, p_expiry) THEN
             usable := 0;
         END IF;
+    END IF;
+    IF resgroups_fleet_ahead(p_catalog, p_version, p_expiry) THEN
+        usable := least(usable, mine);  -- a lagging catalog: nothing more for now
     END IF;
     IF granted = 0 AND p_wanted = 0 THEN
         DELETE FROM resgroups_fleet_quotas

@@ -552,8 +552,8 @@ class Engine:
         """Refuse new queries, fail queued ones, wait up to ``grace`` seconds for
         running ones (then cancel them), stop the pools and release the catalog.
         In fleet mode this instance's leases and quotas are released only once no
-        query of it runs; one that does not leave at its cancel (a native call
-        without checkpoints) keeps them until they expire. Idempotent."""
+        query of it holds a slot; one that does not leave at its cancel (a native
+        call without checkpoints) keeps them until they expire. Idempotent."""
         with self._close_lock:
             if self._closed:
                 return
@@ -576,8 +576,9 @@ class Engine:
                 time.sleep(0.005)
             self._follower.stop()
             if self.fleet is not None:  # flush the releases, then free every lease of ours,
-                # unless a query still runs on them: then they are left to expire
-                self.fleet.close(release=not self.live_queries())
+                # unless a query still holds a slot: then they are left to expire
+                holding = any(h.admitted or h.leased for h in list(self._queries.values()))
+                self.fleet.close(release=not holding)
             self.deadlines.close()  # their on_cancel callbacks first
             self.dispatcher.close()
             self._catalog.close()

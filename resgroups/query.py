@@ -53,7 +53,7 @@ from resgroups.sched.memory import Budget, MemoryCounter, QueryMemory
 
 if TYPE_CHECKING:
     from resgroups.catalog.model import GroupDef
-    from resgroups.fleet.modes import AdmissionMode
+    from resgroups.fleet.modes import AdmissionMode, Fenced
     from resgroups.sched.pool import Dispatcher
     from resgroups.sched.runtime import GroupRuntime
     from resgroups.session import Session
@@ -364,6 +364,7 @@ class Query:
     _on_cancel: tuple[Callable[[], object], ...] = ()  # not yet called (on_cancel)
     _fenced = False  # fleet mode: what it holds lapses at the mode's valid_until
     _fence_at = math.inf  # that moment on the engine clock, as last looked (tasks read it)
+    _fence: Fenced  # fleet mode: what says until when its group's holdings are valid
 
     def __init__(self, session: Session, kind: str, pool: str) -> None:
         if kind not in KINDS:
@@ -468,7 +469,7 @@ class Query:
         if self.state is _SUSPENDED:  # the timeout does not run meanwhile
             return math.inf
         if self._fenced:  # fleet mode: native work stops at the fence too (re-read then)
-            return min(self._timeout_at, self._now() + self._mode.valid_until - time.monotonic())
+            return min(self._timeout_at, self._now() + self._fence.valid_until - time.monotonic())
         return self._timeout_at
 
     def fire(self) -> None:
@@ -507,8 +508,7 @@ class Query:
         """Fleet mode: fail (for good, every thread of the query) once the
         instance's fence has passed: what it held may have been given to others;
         else note when to look again (any thread of the query may call this)."""
-        mode = self._mode
-        left = mode.valid_until - time.monotonic()
+        left = self._fence.valid_until - time.monotonic()
         if left <= 0:
             error = CoordinationUnavailable(
                 f"this instance could not renew what it holds in the fleet in time "
@@ -533,7 +533,7 @@ class Query:
             self._slice_end = math.inf
         self._deadline = min(self._stop_at, self._slice_end, now + self._probe_s)
         if self._fenced:  # fleet mode: a checkpoint at the fence (its clock is real time)
-            fence = self._fence_at = now + self._mode.valid_until - time.monotonic()
+            fence = self._fence_at = now + self._fence.valid_until - time.monotonic()
             self._deadline = min(self._deadline, fence)
         if self._cancelled:  # cancel() may have run in between
             self._deadline = -math.inf
@@ -678,13 +678,14 @@ class Query:
         group = runtime.definition
         queue_timeout = group.queue_timeout_ms / 1000
         if mode.fenced:  # fleet mode: nothing is admitted on what may have lapsed
-            if not mode.fresh():
+            fence = self._fence = mode.fence_for(group)
+            if not (time.monotonic() < fence.valid_until and mode.fresh()):
                 mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))
             self._fenced = True
             if mode.fast and fastpath.admit(self._dispatcher, runtime.gate.gate, ticket, runner):
                 self.held.fenced = True  # it runs on the fence from here
-                if time.monotonic() >= mode.valid_until:  # it passed meanwhile
-                    self._check_fence()  # raises
+                if time.monotonic() >= fence.valid_until or not mode.fresh():  # meanwhile
+                    self._hold_fence(group, queue_timeout)
                 self._cpu_mark = self._meter() if runner.scheduled else 0
                 self._arm()
                 return
@@ -719,10 +720,10 @@ class Query:
         renewal fails the queries that run on the fence, not this one); one that
         finds the fence passed once it runs on it fails now."""
         mode = self._mode
-        if time.monotonic() >= mode.valid_until:
-            mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))
+        if time.monotonic() >= self._fence.valid_until or not mode.fresh():
+            mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))  # or raise
         self.held.fenced = True
-        if time.monotonic() >= mode.valid_until:
+        if time.monotonic() >= self._fence.valid_until:
             self._check_fence()  # raises
 
     def _is_cancelled(self) -> bool:

@@ -276,7 +276,12 @@ class FleetCoordinator:
         started = time.monotonic()
         expected = self.held_leases()  # before the renew: leases taken during it are fresh
         renewed, other = self.store.renew(
-            self.host, self.pid, self.synced, self.expiry, self.admission
+            self.host,
+            self.pid,
+            self.synced,
+            self.expiry,
+            self.admission,
+            admitting=self.conflict is None,
         )
         lapsed = self.fence.lapsed()
         if other is not None and other != self.conflict:
@@ -346,11 +351,15 @@ class FleetCoordinator:
         self.releases.close()
         if not release:
             log.warning(
-                "fleet: a query of %s still runs at close: its leases and quotas are left "
-                "to expire (lease_expiry=%ss)",
+                "fleet: a query of %s still holds a slot at close: its leases and quotas are "
+                "left to expire (lease_expiry=%ss)",
                 self.instance_id,
                 self.expiry,
             )
+            try:  # the row goes: a closed instance holds back no barrier
+                self.store.forget_instance()
+            except StoreUnavailable as exc:
+                log.warning("fleet: the row of %s left to lapse: %s", self.instance_id, exc)
         else:
             try:
                 self.store.release_instance()

@@ -70,6 +70,25 @@ if TYPE_CHECKING:
     from resgroups.sched.runtime import GroupRuntime
 
 
+class Fenced(Protocol):
+    """Anything with a fence: until when (time.monotonic) what it guards is valid."""
+
+    @property
+    def valid_until(self) -> float: ...
+
+
+class _Earliest:
+    """Two fences as one: valid until the earlier passes."""
+
+    def __init__(self, first: Fenced, second: Fenced) -> None:
+        self._first, self._second = first, second
+
+    @property
+    def valid_until(self) -> float:
+        first, second = self._first.valid_until, self._second.valid_until
+        return first if first < second else second
+
+
 class Runtimes(Protocol):
     """What a mode reads of the engine's live groups (sched.groups.GroupRuntimes)."""
 
@@ -88,6 +107,10 @@ class AdmissionMode:
     def fresh(self) -> bool:
         """Whether ``prepare`` would return at once (the query path asks it first)."""
         return True
+
+    def fence_for(self, group: GroupDef) -> Fenced:
+        """The fence a query of ``group`` runs on (fleet modes)."""
+        return self
 
     def prepare(self, group: GroupDef, left: float) -> None:
         """Before the gate: wait until what this instance holds is valid."""
@@ -154,8 +177,13 @@ class _FleetMode(AdmissionMode):
         return self.coordinator.fence.valid_until
 
     def fresh(self) -> bool:
-        """Valid now and nothing in the way: ``prepare`` would not wait or refuse."""
-        return time.monotonic() < self.valid_until and self.coordinator.conflict is None
+        """Nothing in the way of admitting (no other admission mode in the fleet);
+        the query checks its own fence (``fence_for``) beside it."""
+        return self.coordinator.conflict is None
+
+    def fence_for(self, group: GroupDef) -> Fenced:
+        """The heartbeat's fence: what every query of this instance runs on."""
+        return self.coordinator.fence
 
     def prepare(self, group: GroupDef, left: float) -> None:
         """Wait until this instance's heartbeat is valid (a lapse: what it holds may
@@ -351,13 +379,16 @@ class QuotaAdmission(_FleetMode):
             catalog=catalog,
         )
         self.queued = self.keeper.poke  # queued here: the keeper asks for more at once
-        self._heartbeat, self._quotas = coordinator.fence, self.keeper.fence
+        self._both = _Earliest(coordinator.fence, self.keeper.fence)
         coordinator.start()
 
     @property
     def valid_until(self) -> float:  # type: ignore[override]
-        heartbeat, quotas = self._heartbeat.valid_until, self._quotas.valid_until
-        return heartbeat if heartbeat < quotas else quotas
+        return self._both.valid_until
+
+    def fence_for(self, group: GroupDef) -> Fenced:
+        """A limited group's queries run on their quota too: the earlier fence."""
+        return self._both if group.max_active_queries is not None else self.coordinator.fence
 
     def prepare(self, group: GroupDef, left: float) -> None:
         super().prepare(group, left)

@@ -174,14 +174,30 @@ class LeaseStore:
         )
         return int(rows[0][0])
 
+    def forget_instance(self) -> None:
+        """A shutdown that leaves its leases and quotas to expire: only its row goes."""
+        self._run(
+            "delete the instance's row",
+            "DELETE FROM resgroups_fleet_instances WHERE instance_id = %s",
+            (self.instance_id,),
+        )
+
     def renew(
-        self, host: str, pid: int, catalog: tuple[str, int], expiry: float, mode: str
+        self,
+        host: str,
+        pid: int,
+        catalog: tuple[str, int],
+        expiry: float,
+        mode: str,
+        *,
+        admitting: bool = True,
     ) -> tuple[set[str], str | None]:
         """The heartbeat: this instance's row stamped (with the log it follows, the
-        version through which it has adopted its queries, its expiry and admission
-        mode) and every lease of it renewed now, in one statement; the leases it
-        still holds, and an older live instance admitting in another mode (None:
-        none)."""
+        version through which it has adopted its queries, its expiry and, while it
+        admits (``admitting``), its admission mode) and every lease of it renewed
+        now, in one statement; the leases it still holds, and an older live
+        instance admitting in another mode (None: none). An instance refused for
+        its mode shows none, so it holds back nobody else."""
         rows = self._run(
             "renew leases",
             "WITH beat AS (INSERT INTO resgroups_fleet_instances"
@@ -199,8 +215,8 @@ class LeaseStore:
             "  WHERE o.instance_id <> %s AND o.admission NOT IN ('', %s)"
             "  AND o.started_at < beat.started_at"
             "  AND o.heartbeat_at > now() - make_interval(secs => o.expiry)",
-            (self.instance_id, host, pid, *catalog, expiry, mode, self.instance_id,
-             self.instance_id, mode),
+            (self.instance_id, host, pid, *catalog, expiry, mode if admitting else "",
+             self.instance_id, self.instance_id, mode),
         )  # fmt: skip
         others = sorted(str(r[1]) for r in rows if r[0] == "other")
         return {str(r[1]) for r in rows if r[0] == "lease"}, (others[0] if others else None)
@@ -247,17 +263,19 @@ class LeaseStore:
                 # past the owner's own expiry (and this one's), whatever the sweeper's
                 expired = conn.execute(
                     "DELETE FROM resgroups_fleet_leases l"
-                    " WHERE renewed_at < now() - make_interval(secs => greatest(%s,"
+                    " WHERE renewed_at < now() - make_interval(secs => %s)"  # the index
+                    " AND renewed_at < now() - make_interval(secs => greatest(%s,"
                     " (SELECT i.expiry FROM resgroups_fleet_instances i"
                     "   WHERE i.instance_id = l.instance_id)))",
-                    [expiry_s],
+                    [expiry_s, expiry_s],
                 ).rowcount
                 expired += conn.execute(  # quota mode: the shares of lapsed instances
                     "DELETE FROM resgroups_fleet_quotas q"
-                    " WHERE renewed_at < now() - make_interval(secs => greatest(%s,"
+                    " WHERE renewed_at < now() - make_interval(secs => %s)"
+                    " AND renewed_at < now() - make_interval(secs => greatest(%s,"
                     " (SELECT i.expiry FROM resgroups_fleet_instances i"
                     "   WHERE i.instance_id = q.instance_id)))",
-                    [expiry_s],
+                    [expiry_s, expiry_s],
                 ).rowcount
                 drifted = [
                     g

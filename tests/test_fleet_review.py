@@ -263,3 +263,51 @@ def test_rows_are_reclaimed_only_past_their_owner_s_expiry(pg_catalog: str) -> N
             assert len(admitted) == 1
     finally:
         a.close(grace=0.5)
+
+
+def test_close_with_a_suspended_cursor_releases_everything(pg_catalog: str) -> None:
+    """A suspended cursor holds no slot: close() releases this instance's rows and
+    its row goes, so a limit that appears later is not held back by it."""
+    import psycopg
+
+    with _engines(pg_catalog, "lease") as (b,):
+        a = resgroups.Engine(
+            catalog=pg_catalog, coordination=pg_catalog, workers=2, **{**FAST, "lease_expiry": 20.0}
+        )
+        cursor = a.connect().query()
+        cursor.__enter__()
+        cursor.suspend()
+        a.close(grace=0.2)
+        with psycopg.connect(pg_catalog) as conn:
+            rows = conn.execute("SELECT instance_id FROM resgroups_fleet_instances").fetchall()
+        assert [r[0] for r in rows] == [b.instance_id]
+        b.connect().execute("CREATE RESOURCE GROUP g")
+        b.connect().execute("ALTER RESOURCE GROUP g SET (max_active_queries = 1)")
+        session = b.connect()
+        session.execute("SET RESOURCE GROUP g")
+        with session.query() as q:  # not held back by the closed engine's row
+            q.checkpoint()
+
+
+def test_a_default_query_does_not_wait_for_the_quota_keeper(pg_catalog: str) -> None:
+    """Quota mode: a query of a group without a limit runs on the heartbeat's fence
+    only, so a late first quota renewal does not fail it."""
+    from resgroups.fleet import quotas
+
+    real = quotas.LeaseStore.renew_quotas
+    late = threading.Event()
+
+    def slow(self: Any) -> dict[str, int]:
+        late.wait(1.0)  # the first renewal of the keeper is late
+        return real(self)
+
+    quotas.LeaseStore.renew_quotas = slow  # type: ignore[method-assign]
+    try:
+        with _engines(pg_catalog, "quota") as (a,):
+            session = a.connect()
+            with session.query() as q:
+                q.checkpoint()
+            assert a.admission.fence_for(a.snapshot.default_group).valid_until > time.monotonic()
+    finally:
+        late.set()
+        quotas.LeaseStore.renew_quotas = real  # type: ignore[method-assign]

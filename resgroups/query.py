@@ -722,6 +722,7 @@ class Query:
         mode = self._mode
         if time.monotonic() >= self._fence.valid_until or not mode.fresh():
             mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))  # or raise
+            mode.recheck(self.held)  # what it took before the lapse may be gone: or raise
         self.held.fenced = True
         if time.monotonic() >= self._fence.valid_until:
             self._check_fence()  # raises

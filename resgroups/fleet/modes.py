@@ -133,6 +133,11 @@ class AdmissionMode:
         """What ``after_slot`` took, however the query ended."""
         return None
 
+    def recheck(self, held: Holdings) -> None:
+        """After a wait for the fence: raise if what the query took before it may
+        have been reclaimed meanwhile."""
+        return None
+
     def poke(self) -> None:
         """A query was cancelled: wake a wait for the fleet, if any."""
 
@@ -311,6 +316,28 @@ class LeaseAdmission(_FleetMode):
         finally:
             held.seeking = False
             runtime.fleet_wait(-1)
+
+    def recheck(self, held: Holdings) -> None:
+        """A lease taken before a lapse may have been swept while the process was
+        away, and the renewal that follows need not know it was taken: ask."""
+        from resgroups.fleet.store import StoreUnavailable
+
+        lease = held.lease_id
+        if not held.leased or lease is None:
+            return
+        try:
+            held_still = self.coordinator.store.holds(lease)
+        except StoreUnavailable as exc:
+            raise CoordinationUnavailable(
+                f"cannot tell whether the fleet lease of query {held.query_id} survived this "
+                f"instance's lapse [group={held.group}]: {exc}"
+            ) from None
+        if not held_still:
+            raise CoordinationUnavailable(
+                f"the fleet lease of query {held.query_id} [group={held.group}] was "
+                "reclaimed while this instance's heartbeat lapsed; the query cannot go on "
+                "without it"
+            )
 
     def give_back(self, held: Holdings) -> None:
         """The lease goes to the batcher (a missing lease is a no-op there), and only

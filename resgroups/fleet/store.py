@@ -174,6 +174,15 @@ class LeaseStore:
         )
         return int(rows[0][0])
 
+    def holds(self, query_id: str) -> bool:
+        """Whether the lease of ``query_id`` still exists."""
+        rows = self._run(
+            "check a lease",
+            "SELECT EXISTS (SELECT 1 FROM resgroups_fleet_leases WHERE query_id = %s)",
+            (query_id,),
+        )
+        return bool(rows[0][0])
+
     def forget_instance(self) -> None:
         """A shutdown that leaves its leases and quotas to expire: only its row goes."""
         self._run(

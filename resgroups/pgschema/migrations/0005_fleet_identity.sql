@@ -14,6 +14,9 @@ ALTER TABLE resgroups_fleet_quotas ADD COLUMN group_name text;
 UPDATE resgroups_fleet_quotas SET group_name = group_key;
 -- when the row's quota last went from none to some: how long its turn has run
 ALTER TABLE resgroups_fleet_quotas ADD COLUMN held_since timestamptz NOT NULL DEFAULT now();
+-- since when the row has wanted slots and held none: freed slots go to the
+-- instances that have waited longest first (NULL: not waiting)
+ALTER TABLE resgroups_fleet_quotas ADD COLUMN waiting_since timestamptz;
 
 -- A limit that appears (ALTER from no limit) must count the queries admitted
 -- before it, which hold no lease and no quota. Each instance adopts its own
@@ -155,7 +158,8 @@ DROP FUNCTION IF EXISTS resgroups_fleet_quota_set(text, text, bigint, bigint, bi
 -- smaller than the instances that want it (this one's exact share below one
 -- slot), an instance that has held its slots for p_hold seconds while another
 -- waits with none is told a fair share of 0, so it gives them back and the
--- waiting one takes them; it asks again after p_hold.
+-- waiting one takes them; it asks again after p_hold. Freed slots go to the
+-- instances that have waited with none longest first (waiting_since).
 CREATE OR REPLACE FUNCTION resgroups_fleet_quota_set(
     p_key text, p_name text, p_instance text, p_target bigint, p_wanted bigint, p_max bigint,
     p_floor bigint, p_catalog text, p_since bigint, p_expiry double precision,
@@ -168,18 +172,25 @@ DECLARE
     others_wanted bigint;
     mine bigint;
     mine_since timestamptz;
+    mine_waiting timestamptz;
+    older bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock(29287 + 16, hashtext(p_key));
     SELECT coalesce(sum(quota), 0), coalesce(sum(wanted), 0) INTO others, others_wanted
       FROM resgroups_fleet_quotas
      WHERE group_key = p_key AND instance_id <> p_instance;
-    SELECT quota, held_since INTO mine, mine_since FROM resgroups_fleet_quotas
+    SELECT quota, held_since, waiting_since INTO mine, mine_since, mine_waiting
+      FROM resgroups_fleet_quotas
      WHERE group_key = p_key AND instance_id = p_instance;
     mine := coalesce(mine, 0);
+    -- instances that have waited with none for longer than this one: a slot each
+    SELECT count(*) INTO older FROM resgroups_fleet_quotas
+     WHERE group_key = p_key AND instance_id <> p_instance AND quota = 0 AND wanted > 0
+       AND waiting_since < coalesce(mine_waiting, now());
     IF p_target <= mine THEN
         granted := p_target;
     ELSE
-        granted := greatest(mine, least(p_target, p_max - others));
+        granted := greatest(mine, least(p_target, p_max - others - older));
     END IF;
     granted := greatest(granted, p_floor);
     -- a limit lowered below what the fleet holds: admit on no more than it leaves
@@ -196,13 +207,17 @@ BEGIN
         DELETE FROM resgroups_fleet_quotas
          WHERE group_key = p_key AND instance_id = p_instance;
     ELSE
-        INSERT INTO resgroups_fleet_quotas AS q (group_key, group_name, instance_id, quota, wanted)
-        VALUES (p_key, p_name, p_instance, granted, p_wanted)
+        INSERT INTO resgroups_fleet_quotas AS q
+            (group_key, group_name, instance_id, quota, wanted, waiting_since)
+        VALUES (p_key, p_name, p_instance, granted, p_wanted,
+                CASE WHEN granted = 0 AND p_wanted > 0 THEN now() END)
         ON CONFLICT (group_key, instance_id)
         DO UPDATE SET quota = EXCLUDED.quota, wanted = EXCLUDED.wanted,
                       group_name = EXCLUDED.group_name, renewed_at = now(),
                       held_since = CASE WHEN q.quota = 0 AND EXCLUDED.quota > 0
-                                        THEN now() ELSE q.held_since END;
+                                        THEN now() ELSE q.held_since END,
+                      waiting_since = CASE WHEN EXCLUDED.quota = 0 AND EXCLUDED.wanted > 0
+                                           THEN coalesce(q.waiting_since, now()) END;
     END IF;
     contended := others_wanted + p_wanted > p_max;
     IF contended AND p_wanted > 0 THEN

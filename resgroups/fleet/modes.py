@@ -54,7 +54,6 @@ Limits that appear
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
@@ -264,8 +263,7 @@ class LeaseAdmission(_FleetMode):
         super().__init__(coordinator, holdings, runtimes, catalog)
         self._adopted = catalog()[1]  # at start nothing runs: nothing to adopt
         coordinator.synced = (catalog()[0], self._adopted)
-        coordinator.on_tick = self._sync
-        self._sync_lock = threading.Lock()
+        coordinator.on_tick = self._sync  # the maintenance thread's alone
         coordinator.start()
 
     def after_slot(
@@ -355,31 +353,30 @@ class LeaseAdmission(_FleetMode):
         uid, version = self._catalog()
         if version <= self._adopted:
             return
-        with self._sync_lock:
-            for runtime in self._runtimes.all():
-                group = runtime.definition
-                if group.max_active_queries is None or group.limited_since <= self._adopted:
-                    continue
+        for runtime in self._runtimes.all():
+            group = runtime.definition
+            if group.max_active_queries is None or group.limited_since <= self._adopted:
+                continue
+            with runtime.gate.lock:
+                orphans = [
+                    (h, h.lease_id)
+                    for h in self._holdings()
+                    if h.runtime is runtime and h.unleased and h.lease_id is not None
+                ]
+            if not orphans:
+                continue
+            self.coordinator.store.adopt(fleet_group(group), [i for _, i in orphans])
+            for held, lease in orphans:
                 with runtime.gate.lock:
-                    orphans = [
-                        (h, h.lease_id)
-                        for h in self._holdings()
-                        if h.runtime is runtime and h.unleased and h.lease_id is not None
-                    ]
-                if not orphans:
-                    continue
-                self.coordinator.store.adopt(fleet_group(group), [i for _, i in orphans])
-                for held, lease in orphans:
-                    with runtime.gate.lock:
-                        adopted = held.lease_id == lease and held.unleased
-                        if adopted:
-                            held.unleased, held.leased = False, True
-                    if not adopted:  # it ended meanwhile: its new row goes again
-                        self.coordinator.release(lease)
-            self.coordinator.store.synced(uid, version)
-            self._adopted = version
-            self.coordinator.synced = (uid, version)
-            self.coordinator.poke()
+                    adopted = held.lease_id == lease and held.unleased
+                    if adopted:
+                        held.unleased, held.leased = False, True
+                if not adopted:  # it ended meanwhile: its new row goes again
+                    self.coordinator.release(lease)
+        self.coordinator.store.synced(uid, version)
+        self._adopted = version
+        self.coordinator.synced = (uid, version)
+        self.coordinator.poke()
 
 
 class QuotaAdmission(_FleetMode):
@@ -447,7 +444,7 @@ class QuotaAdmission(_FleetMode):
             peak, gate.demand_peak = max(gate.demand_peak, now), now
             out[group.uid] = GroupDemand(
                 fleet_group(group), limit, gate.active, gate.queued, peak, runtime.quota,
-                group.limited_since, self.barrier(group),
+                self.barrier(group),
             )  # fmt: skip
         return out
 

@@ -75,8 +75,12 @@ class GroupDemand(NamedTuple):
     queued: int
     peak: int  # the most running + queued at once since the last call
     local: int | None  # the gate's quota now
-    limited_since: int  # the catalog version at which the limit appeared (0: none)
     barrier: Barrier
+
+    @property
+    def limited_since(self) -> int:
+        """The catalog version at which the limit appeared (0: none): the barrier's."""
+        return self.barrier[1]
 
 
 # every group with a max_active_queries, by its key (GroupDef.uid)

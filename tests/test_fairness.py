@@ -65,11 +65,14 @@ def test_a_limit_caps_the_entitlement_and_the_rest_goes_by_weight() -> None:
             "CREATE RESOURCE GROUP free WITH (cpu_weight = 100);"
         )
         both = threading.Thread(
-            target=run, args=(engine, [("capped", "u")] * 2 + [("free", "u")] * 2, 3.0, Load())
+            target=run,
+            args=(engine, [("capped", "u")] * 2 + [("free", "u")] * 2, WINDOW + 3.0, Load()),
         )
         both.start()
         wait_until(lambda: rows(engine)["free"]["cpu_entitled_pct"] > 0, timeout=30)
-        time.sleep(1.0)
+        # the threads start one after another, so the window's first moments may hold
+        # capped alone (entitled 25, free 0): read once the window is all contention
+        time.sleep(WINDOW + 0.5)
         now = rows(engine)
         both.join(60)
         # weight alone would give capped 75 %: its limit holds it to 25, free gets the rest

@@ -17,6 +17,7 @@ __all__ = [
     "CatalogError",
     "CatalogLagError",
     "CatalogLocked",
+    "CatalogWriteError",
     "CoordinationUnavailable",
     "DatatypeMismatch",
     "DivisionByZero",
@@ -106,6 +107,22 @@ class CatalogError(Error):
     DUPLICATE: ClassVar[str] = "42710"
     FORBIDDEN: ClassVar[str] = "42809"
     sqlstate = "42704"
+
+
+class CatalogWriteError(CatalogError):
+    """A DDL whose record could not be written durably (the log unreachable, a
+    failed or unanswered COMMIT, ENOSPC). ``applied`` says what the engine knows:
+    False, the change is in no log and applied nowhere (SQLSTATE 58030); True, the
+    commit's answer was lost but reading the log back found the record committed,
+    and this engine has applied it (08007); None, it may or may not have been
+    committed and the log could not tell yet (08007): the follower applies it
+    if it was, so every engine converges either way."""
+
+    sqlstate = "58030"
+
+    def __init__(self, message: str, *, applied: bool | None) -> None:
+        super().__init__(message, sqlstate="58030" if applied is False else "08007")
+        self.applied = applied
 
 
 class UndefinedFunction(Error):

@@ -422,8 +422,20 @@ def test_a_whole_record_this_version_cannot_apply_is_refused(
     assert (tmp_path / "catalog.log").read_bytes() == image  # nothing was cut
 
 
+DEEP = 100_000  # nested arrays: past any recursion limit of the JSON decoder
+
+
 @pytest.mark.parametrize(
-    "payload", [b"not json at all", b'{"v": 16, "op": 7}', b"[1, 2]", b"\xff\xfe"]
+    "payload",
+    [
+        b"not json at all",
+        b'{"v": 16, "op": 7}',
+        b"[1, 2]",
+        b"\xff\xfe",
+        b"[" * DEEP + b"]" * DEEP,
+        b'{"v": 16, "op": "create_group", "params": ' + b"[" * DEEP + b"]" * DEEP + b"}",
+    ],
+    ids=["text", "op", "array", "utf8", "deep", "deep-field"],
 )
 def test_a_whole_frame_that_is_no_record_is_refused_not_cut(tmp_path: Path, payload: bytes) -> None:
     _run(tmp_path, SCRIPT)
@@ -431,8 +443,9 @@ def test_a_whole_frame_that_is_no_record_is_refused_not_cut(tmp_path: Path, payl
     with log.open("ab") as f:
         f.write(FRAME.pack(len(payload), zlib.crc32(payload)) + payload)
     image = log.read_bytes()
-    with pytest.raises(resgroups.CatalogError, match="checksum holds"):
+    with pytest.raises(resgroups.CatalogError, match="checksum holds") as refused:
         resgroups.Engine(catalog=tmp_path)
+    assert refused.value.sqlstate == "XX001"
     assert log.read_bytes() == image
 
 

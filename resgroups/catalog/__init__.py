@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from resgroups.catalog.model import DEFAULT_GROUP_ID, GroupDef, Principal, Snapshot
 from resgroups.catalog.records import LOG_FORMAT, Record, apply, replay
 from resgroups.catalog.store import CatalogLog, DirectoryLog, MemoryLog
-from resgroups.errors import CatalogError
+from resgroups.errors import CatalogError, CatalogWriteError
 from resgroups.interrupts import Hold
 
 __all__ = [
@@ -129,7 +129,7 @@ class Catalog:
         """Become a writer: take the log's writer lock, apply what is left, and
         write the genesis record onto a log that never had one; the records applied."""
         with self._lock:
-            records = self._apply_read(self._log.promote())
+            records = self._apply_read(self._log.promote(self._snapshot.version))
             self.writer = True
         if not self._snapshot.has_catalog:
             self._write_genesis()
@@ -156,7 +156,8 @@ class Catalog:
             fn(self._snapshot)
 
     def _catch_up_locked(self) -> list[Record]:
-        return self._apply_read(self._log.read_new())
+        # where to read from is the snapshot's version: what this engine has applied
+        return self._apply_read(self._log.read_after(self._snapshot.version))
 
     def _apply_read(self, records: list[Record]) -> list[Record]:
         """Lock held: apply records read from the log, in order, each published."""
@@ -175,20 +176,57 @@ class Catalog:
         records other writers appended are applied first, so ``build`` sees the
         newest snapshot and the record gets the next version. The record is
         applied to a copy, appended, committed, and only then published; an
-        interrupt waits (resgroups.interrupts) rather than split these."""
+        interrupt waits (resgroups.interrupts) rather than split these.
+
+        A write that fails (CatalogWriteError) publishes nothing of its own: the
+        log is read back from the snapshot's version and what it holds is
+        applied, the record of this write included, once, if it was committed."""
         with self._lock, Hold():
-            with self._log.writing():
-                self._catch_up_locked()
-                change = build(self._snapshot)
-                if change is None:
-                    return self._snapshot
-                op, args = change
-                record = Record(self._snapshot.version + 1, op, dict(args))
-                new = apply(self._snapshot, record)
-                self._log.append(record)
+            record: Record | None = None
+            try:
+                with self._log.writing():
+                    self._catch_up_locked()
+                    change = build(self._snapshot)
+                    if change is None:
+                        return self._snapshot
+                    op, args = change
+                    record = Record(self._snapshot.version + 1, op, dict(args))
+                    new = apply(self._snapshot, record)
+                    self._log.append(record)
+            except CatalogWriteError as exc:
+                raise self._read_back(exc, record) from exc
             self.seen_version = max(self.seen_version, new.version)
             self._publish(new)
             return new
+
+    def _read_back(self, exc: CatalogWriteError, record: Record | None) -> CatalogWriteError:
+        """Lock held, after a failed write: apply what the log holds, and settle
+        from it a write whose commit could not be told (``applied`` None)."""
+        try:
+            read = self._catch_up_locked()
+        except CatalogError as again:  # the log is out of reach: the follower retries
+            if exc.applied is None or record is None:
+                return exc
+            return CatalogWriteError(
+                f"{exc.message}; reading the log back failed too ({again.message})",
+                applied=exc.applied,
+            )
+        if exc.applied is not None or record is None:
+            return exc
+        found = next((r for r in read if r.version == record.version), None)
+        if found is None:
+            return exc  # not in the log yet: the follower applies it if it commits
+        if found.encode() == record.encode():
+            return CatalogWriteError(
+                f"{exc.message}; reading the log back found it committed as version "
+                f"{record.version}: the change is applied",
+                applied=True,
+            )
+        return CatalogWriteError(
+            f"{exc.message}; reading the log back found another record at version "
+            f"{record.version}: this change was not applied",
+            applied=False,
+        )
 
     def _write_genesis(self) -> None:
         """The record that means "this log has a catalog" (written once: a second

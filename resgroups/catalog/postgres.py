@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -33,7 +34,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from resgroups.catalog.records import Record
-from resgroups.errors import CatalogError
+from resgroups.errors import CatalogError, CatalogWriteError
 from resgroups.pgschema import migrate, redact
 
 log = logging.getLogger("resgroups.catalog")
@@ -43,6 +44,10 @@ IO_ERROR: Final = "58030"
 # advisory lock keys (two int4): "rg" and what they serialize
 _APPEND_LOCK: Final = (0x7267, 2)
 _POLL_S: Final = 0.5
+# how long a write whose COMMIT went unanswered asks PostgreSQL how it ended, while
+# the server still has the transaction in progress (it has not read the COMMIT, or
+# not yet noticed the client gone)
+_RESOLVE_S: Final = 5.0
 
 
 class PostgresLog:
@@ -58,7 +63,8 @@ class PostgresLog:
         self._mutex = threading.RLock()  # the main connection: writers and the follower
         self._conn: psycopg.Connection[Any] | None = None
         self._listener: psycopg.Connection[Any] | None = None
-        self._version = 0  # of the last record read
+        # the write in progress once its record is inserted: (transaction id, version)
+        self._pending: tuple[int, int] | None = None
         self.announced = 0  # the newest version a notification named
         with self._io("open"):
             applied = migrate(self._connection())
@@ -102,9 +108,7 @@ class PostgresLog:
                 yield
         except psycopg.Error as exc:
             with self._mutex:
-                if self._conn is not None and self._conn.broken:
-                    self._conn.close()
-                    self._conn = None
+                self._drop_if_broken()
             raise CatalogError(
                 f"catalog {self.name}: cannot {what}: {redact(str(exc)).strip()}",
                 sqlstate=IO_ERROR,
@@ -113,8 +117,11 @@ class PostgresLog:
     # ---- reading ----------------------------------------------------------------------
 
     def _rows_after(self, version: int) -> list[Record]:
+        # the record as text, decoded here: a document too deep or too large for the
+        # decoder is a record this version cannot read, not a driver error
         rows = self._connection().execute(
-            "SELECT version, record FROM resgroups_catalog_log WHERE version > %s ORDER BY version",
+            "SELECT version, record::text FROM resgroups_catalog_log WHERE version > %s "
+            "ORDER BY version",
             [version],
         )
         records: list[Record] = []
@@ -128,16 +135,11 @@ class PostgresLog:
         return records
 
     def read_all(self) -> list[Record]:
-        with self._io("read the log"):
-            records = self._rows_after(0)
-            self._version = len(records)
-            return records
+        return self.read_after(0)
 
-    def read_new(self) -> list[Record]:
+    def read_after(self, version: int) -> list[Record]:
         with self._io("read the log"):
-            records = self._rows_after(self._version)
-            self._version += len(records)
-            return records
+            return self._rows_after(version)
 
     def newest_version(self) -> int:
         with self._io("read the log"):
@@ -152,12 +154,86 @@ class PostgresLog:
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
-        """One append: a transaction holding the append lock (released at commit)."""
-        with self._io("append to the log"):
-            conn = self._live_connection()
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", _APPEND_LOCK)
-                yield
+        """One append: a transaction holding the append lock (released at commit).
+
+        A PostgreSQL failure anywhere in it raises CatalogWriteError: before the
+        COMMIT was sent, nothing can have been written (applied=False); at the
+        COMMIT, the server is asked how the transaction ended (``txid_status``,
+        on a new connection when the old one broke), so a COMMIT that failed is
+        told from one whose answer was lost."""
+        with self._mutex:
+            self._pending = None
+            try:
+                conn = self._live_connection()
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", _APPEND_LOCK)
+                    yield
+            except psycopg.Error as exc:
+                self._drop_if_broken()
+                raise self._write_failed(redact(str(exc)).strip()) from exc
+            except CatalogError as exc:
+                if not isinstance(exc.__cause__, psycopg.Error):
+                    raise  # the statement's own refusal: nothing was written
+                # a read inside the transaction failed (already a CatalogError)
+                raise CatalogWriteError(str(exc) + "; nothing was written", applied=False) from exc
+            finally:
+                self._pending = None
+
+    def _write_failed(self, why: str) -> CatalogWriteError:
+        pending = self._pending
+        if pending is None:  # the COMMIT was never sent
+            return CatalogWriteError(
+                f"catalog {self.name}: cannot append to the log: {why}; nothing was written",
+                applied=False,
+            )
+        xid, version = pending
+        committed, doubt = self._resolve(xid)
+        if committed is False:
+            return CatalogWriteError(
+                f"catalog {self.name}: the commit of catalog record {version} failed: {why}; "
+                "PostgreSQL rolled it back, so the change is applied nowhere",
+                applied=False,
+            )
+        if committed is True:
+            return CatalogWriteError(
+                f"catalog {self.name}: the commit of catalog record {version} lost its "
+                f"answer ({why}), but PostgreSQL reports the transaction committed: the "
+                f"change is applied, as version {version}",
+                applied=True,
+            )
+        return CatalogWriteError(
+            f"catalog {self.name}: the commit of catalog record {version} lost its answer "
+            f"({why}) and whether it committed cannot be told yet ({doubt}); if it did, "
+            "every engine applies it as it follows the log",
+            applied=None,
+        )
+
+    def _resolve(self, xid: int) -> tuple[bool | None, str]:
+        """Whether transaction ``xid`` committed (None: cannot tell yet), and why not known."""
+        deadline = time.monotonic() + _RESOLVE_S
+        doubt = "the server still has it in progress"
+        while True:
+            try:
+                row = self._live_connection().execute("SELECT txid_status(%s)", [xid]).fetchone()
+            except psycopg.Error as exc:
+                self._drop_if_broken()
+                doubt = f"cannot ask the server: {redact(str(exc)).strip()}"
+            else:
+                status = row[0] if row else None
+                if status == "committed":
+                    return True, ""
+                if status == "aborted":
+                    return False, ""
+                if status is None:  # so old that its status is gone: only the log can tell
+                    return None, f"the server no longer knows transaction {xid}"
+            if time.monotonic() >= deadline:
+                return None, doubt
+            time.sleep(0.05)
+
+    def _drop_if_broken(self) -> None:
+        if self._conn is not None and self._conn.broken:
+            self._conn.close()
+            self._conn = None
 
     def append(self, record: Record) -> None:
         """Inside :meth:`writing`: insert the record and announce its version."""
@@ -166,13 +242,16 @@ class PostgresLog:
             "INSERT INTO resgroups_catalog_log (version, record) VALUES (%s, %s)",
             [record.version, Jsonb({"op": record.op, **record.args})],
         )
-        conn.execute("SELECT pg_notify(%s, %s)", [CHANNEL, str(record.version)])
-        self._version = record.version
+        row = conn.execute(
+            "SELECT txid_current(), pg_notify(%s, %s)", [CHANNEL, str(record.version)]
+        ).fetchone()
+        assert row is not None
+        self._pending = (int(row[0]), record.version)
 
-    def promote(self) -> list[Record]:
+    def promote(self, version: int) -> list[Record]:
         # no lock to take: PostgreSQL serializes the writers
         self.application_name = self.application_name.replace("replica", "primary", 1)
-        return self.read_new()
+        return self.read_after(version)
 
     # ---- following --------------------------------------------------------------------
 
@@ -207,7 +286,15 @@ class PostgresLog:
 
 def _record(version: int, body: Any) -> Record:
     if isinstance(body, str):
-        body = json.loads(body)
+        try:
+            body = json.loads(body)
+        except (ValueError, RecursionError, MemoryError) as exc:
+            why = str(exc) if isinstance(exc, ValueError) else type(exc).__name__
+            raise CatalogError(
+                f"catalog record {version} is not a record this version of resgroups can "
+                f"read: {why}",
+                sqlstate="XX001",
+            ) from None
     if not isinstance(body, dict) or not isinstance(body.get("op"), str):
         raise CatalogError(f"catalog record {version} is not a record: {body!r}", sqlstate="XX001")
     args = dict(body)

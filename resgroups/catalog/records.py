@@ -400,6 +400,12 @@ def apply(snap: Snapshot, record: Record) -> Snapshot:
         raise CatalogError(f"{where} lacks field {exc}", sqlstate=CORRUPT) from None
     except (TypeError, ValueError) as exc:  # _Invalid among them
         raise CatalogError(f"{where} is invalid: {exc}", sqlstate=CORRUPT) from None
+    except (RecursionError, MemoryError) as exc:  # a value nested or sized past reason
+        raise CatalogError(
+            f"{where} is invalid: a value nested or sized beyond what can be checked "
+            f"({type(exc).__name__})",
+            sqlstate=CORRUPT,
+        ) from None
     return _note_limits(snap, changed).evolve(version=record.version)
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Final, Protocol
 
 from resgroups.catalog.records import Record
-from resgroups.errors import CatalogError, CatalogLocked
+from resgroups.errors import CatalogError, CatalogLocked, CatalogWriteError
 
 log = logging.getLogger("resgroups.catalog")
 
@@ -72,12 +72,14 @@ class CatalogLog(Protocol):
 
     def read_all(self) -> list[Record]: ...
 
-    def read_new(self) -> list[Record]:
-        """The whole records appended since the last read (a follower's poll)."""
+    def read_after(self, version: int) -> list[Record]:
+        """The whole records after ``version`` (a follower's poll, a writer's catch-up).
+        The caller says where it is: the snapshot's version is the one truth of what
+        an engine has applied, and a log keeps no cursor that could run ahead of it."""
         ...
 
-    def promote(self) -> list[Record]:
-        """Become the writer (take its lock); the records not read yet."""
+    def promote(self, version: int) -> list[Record]:
+        """Become the writer (take its lock); the records after ``version``."""
         ...
 
     def newest_version(self) -> int:
@@ -88,7 +90,10 @@ class CatalogLog(Protocol):
         """Block until new records may have arrived, ``timeout`` passed or ``stop``."""
         ...
 
-    def append(self, record: Record) -> None: ...
+    def append(self, record: Record) -> None:
+        """Write ``record`` durably (inside :meth:`writing`). A failure raises
+        CatalogWriteError saying whether the record may be in the log."""
+        ...
 
     def close(self) -> None: ...
 
@@ -109,11 +114,11 @@ class MemoryLog:
     def read_all(self) -> list[Record]:
         return list(self._records)
 
-    def read_new(self) -> list[Record]:
-        return []  # nobody else writes it
+    def read_after(self, version: int) -> list[Record]:
+        return self._records[version:]  # nobody else writes it: empty but for a bug
 
-    def promote(self) -> list[Record]:
-        return []
+    def promote(self, version: int) -> list[Record]:
+        return self._records[version:]
 
     def newest_version(self) -> int:
         return len(self._records)
@@ -153,12 +158,17 @@ def _record_at(data: bytes, pos: int, version: int | None) -> tuple[Record, int]
         return None
     try:
         record = Record.decode(payload)
-    except ValueError as exc:  # JSON or UTF-8 errors among them
+    # JSON or UTF-8 errors, and what a pathological document costs the decoder
+    # (100,000 nested arrays: RecursionError; a huge one: MemoryError)
+    except (ValueError, RecursionError, MemoryError) as exc:
         if version is None:
             return None
+        why = str(exc) or type(exc).__name__
+        if isinstance(exc, RecursionError | MemoryError):
+            why = f"it is nested or sized beyond what can be decoded ({type(exc).__name__})"
         raise CatalogError(
             f"catalog.log record {version} at byte {pos} is whole (its checksum holds) "
-            f"but is not a record this version of resgroups can read: {exc}",
+            f"but is not a record this version of resgroups can read: {why}",
             sqlstate="XX001",
         ) from None
     if version is not None and record.version != version:
@@ -236,12 +246,15 @@ class DirectoryLog:
         self.path = self.directory / "catalog.log"
         self.name = str(self.path)
         self._lock_fd: int | None = None
-        self._mutex = threading.Lock()
+        self._mutex = threading.RLock()
         if lock:
             self._take_lock()
         self._fd = self._open(writer=lock)
+        # where the file's record ``_version`` ends: a cache of a read, keyed by the
+        # version asked for, never a cursor of its own (read_after says where)
         self._end = 0
-        self._version = 0  # of the last record read
+        self._version = 0
+        self._dirty = False  # a failed append could not cut its frame back
 
     def _open(self, *, writer: bool) -> int:
         # a follower only reads: it never repairs, truncates or appends
@@ -313,11 +326,15 @@ class DirectoryLog:
             self._version = len(records)
             return records
 
-    def read_new(self) -> list[Record]:
-        """A follower's poll: the whole records after the last one read. A record
-        being appended (not whole yet) is left for the next poll; nothing is
-        ever cut, since the writer owns the file."""
-        return self._scan_new(consume=True)
+    def read_after(self, version: int) -> list[Record]:
+        """A follower's poll: the whole records after ``version``. A record being
+        appended (not whole yet) is left for the next poll; nothing is ever cut,
+        since the writer owns the file. Read on from where the last read ended
+        when that was ``version`` (the common case), else from the start."""
+        with self._mutex:
+            if version != self._version:
+                self._end = self._version = 0
+            return [r for r in self._scan_new(consume=True) if r.version > version]
 
     def newest_version(self) -> int:
         """The version of the last whole record in the file (read nothing off)."""
@@ -352,40 +369,67 @@ class DirectoryLog:
                 self._version += len(records)
             return records
 
-    def promote(self) -> list[Record]:
+    def promote(self, version: int) -> list[Record]:
         """Take the writer lock (CatalogLocked while the writer still holds it),
-        reopen the log for writing, and return the records not read yet (the
+        reopen the log for writing, and return the records after ``version`` (the
         torn tail a dead writer left is cut, as a writer does on open)."""
         if self._lock_fd is not None:
-            return []
+            return self.read_after(version)
         self._take_lock()
         with self._mutex:
             os.close(self._fd)
             self._fd = self._open(writer=True)
-        seen = self._version
-        return self.read_all()[seen:]
+        return self.read_all()[version:]
 
     def wait_for_news(self, timeout: float, stop: threading.Event) -> None:
         stop.wait(timeout)  # polled: a stat of the file when nothing changed
 
     def append(self, record: Record) -> None:
+        """One ``pwrite`` of the frame at the end of the last whole record, then
+        ``fsync``. On any OSError (ENOSPC, EIO, a short write) the frame is cut
+        back, so the file is as it was and the statement fails having changed
+        nothing; if even the cut fails, the next append cuts first."""
         frame = _frame(record)
         with self._mutex:
+            if record.version != self._version + 1:  # the caller read past this file
+                raise CatalogWriteError(
+                    f"cannot write catalog record {record.version} to {self.path}: the "
+                    f"file ends at record {self._version}",
+                    applied=False,
+                )
             try:
+                if self._dirty:  # what a failed append left behind goes first
+                    self._cut_back()
                 written = os.pwrite(self._fd, frame, self._end)
                 if written != len(frame):
                     raise OSError(errno.EIO, f"short write ({written} of {len(frame)} bytes)")
                 os.fsync(self._fd)
             except OSError as exc:
                 # leave the file as it was: the statement fails, nothing half-applies
-                with contextlib.suppress(OSError):
-                    os.ftruncate(self._fd, self._end)
-                raise CatalogError(
-                    f"cannot write catalog record {record.version} to {self.path}: {exc}",
-                    sqlstate=IO_ERROR,
+                try:
+                    self._cut_back()
+                except OSError as cut:
+                    self._dirty = True
+                    raise CatalogWriteError(
+                        f"cannot write catalog record {record.version} to {self.path}: "
+                        f"{exc}; nor cut it back ({cut}): the record may be whole in the "
+                        "file, so reopening it could apply the change (the next statement "
+                        "cuts it first)",
+                        applied=None,
+                    ) from exc
+                raise CatalogWriteError(
+                    f"cannot write catalog record {record.version} to {self.path}: {exc}; "
+                    f"nothing was written (the file ends at record {self._version})",
+                    applied=False,
                 ) from exc
             self._end += len(frame)
             self._version = record.version
+
+    def _cut_back(self) -> None:
+        """Cut the file back to the end of its last whole record (and make it so)."""
+        os.ftruncate(self._fd, self._end)
+        os.fsync(self._fd)
+        self._dirty = False
 
     def close(self) -> None:
         with self._mutex:

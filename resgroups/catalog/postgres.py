@@ -289,7 +289,11 @@ def _record(version: int, body: Any) -> Record:
         try:
             body = json.loads(body)
         except (ValueError, RecursionError, MemoryError) as exc:
-            why = str(exc) if isinstance(exc, ValueError) else type(exc).__name__
+            why = (
+                str(exc)
+                if isinstance(exc, ValueError)
+                else (f"it is nested or sized beyond what can be decoded ({type(exc).__name__})")
+            )
             raise CatalogError(
                 f"catalog record {version} is not a record this version of resgroups can "
                 f"read: {why}",

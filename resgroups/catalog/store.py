@@ -332,13 +332,15 @@ class DirectoryLog:
         since the writer owns the file. Read on from where the last read ended
         when that was ``version`` (the common case), else from the start."""
         with self._mutex:
+            if self._dirty:  # past the end: a failed append's frame, no record of the log
+                return []
             if version != self._version:
                 self._end = self._version = 0
             return [r for r in self._scan_new(consume=True) if r.version > version]
 
     def newest_version(self) -> int:
         """The version of the last whole record in the file (read nothing off)."""
-        records = self._scan_new(consume=False)
+        records = [] if self._dirty else self._scan_new(consume=False)
         return records[-1].version if records else self._version
 
     def _scan_new(self, *, consume: bool) -> list[Record]:

@@ -1,23 +1,34 @@
 """The engine: a facade over the named parts one process of resgroups is made of.
 
-=================  ==========================================================
-part               what it holds
-=================  ==========================================================
-``_catalog``       the catalog log and its current snapshot (resgroups.catalog)
-``runtimes``       one live runtime per group, kept equal to the catalog
-                   (resgroups.sched.groups)
-``dispatcher``     the worker pools and the CPU scheduler (resgroups.sched)
-``memory_ledger``  group and process memory budgets (resgroups.sched.memory)
-``authenticator``  who may open a session (resgroups.access)
-``tables``         the reference executor's in-memory tables (resgroups.exec)
-``_metrics``       the Prometheus registry (resgroups.metrics)
-``admission``      how a query's slot is held beyond this process: locally, a
-                   fleet lease, or this instance's quota (resgroups.fleet.modes)
-=================  ==========================================================
+==================  =========================================================
+part                what it holds
+==================  =========================================================
+``config``          what the engine was opened with, checked (resgroups.config)
+``_catalog``        the catalog log and its current snapshot (resgroups.catalog)
+``_follower``       the thread that applies what others append to the log, on
+                    a replica and on every engine of a PostgreSQL catalog
+                    (resgroups.follower)
+``runtimes``        one live runtime per group, kept equal to the catalog
+                    (resgroups.sched.groups)
+``dispatcher``      the worker pools and the CPU scheduler (resgroups.sched)
+``memory_ledger``   group and process memory budgets (resgroups.sched.memory)
+``authenticator``   who may open a session (resgroups.access)
+``admission``       how a query's slot is held beyond this process: locally, a
+                    fleet lease, or this instance's quota (resgroups.fleet.modes)
+``fleet``           with ``coordination=``: the fleet coordinator the
+                    admission mode works through (resgroups.fleet)
+``deadlines``       the thread that runs ``q.on_cancel`` callbacks when a
+                    query is cancelled or times out (resgroups.deadlines)
+``_reconciler``     the thread that runs :meth:`Engine.reconcile` every
+                    ``reconcile_interval`` seconds (resgroups.reconcile)
+``tables``          the reference executor's in-memory tables (resgroups.exec)
+``_metrics``        the Prometheus registry (resgroups.metrics)
+==================  =========================================================
 
-The engine wires them together and validates its arguments; each part can
-be replaced or joined by another (a replica's catalog follower, a fleet
-coordinator, a server front end) at this one place.
+Beside them it keeps the registry of open queries (what each holds, for the
+reconcile loop). The engine wires the parts together; its arguments are
+checked by :class:`resgroups.config.EngineConfig`, and what the fleet needs
+of it is given to :func:`resgroups.fleet.modes.open_fleet`.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from resgroups.catalog import Catalog, CatalogLag, Snapshot, open_log
 from resgroups.catalog.model import GroupDef
 from resgroups.catalog.store import CatalogLog
 from resgroups.clock import Clock, MonotonicClock
+from resgroups.config import EngineConfig
 from resgroups.cpus import available_cpus
 from resgroups.deadlines import DeadlineWatcher
 from resgroups.errors import (
@@ -47,10 +59,9 @@ from resgroups.errors import (
     did_you_mean,
 )
 from resgroups.exec.tables import TableStore
-from resgroups.fleet.modes import AdmissionMode, LeaseAdmission, QuotaAdmission
+from resgroups.fleet.modes import AdmissionMode, open_fleet
 from resgroups.follower import CatalogFollower
 from resgroups.metrics import EngineMetrics
-from resgroups.pgschema import redact
 from resgroups.query import Holdings, Placement, Query
 from resgroups.reconcile import Reconciler
 from resgroups.sched.groups import GroupRuntimes
@@ -66,29 +77,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("resgroups")
 
 Change = tuple[str, Mapping[str, Any]]
-
-
-def _positive(name: str, value: float | None, *, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if value is None or isinstance(value, bool) or not value > 0:
-        raise InvalidParameter(f"Engine({name}={value!r}): expected a positive number")
-
-
-_MAX_THREADS = 4096
-
-
-def _count(name: str, value: object, *, allow_none: bool = True) -> None:
-    """A number of threads: an integer 1..4096 (1.0 is accepted as 1, 0.5 is not)."""
-    if value is None and allow_none:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 1 <= value <= _MAX_THREADS
-        or value != int(value)
-    ):
-        raise InvalidParameter(f"Engine({name}={value!r}): expected an integer 1..{_MAX_THREADS}")
 
 
 class Engine:
@@ -130,88 +118,74 @@ class Engine:
         clock: Clock | None = None,
         cpu_meter: Callable[[], int] | None = None,
     ) -> None:
-        if role not in ("primary", "replica"):
-            raise InvalidParameter(f"Engine(role={role!r}): expected 'primary' or 'replica'")
-        if role == "replica" and catalog is None:
-            raise InvalidParameter(
-                "Engine(role='replica', catalog=None): a replica follows a catalog "
-                "another engine writes; give the primary's catalog directory"
-            )
-        if coordination is not None and not (
-            isinstance(coordination, str)
-            and coordination.startswith(("postgresql://", "postgres://"))
-        ):
-            raise InvalidParameter(
-                f"Engine(coordination={redact(str(coordination))!r}): expected a "
-                "postgresql:// connection string, or None"
-            )
-        if fleet_admission not in ("lease", "quota"):
-            raise InvalidParameter(
-                f"Engine(fleet_admission={fleet_admission!r}): expected 'lease' or 'quota'"
-            )
-        if fleet_admission == "quota" and coordination is None:
-            raise InvalidParameter(
-                "Engine(fleet_admission='quota') shares each limit among the processes of a "
-                "fleet: give coordination='postgresql://...' too"
-            )
-        for name, value in (
-            ("lease_heartbeat", lease_heartbeat),
-            ("lease_expiry", lease_expiry),
-            ("sweep_interval", sweep_interval),
-            ("quota_hold", quota_hold),
-        ):
-            _positive(name, value, allow_none=False)
-        if lease_expiry <= lease_heartbeat:
-            raise InvalidParameter(
-                f"Engine(lease_expiry={lease_expiry!r}): must be longer than "
-                f"lease_heartbeat={lease_heartbeat!r}, or live leases would expire"
-            )
-        _count("coordination_pool", coordination_pool, allow_none=False)
-        _count("workers", workers)
-        _positive("slice_ms", slice_ms, allow_none=False)
-        _positive("granularity_ms", granularity_ms, allow_none=False)
-        _positive("cpu_share_window", cpu_share_window, allow_none=False)
-        _positive("stall_threshold", stall_threshold, allow_none=False)
-        _positive("reconcile_interval", reconcile_interval, allow_none=False)
-        _positive("query_timeout", query_timeout)
-        _positive("query_memory_limit", query_memory_limit)
-        if process_memory_limit is None or process_memory_limit < 0:
-            raise InvalidParameter(
-                f"Engine(process_memory_limit={process_memory_limit!r}): expected bytes >= 0"
-            )
-        for pool, size in (pools or {}).items():
-            _count(f"pools[{pool!r}]", size, allow_none=False)
-        if not admin_user:
-            raise InvalidParameter("Engine(admin_user=''): the admin needs a name")
-
-        self.role = role
-        self.instance_id = instance_id or (
-            f"{os.uname().nodename}-{os.getpid()}-{secrets.token_hex(4)}"
-        )
-        self.cpus = available_cpus()
-        self.workers = int(workers) if workers else max(1, round(self.cpus))
-        self.pools = {"default": self.workers, **dict(pools or {})}
-        self.slice_ms = slice_ms
-        self.slice_s = slice_ms / 1000
-        self.access_control = access_control
-        self.admin_user = admin_user
-        # also keep PostgreSQL md5 verifiers of passwords set from now on, for
-        # wire clients that log in with md5 (an md5 verifier is password-equivalent
-        # for such a login, so it is off unless asked for)
-        self.md5_passwords = md5_passwords
-        self.stall_threshold = stall_threshold  # a worker without a checkpoint this long
-        self.probe_s = stall_threshold / 4  # a running query's slow checkpoint, at least this often
-        self.authenticator = Authenticator(
+        config = EngineConfig(
+            catalog=catalog,
+            role=role,
+            coordination=coordination,
+            instance_id=instance_id,
+            fleet_admission=fleet_admission,
+            lease_heartbeat=lease_heartbeat,
+            lease_expiry=lease_expiry,
+            sweep_interval=sweep_interval,
+            coordination_pool=coordination_pool,
+            quota_hold=quota_hold,
+            workers=workers,
+            pools=dict(pools or {}),
+            slice_ms=slice_ms,
+            granularity_ms=granularity_ms,
+            cpu_share_window=cpu_share_window,
+            stall_threshold=stall_threshold,
             access_control=access_control,
             admin_user=admin_user,
             admin_password=admin_password,
             md5_passwords=md5_passwords,
+            enabled=enabled,
+            query_timeout=query_timeout,
+            query_memory_limit=query_memory_limit,
+            process_memory_limit=process_memory_limit,
+            reconcile_interval=reconcile_interval,
+            clock=clock,
+            cpu_meter=cpu_meter,
         )
-        self.enabled = enabled
-        self.query_timeout = query_timeout
-        self.query_memory_limit = query_memory_limit
-        self.process_memory_limit = process_memory_limit
-        self.clock: Clock = clock or MonotonicClock()
+        self._open(config)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> Engine:
+        """An engine opened with ``config`` (already checked: the command line builds one)."""
+        engine = cls.__new__(cls)
+        engine._open(config)
+        return engine
+
+    def _open(self, config: EngineConfig) -> None:
+        self.config = c = config
+        self.role = c.role
+        self.instance_id = c.instance_id or (
+            f"{os.uname().nodename}-{os.getpid()}-{secrets.token_hex(4)}"
+        )
+        self.cpus = available_cpus()
+        self.workers = int(c.workers) if c.workers else max(1, round(self.cpus))
+        self.pools = {"default": self.workers, **dict(c.pools or {})}
+        self.slice_ms = c.slice_ms
+        self.slice_s = c.slice_ms / 1000
+        self.access_control = c.access_control
+        self.admin_user = c.admin_user
+        # also keep PostgreSQL md5 verifiers of passwords set from now on, for
+        # wire clients that log in with md5 (an md5 verifier is password-equivalent
+        # for such a login, so it is off unless asked for)
+        self.md5_passwords = c.md5_passwords
+        self.stall_threshold = c.stall_threshold  # a worker without a checkpoint this long
+        self.probe_s = c.stall_threshold / 4  # a running query's slow checkpoint, this often
+        self.authenticator = Authenticator(
+            access_control=c.access_control,
+            admin_user=c.admin_user,
+            admin_password=c.admin_password,
+            md5_passwords=c.md5_passwords,
+        )
+        self.enabled = c.enabled
+        self.query_timeout = c.query_timeout
+        self.query_memory_limit = c.query_memory_limit
+        self.process_memory_limit = c.process_memory_limit
+        self.clock: Clock = c.clock or MonotonicClock()
         self.now = self.clock.monotonic  # the engine clock, bound once (the query path)
         self._closed = False
         self._close_lock = threading.Lock()
@@ -220,34 +194,34 @@ class Engine:
         self._queries: dict[int, Holdings] = {}
         self.zombies_reclaimed = 0
         self._query_ids = itertools.count(1)
-        writer = role == "primary"
-        self._log: CatalogLog = open_log(catalog, lock=writer)
+        writer = c.role == "primary"
+        self._log: CatalogLog = open_log(c.catalog, lock=writer)
         try:
             self._catalog = Catalog(self._log, writer=writer)
         except BaseException:
             self._log.close()
             raise
-        self.cpu_meter: Callable[[], int] = cpu_meter or time.thread_time_ns
-        self.granularity_ms = granularity_ms
+        self.cpu_meter: Callable[[], int] = c.cpu_meter or time.thread_time_ns
+        self.granularity_ms = c.granularity_ms
         self.dispatcher = Dispatcher(
             {name: int(size) for name, size in self.pools.items()},
             self.clock.monotonic,
-            slice_ms=slice_ms,
-            granularity_ms=granularity_ms,
+            slice_ms=c.slice_ms,
+            granularity_ms=c.granularity_ms,
             cpus=self.cpus,
-            share_window_s=cpu_share_window,
+            share_window_s=c.cpu_share_window,
         )
         self._pool_views = {name: PoolView(self.dispatcher, name) for name in self.pools}
-        self.memory_ledger = MemoryLedger(process_memory_limit)
+        self.memory_ledger = MemoryLedger(c.process_memory_limit)
         self.tables = TableStore()  # the built-in executor's tables
         self.runtimes = GroupRuntimes(
             self.clock.monotonic,
             self.dispatcher,
             self.memory_ledger,
             cpus=self.cpus,
-            enabled=enabled,
+            enabled=c.enabled,
             snapshot=lambda: self._catalog.snapshot,
-            quotas=fleet_admission == "quota",
+            quotas=c.fleet_admission == "quota",
         )
         # every snapshot reaches the live gates under the catalog's write lock
         self._catalog.subscribe(self.runtimes.apply)
@@ -257,17 +231,20 @@ class Engine:
         # locally, by a lease per query, or within this instance's quota
         self.fleet: FleetCoordinator | None = None
         self.admission: AdmissionMode = AdmissionMode()
-        if coordination is not None:
-            self.fleet, self.admission = self._start_fleet(
-                coordination,
-                fleet_admission,
-                heartbeat=lease_heartbeat,
-                expiry=lease_expiry,
-                sweep_interval=sweep_interval,
-                pool_size=int(coordination_pool),
-                quota_hold=quota_hold,
-            )
-        self._reconciler = Reconciler(self.reconcile, interval=reconcile_interval)
+        if c.coordination is not None:
+            try:
+                self.fleet, self.admission = open_fleet(
+                    c,
+                    self.instance_id,
+                    holdings=lambda: list(self._queries.values()),  # a copy, off the query path
+                    runtimes=self.runtimes,
+                    # the log followed, the version the gates apply
+                    catalog=lambda: (self.snapshot.catalog_uid, self.runtimes.configured_version),
+                )
+            except BaseException:
+                self._log.close()
+                raise
+        self._reconciler = Reconciler(self.reconcile, interval=c.reconcile_interval)
         # one thread for every query's on_cancel callbacks, started on first use
         self.deadlines = DeadlineWatcher(self.clock.monotonic)
         self._reconciler.start()
@@ -431,61 +408,16 @@ class Engine:
                 held.group,
                 leaked,
             )
-        fleet = self.fleet
-        if fleet is not None:  # lease rows of this instance that no live query holds
-
-            def live() -> set[str]:
-                leases = {held.lease_id for held in list(self._queries.values()) if held.lease_id}
-                return leases | fleet.releases.pending()  # given back, DELETE not sent yet
-
-            for lease in fleet.reconcile(live):
-                reclaimed += 1
-                log.warning(
-                    "reconcile: fleet lease %s of this instance is held by no live query "
-                    "(a zombie); deleted",
-                    lease,
-                )
+        for lease in self.admission.stray_leases():  # rows of ours no live query holds
+            reclaimed += 1
+            log.warning(
+                "reconcile: fleet lease %s of this instance is held by no live query "
+                "(a zombie); deleted",
+                lease,
+            )
         with self._unmanaged_lock:
             self.zombies_reclaimed += reclaimed
         return reclaimed
-
-    def _start_fleet(
-        self,
-        dsn: str,
-        mode: str,
-        *,
-        heartbeat: float,
-        expiry: float,
-        sweep_interval: float,
-        pool_size: int,
-        quota_hold: float,
-    ) -> tuple[FleetCoordinator, AdmissionMode]:
-        """The coordinator and the fleet admission mode over this engine's registry
-        of open queries and its live groups (fleet/modes.py)."""
-        from resgroups.fleet.coordinator import FleetCoordinator
-
-        try:
-            fleet = FleetCoordinator(
-                dsn,
-                self.instance_id,
-                heartbeat=heartbeat,
-                expiry=expiry,
-                sweep_interval=sweep_interval,
-                pool_size=pool_size,
-            )
-        except BaseException:
-            self._log.close()
-            raise
-
-        def holdings() -> list[Holdings]:  # the registry, a copy (read off the query path)
-            return list(self._queries.values())
-
-        def catalog() -> tuple[str, int]:  # the log followed, the version the gates apply
-            return self.snapshot.catalog_uid, self.runtimes.configured_version
-
-        if mode == "quota":
-            return fleet, QuotaAdmission(fleet, holdings, self.runtimes, catalog, hold=quota_hold)
-        return fleet, LeaseAdmission(fleet, holdings, self.runtimes, catalog)
 
     # ---- sessions ------------------------------------------------------------------
 

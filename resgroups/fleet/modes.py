@@ -62,6 +62,7 @@ from resgroups.errors import CoordinationUnavailable, QueueTimeout
 
 if TYPE_CHECKING:
     from resgroups.catalog.model import GroupDef
+    from resgroups.config import EngineConfig
     from resgroups.fleet.coordinator import FleetCoordinator
     from resgroups.fleet.quotas import GroupDemand, QuotaKeeper
     from resgroups.fleet.store import Barrier, FleetGroup
@@ -148,6 +149,11 @@ class AdmissionMode:
         """This instance's usable quota by group key; None: not quota mode."""
         return None
 
+    def stray_leases(self) -> list[str]:
+        """For the reconcile loop: fleet rows of this instance that no live query
+        holds, deleted; what it deleted."""
+        return []
+
 
 def fleet_group(group: GroupDef) -> FleetGroup:
     from resgroups.fleet.store import FleetGroup
@@ -216,6 +222,15 @@ class _FleetMode(AdmissionMode):
         """Who must have adopted before anyone admits on ``group``'s limit."""
         uid, version = self._catalog()
         return uid, group.limited_since, self.coordinator.expiry, version
+
+    def stray_leases(self) -> list[str]:
+        fleet = self.coordinator
+
+        def live() -> set[str]:
+            leases = {held.lease_id for held in self._holdings() if held.lease_id}
+            return leases | fleet.releases.pending()  # given back, DELETE not sent yet
+
+        return fleet.reconcile(live)
 
     # ---- fencing callbacks (the coordinator's maintenance thread) ----------------------
 
@@ -466,3 +481,30 @@ class QuotaAdmission(_FleetMode):
                         "reclaimed while its heartbeat lapsed; the query cannot go on on it"
                     )
                 )
+
+
+def open_fleet(
+    config: EngineConfig,
+    instance_id: str,
+    *,
+    holdings: Callable[[], Iterable[Holdings]],
+    runtimes: Runtimes,
+    catalog: Callable[[], tuple[str, int]],
+) -> tuple[FleetCoordinator, _FleetMode]:
+    """The coordinator for ``config.coordination`` and the admission mode
+    ``config.fleet_admission`` names, over the engine's registry of open queries
+    (``holdings``), its live groups and the catalog it follows."""
+    from resgroups.fleet.coordinator import FleetCoordinator
+
+    assert config.coordination is not None
+    fleet = FleetCoordinator(
+        config.coordination,
+        instance_id,
+        heartbeat=config.lease_heartbeat,
+        expiry=config.lease_expiry,
+        sweep_interval=config.sweep_interval,
+        pool_size=int(config.coordination_pool),
+    )
+    if config.fleet_admission == "quota":
+        return fleet, QuotaAdmission(fleet, holdings, runtimes, catalog, hold=config.quota_hold)
+    return fleet, LeaseAdmission(fleet, holdings, runtimes, catalog)

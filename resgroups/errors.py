@@ -113,10 +113,11 @@ class CatalogWriteError(CatalogError):
     """A DDL whose record could not be written durably (the log unreachable, a
     failed or unanswered COMMIT, ENOSPC). ``applied`` says what the engine knows:
     False, the change is in no log and applied nowhere (SQLSTATE 58030); True, the
-    commit's answer was lost but reading the log back found the record committed,
-    and this engine has applied it (08007); None, it may or may not have been
-    committed and the log could not tell yet (08007): the follower applies it
-    if it was, so every engine converges either way."""
+    record is in the log exactly once (a COMMIT whose answer was lost, a last
+    fsync that failed) and this engine has applied it, unless reading the log
+    back failed too, which the message says (08007); None, it may or may not
+    have been committed and the log could not tell yet (08007). Every engine
+    follows the log, so all of them converge either way."""
 
     sqlstate = "58030"
 

@@ -5,7 +5,10 @@ until armed: then the first chunk the client sends that contains ``needle``
 either never reaches the server (``deliver=False``: the server sees the client
 vanish before it), or reaches it and the server's answer is swallowed
 (``deliver=True``: the server acted, the client never hears). Either way both
-sides of that connection are closed; later connections pass untouched.
+sides of that connection are closed. With ``deliver=None`` the chunk and all
+that follows it are dropped and both sides are left open: a peer that stopped
+answering without a word. Faults armed one after another fire in that order;
+connections pass untouched otherwise.
 """
 
 from __future__ import annotations
@@ -22,16 +25,16 @@ class Proxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
-        self._armed: tuple[bytes, bool] | None = None
+        self._armed: list[tuple[bytes, bool | None]] = []
         self.fired = threading.Event()  # the armed fault happened
         self._open: list[socket.socket] = []
         self._closed = False
         threading.Thread(target=self._accept, daemon=True, name="proxy-accept").start()
 
-    def arm(self, needle: bytes, *, deliver: bool) -> None:
+    def arm(self, needle: bytes, *, deliver: bool | None) -> None:
         with self._lock:
             self.fired.clear()
-            self._armed = (needle, deliver)
+            self._armed.append((needle, deliver))
 
     def _accept(self) -> None:
         while True:
@@ -60,12 +63,17 @@ class Proxy:
     ) -> None:
         while chunk := _recv(client):
             with self._lock:
-                armed = self._armed
+                armed = self._armed[0] if self._armed else None
                 fire = armed is not None and armed[0] in chunk
                 if fire:
-                    self._armed = None
+                    del self._armed[0]
             if fire:
                 assert armed is not None
+                if armed[1] is None:  # a black hole: swallow everything, answer nothing
+                    self.fired.set()
+                    while _recv(client):
+                        pass
+                    break
                 if armed[1]:
                     swallow.set()
                     with contextlib.suppress(OSError):

@@ -11,9 +11,12 @@ through, exactly once everywhere), and a reopened catalog replays to it."""
 from __future__ import annotations
 
 import errno
+import json
 import os
+import signal
 import threading
 import types
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,7 @@ from tcp_proxy import Proxy
 from waiting import bounded, wait_until
 
 import resgroups
-from resgroups.catalog import DirectoryLog, store
+from resgroups.catalog import DirectoryLog, postgres, store
 from resgroups.catalog.postgres import PostgresLog
 from resgroups.catalog.records import replay
 
@@ -143,6 +146,50 @@ def test_a_connection_cut_at_commit_is_resolved_from_the_server(
         assert a.catalog_version == before
     _after_the_fault(pg_catalog, a, b)
     assert _groups(a).count("cut") == (1 if deliver else 0)
+
+
+def test_a_commit_answered_but_read_back_cut_is_still_applied_before_returning(
+    pg_catalog: str, pair: tuple[Proxy, resgroups.Engine, resgroups.Engine]
+) -> None:
+    proxy, a, b = pair
+    before = a.catalog_version
+    proxy.arm(b"COMMIT", deliver=True)
+    proxy.arm(b"record::text", deliver=False)  # and the first read of the log back
+    failed = _ddl_fails(a, "CREATE RESOURCE GROUP twice_cut")
+    assert failed.applied is True
+    assert a.catalog_version == before + 1  # the read-back was tried again
+    assert "twice_cut" in _groups(a)
+    _after_the_fault(pg_catalog, a, b)
+
+
+def test_a_server_that_stops_answering_at_commit_fails_the_ddl_and_frees_the_lock(
+    pg_catalog: str,
+    pair: tuple[Proxy, resgroups.Engine, resgroups.Engine],
+) -> None:
+    """The COMMIT vanishes and the connection stays open (a hung proxy): the write
+    is cut after the write timeout (2 s here, 30 by default), reported, and the
+    other engine's DDL, waiting for the append lock meanwhile, goes through."""
+    proxy, a, b = pair
+    log = a._log
+    assert isinstance(log, postgres.PostgresLog)
+    log.write_timeout = 2.0
+    proxy.arm(b"COMMIT", deliver=None)
+    outcome: list[object] = []
+    ddl = threading.Thread(
+        target=lambda: outcome.append(
+            bounded(lambda: a.connect().execute("CREATE RESOURCE GROUP hung"), 60)
+        )
+    )
+    ddl.start()
+    assert proxy.fired.wait(30)
+    b.connect().execute("CREATE RESOURCE GROUP from_b_meanwhile")  # waits for the lock
+    ddl.join(60)
+    failed = outcome[0]
+    assert isinstance(failed, resgroups.CatalogWriteError), failed
+    assert "no answer from the server in 2 s" in failed.message
+    assert failed.applied is False  # the server never had the COMMIT
+    _after_the_fault(pg_catalog, a, b)
+    assert "hung" not in _groups(a)
 
 
 def _backend_of(admin: psycopg.Connection[Any], wait_event: str) -> int | None:
@@ -314,9 +361,12 @@ def test_a_directory_write_that_cannot_even_be_cut_back_is_cut_by_the_next(
         monkeypatch.setattr(store, "os", patched)
         with pytest.raises(resgroups.CatalogWriteError) as failed:
             session.execute("CREATE RESOURCE GROUP maybe")
-        assert failed.value.applied is None  # the whole frame may still be in the file
-        assert failed.value.sqlstate == "08007"
+        # what is left in the file has no header yet: no record, to anyone
+        assert failed.value.applied is False
+        assert failed.value.sqlstate == "58030"
         assert primary.catalog_version == before
+        with resgroups.Engine(catalog=tmp_path, role="replica") as replica:
+            assert replica.catalog_version == before
         session.execute("CREATE RESOURCE GROUP next")  # cuts what the failure left, then writes
         expected = digest(primary.snapshot)
         assert "maybe" not in _groups(primary)
@@ -328,3 +378,155 @@ def test_a_directory_write_that_cannot_even_be_cut_back_is_cut_by_the_next(
         log.close()
     assert [r.version for r in records] == list(range(1, before + 2))
     assert digest(replay(records)) == expected
+
+
+def test_a_replica_polling_during_a_failing_write_never_sees_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The frame is in the file while its first fsync runs (and fails): a replica
+    reading the file then must not take it for a record, or it would keep a change
+    the writer cuts back and diverge for good."""
+    in_fsync, polled = threading.Event(), threading.Event()
+    calls = [0]
+
+    def slow_failing_fsync(fd: int) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            in_fsync.set()
+            assert polled.wait(10)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        os.fsync(fd)
+
+    with (
+        resgroups.Engine(catalog=tmp_path) as primary,
+        resgroups.Engine(catalog=tmp_path, role="replica") as replica,
+    ):
+        replica._follower.stop()  # the test polls for it, at the moment that matters
+        before = primary.catalog_version
+        monkeypatch.setattr(store, "os", _faulty_os(fsync=slow_failing_fsync))
+        outcome: list[object] = []
+        ddl = threading.Thread(
+            target=lambda: outcome.append(
+                bounded(lambda: primary.connect().execute("CREATE RESOURCE GROUP lost"), 30)
+            )
+        )
+        ddl.start()
+        assert in_fsync.wait(10)
+        assert replica._catalog.catch_up() == 0  # the frame is there, with no header
+        polled.set()
+        ddl.join(30)
+        assert isinstance(outcome[0], resgroups.CatalogWriteError)
+        assert outcome[0].applied is False
+        primary.connect().execute("CREATE RESOURCE GROUP next_one_with_a_longer_name")
+        replica._catalog.catch_up()
+        assert replica.catalog_version == primary.catalog_version == before + 1
+        assert digest(replica.snapshot) == digest(primary.snapshot)
+        assert "lost" not in _groups(replica)
+
+
+def test_a_last_fsync_that_fails_keeps_the_record_every_reader_sees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = [0]
+
+    def second_fails(fd: int) -> None:
+        calls[0] += 1
+        if calls[0] == 2:  # after the header is written
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        os.fsync(fd)
+
+    with (
+        resgroups.Engine(catalog=tmp_path) as primary,
+        resgroups.Engine(catalog=tmp_path, role="replica") as replica,
+    ):
+        before = primary.catalog_version
+        monkeypatch.setattr(store, "os", _faulty_os(fsync=second_fails))
+        with pytest.raises(resgroups.CatalogWriteError) as failed:
+            primary.connect().execute("CREATE RESOURCE GROUP kept")
+        assert failed.value.applied is True
+        assert "could not confirm" in failed.value.message
+        assert primary.catalog_version == before + 1  # applied here before it returned
+        assert "kept" in _groups(primary)
+        primary.connect().execute("CREATE RESOURCE GROUP next")
+        wait_until(lambda: replica.catalog_version == primary.catalog_version)
+        assert digest(replica.snapshot) == digest(primary.snapshot)
+        expected = digest(primary.snapshot)
+    monkeypatch.undo()
+    with resgroups.Engine(catalog=tmp_path) as reopened:
+        assert digest(reopened.snapshot) == expected
+
+
+def test_a_directory_follower_applies_the_records_before_one_it_cannot_read(
+    tmp_path: Path,
+) -> None:
+    with (
+        resgroups.Engine(catalog=tmp_path) as primary,
+        resgroups.Engine(catalog=tmp_path, role="replica") as replica,
+    ):
+        replica._follower.stop()
+        version = primary.catalog_version
+        next_id = primary.snapshot.next_id
+        good = {"op": "create_group", "id": next_id, "name": "good", "quoted": False}
+        deep = "[" * 100_000 + "]" * 100_000
+        size = (tmp_path / "catalog.log").stat().st_size
+        frames = b""
+        for body in (
+            json.dumps({"v": version + 1, **good, "params": {}}).encode(),
+            f'{{"v": {version + 2}, "op": "create_group", "params": {deep}}}'.encode(),
+        ):
+            frames += store.FRAME.pack(len(body), zlib.crc32(body)) + body
+        bad_at = size + store.FRAME.size + len(json.dumps({"v": version + 1, **good, "params": {}}))
+        with (tmp_path / "catalog.log").open("ab") as f:
+            f.write(frames)
+        assert replica._catalog.catch_up() == 1  # the good one is applied
+        assert "good" in _groups(replica)
+        with pytest.raises(resgroups.CatalogError) as refused:
+            replica._catalog.catch_up()
+        assert refused.value.sqlstate == "XX001"
+        assert f"at byte {bad_at}" in refused.value.message  # its place in the file
+        assert replica.catalog_lag.records == 1  # and the lag shows it
+
+
+def test_a_postgresql_follower_applies_the_records_before_one_it_cannot_read(
+    pg_catalog: str,
+) -> None:
+    with resgroups.Engine(catalog=pg_catalog) as engine:
+        engine._follower.stop()
+        version = engine.catalog_version
+        good = {"op": "create_group", "id": engine.snapshot.next_id, "name": "good"}
+        with psycopg.connect(pg_catalog, autocommit=True) as admin:
+            admin.execute(
+                "INSERT INTO resgroups_catalog_log (version, record) VALUES (%s, %s::jsonb), "
+                '(%s, (\'{"op": "create_group", "params": \' || %s || \'}\')::jsonb)',
+                [
+                    version + 1,
+                    json.dumps({**good, "quoted": False, "params": {}}),
+                    version + 2,
+                    "[" * 5000 + "]" * 5000,
+                ],
+            )
+        assert engine._catalog.catch_up() == 1
+        assert "good" in _groups(engine)
+        with pytest.raises(resgroups.CatalogError) as refused:
+            engine._catalog.catch_up()
+        assert refused.value.sqlstate == "XX001"
+        assert engine.catalog_lag.records == 1
+
+
+def test_ctrl_c_during_a_ddl_waiting_on_postgresql_interrupts_it(
+    pg_catalog: str, pair: tuple[Proxy, resgroups.Engine, resgroups.Engine]
+) -> None:
+    """A DDL stuck on a server that does not answer stays interruptible: the
+    KeyboardInterrupt ends the transaction, and the engine goes on."""
+    proxy, a, b = pair
+    proxy.arm(b"COMMIT", deliver=None)
+    main = threading.get_ident()
+    interrupter = threading.Thread(
+        target=lambda: proxy.fired.wait(30) and signal.pthread_kill(main, signal.SIGINT)
+    )
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        a.connect().execute("CREATE RESOURCE GROUP interrupted")
+    interrupter.join(10)
+    _after_the_fault(pg_catalog, a, b)
+    assert "interrupted" not in _groups(a)

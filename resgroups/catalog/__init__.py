@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from resgroups.catalog.model import DEFAULT_GROUP_ID, GroupDef, Principal, Snapshot
-from resgroups.catalog.records import LOG_FORMAT, Record, apply, replay
+from resgroups.catalog.records import CORRUPT, LOG_FORMAT, Record, apply, replay
 from resgroups.catalog.store import CatalogLog, DirectoryLog, MemoryLog
 from resgroups.errors import CatalogError, CatalogWriteError
 from resgroups.interrupts import Hold
@@ -42,6 +42,10 @@ __all__ = [
 ]
 
 Change = tuple[str, Mapping[str, Any]]
+
+# how long a write that committed but failed keeps trying to read its record
+# back, so that the statement returns with the change applied here
+READ_BACK_S = 5.0
 
 
 class CatalogLag(NamedTuple):
@@ -99,7 +103,12 @@ class Catalog:
         version cannot apply stops the catch-up with CatalogError (the records
         before it stay applied)."""
         with self._lock:
-            return len(self._catch_up_locked())
+            try:
+                return len(self._catch_up_locked())
+            except CatalogError as exc:
+                if exc.sqlstate == CORRUPT:  # a record is there that cannot be applied:
+                    self.note_seen(self._snapshot.version + 1)  # the lag shows it
+                raise
 
     def note_seen(self, version: int) -> None:
         """A version exists in the log (read, or announced by a notification)."""
@@ -175,13 +184,16 @@ class Catalog:
         Inside the log's write transaction (PostgreSQL: an advisory lock), the
         records other writers appended are applied first, so ``build`` sees the
         newest snapshot and the record gets the next version. The record is
-        applied to a copy, appended, committed, and only then published; an
-        interrupt waits (resgroups.interrupts) rather than split these.
+        applied to a copy, appended, committed, and only then published. An
+        interrupt waits (resgroups.interrupts) rather than split an append of a
+        directory log or a publication; one that lands in a PostgreSQL
+        transaction ends it (rolled back, or committed and read back by the
+        follower), so a DDL waiting on the server stays interruptible.
 
         A write that fails (CatalogWriteError) publishes nothing of its own: the
         log is read back from the snapshot's version and what it holds is
         applied, the record of this write included, once, if it was committed."""
-        with self._lock, Hold():
+        with self._lock:
             record: Record | None = None
             try:
                 with self._log.writing():
@@ -202,15 +214,23 @@ class Catalog:
     def _read_back(self, exc: CatalogWriteError, record: Record | None) -> CatalogWriteError:
         """Lock held, after a failed write: apply what the log holds, and settle
         from it a write whose commit could not be told (``applied`` None)."""
-        try:
-            read = self._catch_up_locked()
-        except CatalogError as again:  # the log is out of reach: the follower retries
-            if exc.applied is None or record is None:
-                return exc
-            return CatalogWriteError(
-                f"{exc.message}; reading the log back failed too ({again.message})",
-                applied=exc.applied,
-            )
+        deadline = time.monotonic() + READ_BACK_S
+        while True:
+            try:
+                read = self._catch_up_locked()
+                break
+            except CatalogError as again:  # the log is out of reach: the follower retries
+                committed = exc.applied is True and record is not None
+                if committed and time.monotonic() < deadline:  # try to apply it here first
+                    time.sleep(0.1)
+                    continue
+                if not committed:
+                    return exc
+                return CatalogWriteError(
+                    f"{exc.message}; but reading the log back failed ({again.message}), so "
+                    "this engine applies it when its follower reads the log",
+                    applied=True,
+                )
         if exc.applied is not None or record is None:
             return exc
         found = next((r for r in read if r.version == record.version), None)

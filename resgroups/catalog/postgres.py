@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -48,6 +49,22 @@ _POLL_S: Final = 0.5
 # the server still has the transaction in progress (it has not read the COMMIT, or
 # not yet noticed the client gone)
 _RESOLVE_S: Final = 5.0
+# a write's transaction that has no answer in this time (a server or a proxy that
+# stopped answering without closing the connection) is cut from this side, and the
+# server ends one idle in its transaction, or waiting for the append lock, after
+# _SERVER_S: no writer can hold the append lock, or wait for it, without bound
+_SERVER_S: Final = 20
+_WRITE_S: Final = _SERVER_S + 10.0
+_CONNECT_OPTIONS: Final[dict[str, Any]] = {
+    "connect_timeout": 10,
+    # a peer gone without a word (a partition): found by TCP within about 30 s
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+    "options": f"-c idle_in_transaction_session_timeout={_SERVER_S}s -c lock_timeout={_SERVER_S}s",
+}
 
 
 class PostgresLog:
@@ -65,6 +82,7 @@ class PostgresLog:
         self._listener: psycopg.Connection[Any] | None = None
         # the write in progress once its record is inserted: (transaction id, version)
         self._pending: tuple[int, int] | None = None
+        self.write_timeout = _WRITE_S  # a write's transaction, its lock wait included
         self.announced = 0  # the newest version a notification named
         with self._io("open"):
             applied = migrate(self._connection())
@@ -75,10 +93,7 @@ class PostgresLog:
 
     def _connect(self) -> psycopg.Connection[Any]:
         return psycopg.connect(
-            self.dsn,
-            autocommit=True,
-            connect_timeout=10,
-            application_name=self.application_name,
+            self.dsn, autocommit=True, application_name=self.application_name, **_CONNECT_OPTIONS
         )
 
     def _connection(self) -> psycopg.Connection[Any]:
@@ -116,7 +131,10 @@ class PostgresLog:
 
     # ---- reading ----------------------------------------------------------------------
 
-    def _rows_after(self, version: int) -> list[Record]:
+    def _rows_after(self, version: int, *, partial: bool = True) -> list[Record]:
+        """The records after ``version``. One that cannot be read ends the list
+        with the records before it (``partial``: they are applied, and the next
+        read meets it first and raises), or raises at once."""
         # the record as text, decoded here: a document too deep or too large for the
         # decoder is a record this version cannot read, not a driver error
         rows = self._connection().execute(
@@ -126,16 +144,22 @@ class PostgresLog:
         )
         records: list[Record] = []
         for got, body in rows:
-            if got != version + len(records) + 1:
-                raise CatalogError(
-                    f"catalog {self.name}: version {got} follows {version + len(records)}",
-                    sqlstate="XX001",
-                )
-            records.append(_record(got, body))
+            try:
+                if got != version + len(records) + 1:
+                    raise CatalogError(
+                        f"catalog {self.name}: version {got} follows {version + len(records)}",
+                        sqlstate="XX001",
+                    )
+                records.append(_record(got, body))
+            except CatalogError:
+                if partial and records:
+                    break
+                raise
         return records
 
     def read_all(self) -> list[Record]:
-        return self.read_after(0)
+        with self._io("read the log"):
+            return self._rows_after(0, partial=False)
 
     def read_after(self, version: int) -> list[Record]:
         with self._io("read the log"):
@@ -163,19 +187,23 @@ class PostgresLog:
         told from one whose answer was lost."""
         with self._mutex:
             self._pending = None
+            watchdog = _Watchdog(self.write_timeout)
             try:
                 conn = self._live_connection()
-                with conn.transaction():
+                with watchdog.over(conn), conn.transaction():
                     conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", _APPEND_LOCK)
                     yield
             except psycopg.Error as exc:
                 self._drop_if_broken()
-                raise self._write_failed(redact(str(exc)).strip()) from exc
+                why = redact(str(exc)).strip()
+                raise self._write_failed(watchdog.explain(why)) from exc
             except CatalogError as exc:
                 if not isinstance(exc.__cause__, psycopg.Error):
                     raise  # the statement's own refusal: nothing was written
                 # a read inside the transaction failed (already a CatalogError)
-                raise CatalogWriteError(str(exc) + "; nothing was written", applied=False) from exc
+                raise CatalogWriteError(
+                    watchdog.explain(exc.message) + "; nothing was written", applied=False
+                ) from exc
             finally:
                 self._pending = None
 
@@ -214,7 +242,9 @@ class PostgresLog:
         doubt = "the server still has it in progress"
         while True:
             try:
-                row = self._live_connection().execute("SELECT txid_status(%s)", [xid]).fetchone()
+                conn = self._live_connection()
+                with _Watchdog(_RESOLVE_S).over(conn):
+                    row = conn.execute("SELECT txid_status(%s)", [xid]).fetchone()
             except psycopg.Error as exc:
                 self._drop_if_broken()
                 doubt = f"cannot ask the server: {redact(str(exc)).strip()}"
@@ -282,6 +312,40 @@ class PostgresLog:
                 if conn is not None:
                     conn.close()
             self._conn = self._listener = None
+
+
+class _Watchdog:
+    """Cuts a connection's socket when a round trip takes longer than ``seconds``:
+    the blocked call then fails (OperationalError) instead of waiting forever on
+    a peer that keeps the connection open and never answers."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.fired = False
+
+    @contextlib.contextmanager
+    def over(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        timer = threading.Timer(self.seconds, self._cut, args=(conn,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+    def explain(self, why: str) -> str:
+        if not self.fired:
+            return why
+        return f"no answer from the server in {self.seconds:g} s, connection cut ({why})"
+
+    def _cut(self, conn: psycopg.Connection[Any]) -> None:
+        self.fired = True
+        with contextlib.suppress(Exception):  # the connection may be gone already
+            sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            finally:
+                sock.close()
 
 
 def _record(version: int, body: Any) -> Record:

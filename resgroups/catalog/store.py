@@ -5,8 +5,10 @@ The directory backend (SPEC §10) holds two files:
 ``catalog.log``
     An 8-byte header ``RGCATLG\\x01`` followed by records, each framed as
     ``length (u32 big-endian) | crc32 of payload (u32) | payload``; the payload
-    is the record's JSON. Each append is one ``write`` followed by ``fsync``,
-    so a record is durable before the statement returns.
+    is the record's JSON. Each append writes the frame with its header zeroed
+    and ``fsync``s, then writes the header and ``fsync``s again, so a record is
+    durable before the statement returns and no follower reads a record that
+    a failed write then cuts back (:meth:`DirectoryLog.append`).
 
 ``catalog.lock``
     Held with ``flock(LOCK_EX | LOCK_NB)`` for the writer's lifetime. flock
@@ -37,6 +39,7 @@ from typing import Final, Protocol
 
 from resgroups.catalog.records import Record
 from resgroups.errors import CatalogError, CatalogLocked, CatalogWriteError
+from resgroups.interrupts import Hold
 
 log = logging.getLogger("resgroups.catalog")
 
@@ -127,7 +130,8 @@ class MemoryLog:
         stop.wait(timeout)
 
     def append(self, record: Record) -> None:
-        self._records.append(record)
+        with Hold():
+            self._records.append(record)
 
     def close(self) -> None:
         pass
@@ -138,14 +142,17 @@ def _frame(record: Record) -> bytes:
     return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
 
-def _record_at(data: bytes, pos: int, version: int | None) -> tuple[Record, int] | None:
+def _record_at(
+    data: bytes, pos: int, version: int | None, *, base: int = 0
+) -> tuple[Record, int] | None:
     """The intact record framed at ``pos`` and the offset after it, or None when
     the frame is cut short or fails its checksum (a torn write).
 
     With ``version`` given, a frame that is whole and passes its checksum but
     that this version cannot read, or that carries another version, raises
     CatalogError: it was written whole, so it is no crash artefact, and
-    cutting it (and everything after it) off would lose data.
+    cutting it (and everything after it) off would lose data. ``base`` is where
+    ``data`` starts in the file (for the position in messages).
     """
     if len(data) - pos < FRAME.size:
         return None
@@ -167,13 +174,13 @@ def _record_at(data: bytes, pos: int, version: int | None) -> tuple[Record, int]
         if isinstance(exc, RecursionError | MemoryError):
             why = f"it is nested or sized beyond what can be decoded ({type(exc).__name__})"
         raise CatalogError(
-            f"catalog.log record {version} at byte {pos} is whole (its checksum holds) "
+            f"catalog.log record {version} at byte {base + pos} is whole (its checksum holds) "
             f"but is not a record this version of resgroups can read: {why}",
             sqlstate="XX001",
         ) from None
     if version is not None and record.version != version:
         raise CatalogError(
-            f"catalog.log record at byte {pos} is whole but carries version "
+            f"catalog.log record at byte {base + pos} is whole but carries version "
             f"{record.version} where version {version} belongs",
             sqlstate="XX001",
         )
@@ -363,7 +370,15 @@ class DirectoryLog:
                     )
                 pos = len(MAGIC)
             records: list[Record] = []
-            while (found := _record_at(data, pos, self._version + len(records) + 1)) is not None:
+            while True:
+                try:
+                    found = _record_at(data, pos, self._version + len(records) + 1, base=self._end)
+                except CatalogError:
+                    if records:  # the good records first; the next read meets this one
+                        break
+                    raise
+                if found is None:
+                    break
                 record, pos = found
                 records.append(record)
             if consume:
@@ -387,12 +402,24 @@ class DirectoryLog:
         stop.wait(timeout)  # polled: a stat of the file when nothing changed
 
     def append(self, record: Record) -> None:
-        """One ``pwrite`` of the frame at the end of the last whole record, then
-        ``fsync``. On any OSError (ENOSPC, EIO, a short write) the frame is cut
-        back, so the file is as it was and the statement fails having changed
-        nothing; if even the cut fails, the next append cuts first."""
+        """Write the frame at the end of the last whole record in two steps, so
+        that no reader takes it for a record before it is durable:
+
+        1. the frame with its header zeroed (a length of 0 is no record: a
+           follower polling the file waits, a reopen cuts it as a torn tail),
+           then ``fsync``;
+        2. the header, then ``fsync`` again.
+
+        An OSError in step 1 or at the header's write (ENOSPC, EIO, a short
+        write) cuts the frame back: the file is as it was, no engine has seen
+        the record, and the statement fails having changed nothing (if even the
+        cut fails, the next append cuts first). Once the header is written the
+        record is in the log for every reader of the file, so a failure of the
+        last ``fsync`` keeps it: the statement reports it applied, and that the
+        disk could not confirm it durable."""
         frame = _frame(record)
-        with self._mutex:
+        # an interrupt waits: the file and where this log says it ends must agree
+        with Hold(), self._mutex:
             if record.version != self._version + 1:  # the caller read past this file
                 raise CatalogWriteError(
                     f"cannot write catalog record {record.version} to {self.path}: the "
@@ -402,23 +429,15 @@ class DirectoryLog:
             try:
                 if self._dirty:  # what a failed append left behind goes first
                     self._cut_back()
-                written = os.pwrite(self._fd, frame, self._end)
-                if written != len(frame):
-                    raise OSError(errno.EIO, f"short write ({written} of {len(frame)} bytes)")
+                self._write_at(bytes(FRAME.size) + frame[FRAME.size :])
                 os.fsync(self._fd)
+                self._write_at(frame[: FRAME.size])
             except OSError as exc:
                 # leave the file as it was: the statement fails, nothing half-applies
                 try:
                     self._cut_back()
-                except OSError as cut:
-                    self._dirty = True
-                    raise CatalogWriteError(
-                        f"cannot write catalog record {record.version} to {self.path}: "
-                        f"{exc}; nor cut it back ({cut}): the record may be whole in the "
-                        "file, so reopening it could apply the change (the next statement "
-                        "cuts it first)",
-                        applied=None,
-                    ) from exc
+                except OSError:
+                    self._dirty = True  # a frame with no header: no record to anyone
                 raise CatalogWriteError(
                     f"cannot write catalog record {record.version} to {self.path}: {exc}; "
                     f"nothing was written (the file ends at record {self._version})",
@@ -426,6 +445,21 @@ class DirectoryLog:
                 ) from exc
             self._end += len(frame)
             self._version = record.version
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                raise CatalogWriteError(
+                    f"catalog record {record.version} is written to {self.path} and every "
+                    f"engine on it reads it, but the last fsync failed ({exc}): the change "
+                    "is applied, though the disk could not confirm it would survive a "
+                    "crash of the machine",
+                    applied=True,
+                ) from exc
+
+    def _write_at(self, data: bytes) -> None:
+        written = os.pwrite(self._fd, data, self._end)
+        if written != len(data):
+            raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)")
 
     def _cut_back(self) -> None:
         """Cut the file back to the end of its last whole record (and make it so)."""

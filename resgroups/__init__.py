@@ -31,6 +31,7 @@ from resgroups.errors import (
     GroupingError,
     InternalError,
     InvalidParameter,
+    InvalidTextRepresentation,
     MemoryLimitExceeded,
     NumericOverflow,
     PermissionDenied,
@@ -43,6 +44,7 @@ from resgroups.errors import (
     UndefinedColumn,
     UndefinedFunction,
     UndefinedTable,
+    UndefinedType,
 )
 from resgroups.result import Result
 from resgroups.session import Session
@@ -65,6 +67,7 @@ __all__ = [
     "GroupingError",
     "InternalError",
     "InvalidParameter",
+    "InvalidTextRepresentation",
     "MemoryLimitExceeded",
     "NumericOverflow",
     "PermissionDenied",
@@ -79,5 +82,6 @@ __all__ = [
     "UndefinedColumn",
     "UndefinedFunction",
     "UndefinedTable",
+    "UndefinedType",
     "__version__",
 ]

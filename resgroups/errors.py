@@ -27,6 +27,7 @@ __all__ = [
     "GroupingError",
     "InternalError",
     "InvalidParameter",
+    "InvalidTextRepresentation",
     "MemoryLimitExceeded",
     "NumericOverflow",
     "PermissionDenied",
@@ -38,6 +39,7 @@ __all__ = [
     "UndefinedColumn",
     "UndefinedFunction",
     "UndefinedTable",
+    "UndefinedType",
     "did_you_mean",
 ]
 
@@ -144,6 +146,18 @@ class DatatypeMismatch(Error):
     """An operator or function applied to values of the wrong type."""
 
     sqlstate = "42804"
+
+
+class InvalidTextRepresentation(Error):
+    """Text that is not a value of the type it is read as (a cast, a parameter)."""
+
+    sqlstate = "22P02"
+
+
+class UndefinedType(Error):
+    """A type name resgroups does not know (``x::geometry``)."""
+
+    sqlstate = "42704"
 
 
 class GroupingError(Error):

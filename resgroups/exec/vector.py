@@ -29,6 +29,7 @@ from resgroups.sql.semantics import (
     TEXT,
     check_int64,
     children,
+    float_to_int,
     int_literal,
     overflow,
 )
@@ -178,6 +179,8 @@ def supported(expr: ast.Expr) -> None:
             raise DatatypeMismatch(f"text literal {text!r} is not supported by the executor")
         case ast.Binary(op="like"):
             raise DatatypeMismatch("LIKE needs text; the executor's columns are numbers")
+        case ast.Cast(type="text", written=written):
+            raise DatatypeMismatch(f"a cast to {written} is not supported by the executor")
         case ast.Call(name=name) if (
             name not in VECTOR_FUNCTIONS
             and name not in AGGREGATES
@@ -222,11 +225,31 @@ def evaluate(expr: ast.Expr, m: Morsel) -> Array:
             for item in items:
                 hits |= BINARY["="](a, evaluate(item, m))
             return ~hits if negated else hits
+        case ast.Cast(operand=operand, type=target):
+            return _cast(evaluate(operand, m), target)
         case ast.Call(name=name) if name in CONTEXT_FUNCTIONS:
             return np.full(m.n, CONTEXT_FUNCTIONS[name](m.ctx), dtype=object)
         case ast.Call(name=name, args=args) if name in VECTOR_FUNCTIONS:
             return VECTOR_FUNCTIONS[name][1](*(evaluate(a, m) for a in args))
     raise TypeError(f"not an expression the executor computes: {expr!r}")
+
+
+def _cast(a: Array, target: str) -> Array:
+    """A cast over a morsel's column (semantics.cast_value, vectorised)."""
+    source = _kind(a)
+    if source == target:
+        return a
+    if target == BOOL:
+        return np.not_equal(a, 0)
+    if target == FLOAT:
+        return a.astype(np.float64)
+    if source == FLOAT:  # to int: half to even, as np.rint, and it must fit int64
+        rounded = np.rint(a)
+        bad = ~np.isfinite(rounded) | (rounded < -(2.0**63)) | (rounded >= 2.0**63)
+        if np.any(bad):
+            float_to_int(float(a[bad][0]))  # raises, naming the value
+        return rounded.astype(np.int64)
+    return a.astype(np.int64)  # from bool
 
 
 # ---- aggregates: exact partials per morsel, combined in Python -------------------------

@@ -68,7 +68,17 @@ class Call:
     star: bool = False  # count(*)
 
 
-Expr = Literal | Column | Unary | Binary | IsNull | InList | Call
+@dataclass(frozen=True)
+class Cast:
+    """``operand::type`` or ``CAST(operand AS type)``; ``type`` is one of the
+    semantics' types, ``written`` the type as the statement spelled it."""
+
+    operand: Expr
+    type: str
+    written: str
+
+
+Expr = Literal | Column | Unary | Binary | IsNull | InList | Call | Cast
 
 
 # --------------------------------------------------------------------------

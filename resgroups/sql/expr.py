@@ -29,6 +29,7 @@ from resgroups.sql.semantics import (
     AGGREGATES,
     INT,
     UNKNOWN,
+    cast_value,
     check_int64,
     find_aggregates,
     infer,
@@ -232,6 +233,9 @@ def _compile(
             return lambda row: (inner(row) is None) != negated
         case ast.InList(operand=operand, items=items, negated=negated):
             return _in_list(sub(operand), [sub(i) for i in items], negated)
+        case ast.Cast(operand=operand, type=target, written=written):
+            inner = sub(operand)
+            return lambda row: cast_value(inner(row), target, written)
         case ast.Call(name=name) if name in AGGREGATES:
             assert aggregate_slots is not None  # infer() allowed it
             slot = aggregate_slots[expr]

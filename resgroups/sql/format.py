@@ -41,6 +41,8 @@ def format_expr(expr: ast.Expr) -> str:
             return repr(value)
         case ast.Column(name=name):
             return quote_ident(name)
+        case ast.Cast(operand=operand, written=written):
+            return f"CAST({format_expr(operand)} AS {written})"
         case ast.Unary(op="-", operand=operand):
             return f"(-{format_expr(operand)})"
         case ast.Unary(op=op, operand=operand):

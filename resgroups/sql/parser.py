@@ -30,6 +30,7 @@ from resgroups.errors import (
     SqlSyntaxError,
 )
 from resgroups.sql import ast
+from resgroups.sql.semantics import cast_target
 
 __all__ = [
     "MAX_DEPTH",
@@ -393,6 +394,25 @@ class _ToAst(Transformer[Token, Any]):
 
     def call(self, name: Token, *args: ast.Expr | None) -> ast.Call:
         return ast.Call(name.lower(), tuple(a for a in args if a is not None))
+
+    def cast(self, operand: ast.Expr, target: tuple[str, str]) -> ast.Cast:
+        return ast.Cast(operand, *target)
+
+    def cast_call(self, operand: ast.Expr, target: tuple[str, str]) -> ast.Cast:
+        return ast.Cast(operand, *target)
+
+    def type_name(self, words: str, *modifiers: Token | None) -> tuple[str, str]:
+        """(the semantics' type, the type as written)."""
+        return cast_target(words, [str(m) for m in modifiers if m is not None])
+
+    def double_precision(self) -> str:
+        return "double precision"
+
+    def character_varying(self) -> str:
+        return "character varying"
+
+    def type_word(self, tok: Token) -> str:
+        return str(tok).lower()
 
     def neg(self, operand: ast.Expr) -> ast.Unary:
         return ast.Unary("-", operand)

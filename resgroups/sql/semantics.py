@@ -23,19 +23,31 @@ unknown    the NULL literal                  takes the other operand's type
 
 Integer division truncates toward zero and ``%`` takes the dividend's sign,
 as in PostgreSQL. NULL propagates through arithmetic and comparison.
+
+Casts (``x::int``, ``CAST(x AS double precision)``) take PostgreSQL's usual
+spellings of these four types (:data:`CAST_TYPES`) and convert as it does:
+a double to an integer rounds half to even and must fit int64; text is read
+as the target type reads its input (``' 42 '`` is 42, ``'yes'`` is TRUE,
+``'abc'::int`` is 22P02); a double as text is its shortest round-trip form
+(``1.0::text`` is ``'1'``, ``1e20`` is ``'1e+20'``); boolean and double do not
+convert to each other (42846), as in PostgreSQL.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from resgroups.errors import (
     DatatypeMismatch,
+    FeatureNotSupported,
     GroupingError,
+    InvalidTextRepresentation,
     NumericOverflow,
     UndefinedFunction,
+    UndefinedType,
     did_you_mean,
 )
 from resgroups.sql import ast
@@ -253,6 +265,8 @@ def children(expr: ast.Expr) -> tuple[ast.Expr, ...]:
     match expr:
         case ast.Unary(operand=operand) | ast.IsNull(operand=operand):
             return (operand,)
+        case ast.Cast(operand=operand):
+            return (operand,)
         case ast.Binary(left=left, right=right):
             return (left, right)
         case ast.InList(operand=operand, items=items):
@@ -336,7 +350,140 @@ def infer(
             return aggregate_type(expr, args[0] if len(args) == 1 else None)
         case ast.Call():
             return function_type(expr, [walk(a) for a in expr.args])
+        case ast.Cast(operand=operand, type=target, written=written):
+            return cast_type(walk(operand), target, written)
     raise TypeError(f"not an expression: {expr!r}")
+
+
+# ---- casts ---------------------------------------------------------------------------
+
+# PostgreSQL's spellings of the four types (numeric and real are doubles here)
+CAST_TYPES: Final = {
+    **dict.fromkeys(("int", "int2", "int4", "int8", "integer", "bigint", "smallint"), INT),
+    **dict.fromkeys(
+        ("float", "float4", "float8", "double precision", "real", "numeric", "decimal"), FLOAT
+    ),
+    **dict.fromkeys(("text", "varchar", "character varying", "char", "name", "bpchar"), TEXT),
+    **dict.fromkeys(("bool", "boolean"), BOOL),
+}
+# types PostgreSQL has and the executor does not
+_ABSENT: Final = frozenset(
+    {"timestamp", "timestamptz", "date", "time", "timetz", "interval", "bytea", "json", "jsonb"}
+)
+MAX_TYPE_MODIFIER: Final = 10_485_760  # PostgreSQL's largest varchar(n)
+
+
+def cast_target(words: str, modifiers: Sequence[str] = ()) -> tuple[str, str]:
+    """The type a cast names, and how it was written (``varchar(20)``)."""
+    written = words + (f"({', '.join(modifiers)})" if modifiers else "")
+    target = CAST_TYPES.get(words)
+    if target is None:
+        if words in _ABSENT:
+            raise FeatureNotSupported(f"type {words} is not supported by resgroups' executor")
+        raise UndefinedType(
+            f'type "{words}" does not exist; casts take '
+            + ", ".join(sorted(CAST_TYPES))
+            + did_you_mean(words, CAST_TYPES)
+        )
+    if len(modifiers) > (2 if target == FLOAT else 1) or (modifiers and target in (INT, BOOL)):
+        raise InvalidTextRepresentation(f"type {words} takes no such modifier: {written}")
+    for modifier in modifiers:
+        if not modifier.isdigit() or not 0 < int(modifier) <= MAX_TYPE_MODIFIER:
+            raise InvalidTextRepresentation(
+                f"type modifier {modifier} of {written}: expected an integer 1..{MAX_TYPE_MODIFIER}"
+            )
+    return target, written
+
+
+def cast_type(source: str, target: str, written: str) -> str:
+    """The type of ``source::target``, refusing what PostgreSQL refuses."""
+    if {source, target} == {BOOL, FLOAT}:
+        raise DatatypeMismatch(f"cannot cast type {shown(source)} to {written}", sqlstate="42846")
+    return target
+
+
+_TRUE: Final = frozenset({"t", "true", "y", "yes", "on", "1"})
+_FALSE: Final = frozenset({"f", "false", "n", "no", "off", "0"})
+
+
+def float_text(value: float) -> str:
+    """A double as PostgreSQL prints it: its shortest round-trip form."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    text = repr(value)
+    return text[:-2] if text.endswith(".0") else text
+
+
+def float_to_int(value: float) -> int:
+    """Round half to even, as PostgreSQL's float8 -> int8; NumericOverflow outside int64."""
+    if not math.isfinite(value) or not INT64_MIN <= round(value) <= INT64_MAX:
+        raise NumericOverflow(f"{float_text(value)} is out of range for bigint")
+    return round(value)
+
+
+def cast_value(value: object, target: str, written: str) -> object:
+    """``value::target`` (NULL stays NULL)."""
+    if value is None:
+        return None
+    if target == TEXT:
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        else:
+            text = float_text(value) if isinstance(value, float) else str(value)
+        if written.endswith(")"):  # varchar(n): an explicit cast cuts to n characters
+            text = text[: int(written[written.index("(") + 1 : -1].split(",")[0])]
+        return text
+    if target == INT:
+        if isinstance(value, bool):
+            return int(value)
+        if isinstance(value, float):
+            return float_to_int(value)
+        if isinstance(value, str):
+            text = value.strip()
+            body = text[1:] if text[:1] in "+-" else text
+            if not body.isascii() or not body.isdigit():
+                raise InvalidTextRepresentation(
+                    f'invalid input syntax for type {written}: "{value}"'
+                )
+            return check_int64(int(text), f"{written} input")
+        return value
+    if target == FLOAT:
+        if isinstance(value, str):
+            text = value.strip().lower()
+            special = {
+                "nan": math.nan,
+                "infinity": math.inf,
+                "+infinity": math.inf,
+                "-infinity": -math.inf,
+                "inf": math.inf,
+                "+inf": math.inf,
+                "-inf": -math.inf,
+            }
+            if text in special:
+                return special[text]
+            try:
+                number = float(text) if text and "_" not in text else None
+            except ValueError:
+                number = None
+            if number is None or (math.isinf(number) and "inf" not in text):
+                if number is not None:  # 1e999: a number, out of range
+                    raise NumericOverflow(f'"{value}" is out of range for type {written}')
+                raise InvalidTextRepresentation(
+                    f'invalid input syntax for type {written}: "{value}"'
+                )
+            return number
+        return float(value)  # type: ignore[arg-type]  # int (bool refused by cast_type)
+    # BOOL
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise InvalidTextRepresentation(f'invalid input syntax for type boolean: "{value}"')
+    return value != 0 if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def check_select_list(

@@ -12,6 +12,7 @@ from resgroups.errors import QueryCancelled
 from resgroups.query import Placement, Query, QueryState
 from resgroups.result import Cursor, Result
 from resgroups.sql import ast
+from resgroups.sql.expr import EvalContext
 from resgroups.sql.parser import parse_script
 from resgroups.statements.dispatch import describe, execute_statement, open_cursor
 
@@ -30,6 +31,7 @@ class Session:
     def __init__(self, engine: Engine, identity: Identity) -> None:
         self.engine = engine
         self._identity = identity
+        self.database = "resgroups"  # current_database(): what a wire client named
         self._chosen: int | None = None  # the chosen group's id (a rename keeps it)
         # the ids of this session's queries in flight: a query adds its own as it
         # starts and takes it out as it ends (set.add and discard are atomic
@@ -137,6 +139,10 @@ class Session:
         placement = self.engine.placement(self, group)
         self._placed = (snap, self._identity, chosen, placement)
         return placement
+
+    def eval_context(self, group: str | None = None) -> EvalContext:
+        """What an expression of this session may ask (current_user, ...)."""
+        return EvalContext(current_group=group, user=self.user, database=self.database)
 
     def query(self, kind: str = "select", pool: str = "default") -> Query:
         """A managed query: ``with session.query(kind="select") as q: ...``.

@@ -118,3 +118,24 @@ def test_double_to_int_rounds_half_to_even_in_both_evaluators(value: float) -> N
         assert row == round(value) == vector.rows[0][0]
     finally:
         engine.close()
+
+
+def test_what_drivers_ask_on_connecting_is_answered() -> None:
+    with resgroups.Engine() as engine:
+        session = engine.connect("bob")
+        row = session.execute(
+            "SELECT pg_catalog.version(), version(), current_user, session_user, "
+            "current_schema(), current_schema, pg_catalog.current_database()"
+        ).rows[0]
+        assert row[0] == row[1]
+        assert row[0].startswith("PostgreSQL ")
+        assert row[2:] == ("bob", "bob", "public", "public", "resgroups")
+        assert session.execute("SELECT current_user FROM long_sequence(2)").rows == [("bob",)] * 2
+        with pytest.raises(resgroups.UndefinedFunction, match='no schema "foo"'):
+            session.execute("SELECT foo.version()")
+        # the words of two-word type names stay usable as names
+        session.execute("CREATE RESOURCE GROUP double")
+        assert session.execute("SELECT 1 AS precision, 2 varying").columns == [
+            "precision",
+            "varying",
+        ]

@@ -121,7 +121,7 @@ class Scan:
         self.stmt = stmt
         self.source = source
         self.scope = Scope(source.names, source.types)
-        self.ctx = EvalContext(current_group=q.group)
+        self.ctx = session.eval_context(q.group)
         # typed and checked before the first morsel: an empty source fails and
         # types its columns exactly as a full one does
         shape = select_shape(stmt, self.scope)
@@ -258,7 +258,7 @@ def select(session: Session, stmt: ast.Select) -> Result:
                 ordered = run_select(
                     ast.Select(None, None, None, stmt.order_by, stmt.limit),
                     Relation(names, rows, types),
-                    EvalContext(current_group=q.group),
+                    session.eval_context(q.group),
                 )
                 rows = ordered.rows
     result = Result.table(names, rows, types)
@@ -374,7 +374,7 @@ class ScanCursor:
             rows = run_select(
                 ast.Select(None, None, None, stmt.order_by, stmt.limit),
                 Relation(scan.names, rows, scan.types),
-                EvalContext(current_group=q.group),
+                scan.session.eval_context(q.group),
             ).rows
         yield from rows
 

@@ -59,6 +59,8 @@ class EvalContext:
     """What an expression may ask of the query running it."""
 
     current_group: str | None = None
+    user: str | None = None  # the session's principal (current_user, session_user)
+    database: str = "resgroups"  # what a wire client named at startup (current_database)
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,10 @@ SCALAR_FUNCTIONS: Final[dict[str, tuple[Callable[..., Any], bool]]] = {
 CONTEXT_FUNCTIONS: Final[dict[str, Callable[[EvalContext], Any]]] = {
     "current_resource_group": lambda ctx: ctx.current_group,
     "version": lambda ctx: VERSION_STRING,
+    "current_user": lambda ctx: ctx.user,
+    "session_user": lambda ctx: ctx.user,
+    "current_schema": lambda ctx: "public",  # the one schema of the executor's tables
+    "current_database": lambda ctx: ctx.database,
 }
 
 

@@ -28,6 +28,8 @@ from resgroups.errors import (
     NumericOverflow,
     ProgramLimitExceeded,
     SqlSyntaxError,
+    UndefinedFunction,
+    UndefinedType,
 )
 from resgroups.sql import ast
 from resgroups.sql.semantics import cast_target
@@ -395,6 +397,25 @@ class _ToAst(Transformer[Token, Any]):
     def call(self, name: Token, *args: ast.Expr | None) -> ast.Call:
         return ast.Call(name.lower(), tuple(a for a in args if a is not None))
 
+    def qualified_call(self, schema: Token, name: Token, *args: ast.Expr | None) -> ast.Call:
+        """``pg_catalog.version()``: the functions PostgreSQL keeps in pg_catalog are
+        resgroups' own functions of those names; there is no other schema."""
+        if schema.lower() != "pg_catalog":
+            raise UndefinedFunction(
+                f"function {schema}.{name}() does not exist: there is no schema "
+                f'"{schema}" (functions are unqualified, or in pg_catalog)'
+            )
+        return self.call(name, *args)
+
+    def current_user(self) -> ast.Call:
+        return ast.Call("current_user")
+
+    def session_user(self) -> ast.Call:
+        return ast.Call("session_user")
+
+    def current_schema(self, *_: object) -> ast.Call:
+        return ast.Call("current_schema")
+
     def cast(self, operand: ast.Expr, target: tuple[str, str]) -> ast.Cast:
         return ast.Cast(operand, *target)
 
@@ -405,11 +426,11 @@ class _ToAst(Transformer[Token, Any]):
         """(the semantics' type, the type as written)."""
         return cast_target(words, [str(m) for m in modifiers if m is not None])
 
-    def double_precision(self) -> str:
-        return "double precision"
-
-    def character_varying(self) -> str:
-        return "character varying"
+    def two_word_type(self, first: Token, second: Token) -> str:
+        words = f"{first} {second}".lower()
+        if words not in ("double precision", "character varying"):
+            raise UndefinedType(f'type "{words}" does not exist')
+        return words
 
     def type_word(self, tok: Token) -> str:
         return str(tok).lower()

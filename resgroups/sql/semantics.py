@@ -210,7 +210,15 @@ FUNCTIONS: Final[Mapping[str, Function]] = {
     "round": Function((1, 2), _same_number),
     "coalesce": Function((1, 255), _coalesce),
 }
-CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {"current_resource_group": TEXT, "version": TEXT}
+# what the query running an expression knows (what drivers ask on connecting)
+CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {
+    "current_resource_group": TEXT,
+    "version": TEXT,
+    "current_user": TEXT,
+    "session_user": TEXT,
+    "current_schema": TEXT,
+    "current_database": TEXT,
+}
 AGGREGATES: Final = ("count", "sum", "avg", "min", "max")
 
 

@@ -17,7 +17,7 @@ from resgroups.errors import FeatureNotSupported, PermissionDenied
 from resgroups.exec import executor
 from resgroups.result import Cursor, Result, RowsCursor
 from resgroups.sql import ast
-from resgroups.sql.expr import EvalContext, Scope, compile_expr
+from resgroups.sql.expr import Scope, compile_expr
 from resgroups.sql.select import Relation, run_select, select_shape
 from resgroups.statements import groups, principals
 from resgroups.statements.table_functions import relation, table_function
@@ -75,15 +75,15 @@ def select(session: Session, stmt: ast.Select) -> Result:
             managed = True
         case ast.TableFunction(name=name, args=args):
             fn = table_function(name)
-            values = tuple(compile_expr(a, _NO_COLUMNS, EvalContext())(()) for a in args)
+            values = tuple(compile_expr(a, _NO_COLUMNS, session.eval_context())(()) for a in args)
             source = relation(session, fn, values)
             managed = not fn.engine_state
     group = None
     if not managed:
-        out = run_select(stmt, source, EvalContext())
+        out = run_select(stmt, source, session.eval_context())
     else:
         with session.query(kind="select") as q:
-            out = run_select(stmt, source, EvalContext(current_group=q.group))
+            out = run_select(stmt, source, session.eval_context(q.group))
             group = q.group
     return replace(Result.table(out.columns, out.rows, out.types), group=group)
 

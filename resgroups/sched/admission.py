@@ -120,7 +120,7 @@ class Ticket:
     wake: Wakeup | None = None  # set by GateRuntime on a change, while queued
     # the query's runner, while queued: whoever gives a slot to this ticket may hand
     # it a free worker too, so that the woken query has nothing left to take
-    # (sched/fastpath.py)
+    # (Dispatcher.leave)
     runner: Runner | None = None
 
     def __init__(self, user: str, query_deadline: float = math.inf) -> None:
@@ -257,6 +257,23 @@ class Gate:
     def _has_room(self) -> bool:
         limit = self.config.max_active
         return limit is None or len(self._active) < limit
+
+    def take_slot(self, ticket: Ticket, now: float) -> None:
+        """:meth:`submit` for the case it admits at once, when the caller has just
+        seen :meth:`has_room_now` under the lock this gate shares (the fast path,
+        ``Dispatcher.admit_at_once``): nobody is queued, so the demand is the
+        slots held. Written out rather than through ``_admit``: it is every
+        query's path."""
+        ticket.state = TICKET_ACTIVE
+        active = self._active
+        active.add(ticket)
+        if len(active) > self.demand_peak:
+            self.demand_peak = len(active)
+        user = ticket.user
+        held = self._held
+        held[user] = held.get(user, 0) + 1
+        self._last_admitted[user] = now
+        self.admitted_total += 1
 
     # ---- transitions ---------------------------------------------------------------
 
@@ -452,7 +469,7 @@ class GateRuntime:
 
     ``lock`` may be shared: an engine's gates all use its dispatcher's lock,
     so that a query's fast path takes a slot and a worker under one lock
-    (``sched/fastpath.py``). Nothing here takes another lock while holding it.
+    (``Dispatcher.admit_at_once``). Nothing here takes another lock while holding it.
     """
 
     def __init__(

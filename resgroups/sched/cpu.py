@@ -361,6 +361,35 @@ class CpuScheduler:
         pool = runner.pool
         return bool(self.free[pool]) and not self.waiting_in[pool] and self._may_run(runner, now)
 
+    def grant_at_once(self, runner: Runner, now: float) -> bool:
+        """:meth:`submit` for the case it grants at once (True: a worker free in the
+        runner's pool, nobody waiting there, its group's cap and budget allow
+        it); otherwise nothing changes (False). The fast path's half
+        (``Dispatcher.admit_at_once``), for a runner that has never waited."""
+        pool = runner.pool
+        if not self.free[pool] or self.waiting_in[pool]:
+            return False
+        g = runner.group
+        if g.charged and self.engaged and not self.degraded:
+            if not self._may_run(runner, now):  # its group's CPU cap or budget
+                return False
+            if g not in self.busy:
+                self._place(g)  # an idle group becoming runnable: no banking
+        runner.runnable_since = now
+        self._grant(runner, now)
+        return True
+
+    def release_running(self, runner: Runner, cpu_ns: int, now: float) -> list[Runner]:
+        """:meth:`release` of a runner that holds its worker, dispatching the freed
+        worker only when somebody may take it (someone waits in its pool, or its
+        group's cap spans pools)."""
+        self._charge(runner, cpu_ns, now)
+        self._unhold(runner, now)
+        runner.state = RUNNER_DONE
+        if self.waiting_in[runner.pool] or runner.group.limited:
+            return self.dispatch(now, self._freed(runner))
+        return []
+
     def grant_now(self, runner: Runner, now: float) -> bool:
         """:meth:`submit` for a runner that arrives now, when it would be granted a
         worker at once (True); otherwise nothing changes (False). Its arrival

@@ -12,6 +12,18 @@ wake-ups: a waiting query thread waits on its own event; a task granted a
 worker goes to the pool's threads. Nobody runs a timer: a runner waiting
 for its group's CPU budget wakes itself when the budget refills.
 
+The fast path (every query's cost, SPEC §6): the gates share this lock, so
+in the common case (the group below its limit with nobody queued, a free
+worker with nobody waiting for one) :meth:`Dispatcher.admit_at_once` takes a
+slot (``Gate.take_slot``) and a worker (``CpuScheduler.grant_at_once``) in
+one step, and :meth:`Dispatcher.leave` gives both back in one, handing the
+worker on with the slot when the slot goes to a queued query. Each half is
+a method of the state machine it changes, under that machine's invariants;
+when either would queue or park, nothing changes and the query takes the
+slow path (``GateRuntime.enter``, then :meth:`Dispatcher.acquire`).
+``tests/test_fastpath.py`` runs random workloads with the fast path and
+without it and compares every counter after every step.
+
 Faults: any exception from the core degrades the scheduler for good
 (grants in arrival order, no slicing, the degraded gauge reads 1); the
 operation is then retried in degraded mode.
@@ -28,6 +40,7 @@ from functools import partial
 from typing import NamedTuple, Protocol, TypeVar
 
 from resgroups.errors import EngineClosed, Error
+from resgroups.sched.admission import Gate, Ticket, wake
 from resgroups.sched.cpu import (
     RUNNER_DONE,
     RUNNER_RUNNING,
@@ -216,6 +229,51 @@ class Dispatcher:
         finally:
             with self.lock:
                 self._events.pop(runner, None)
+
+    # ---- the fast path: a slot and a worker in one step, and back in one ------------
+
+    def admit_at_once(self, gate: Gate, ticket: Ticket, runner: Runner) -> bool:
+        """A slot of ``gate`` and a worker for ``runner`` at once (True), or nothing
+        at all (False: one of them would have to wait)."""
+        with self.lock:
+            if (
+                not gate.has_room_now()
+                or self._closed
+                or self.fault_hook is not None
+                or not self.fast_path
+            ):
+                return False
+            now = self.now()
+            if not self.core.grant_at_once(runner, now):
+                return False
+            gate.take_slot(ticket, now)  # its room was seen above, under this lock
+            return True
+
+    def leave(self, gate: Gate, ticket: Ticket, runner: Runner, cpu_ns: int) -> None:
+        """Give back the worker of ``runner`` (charging ``cpu_ns``) and the slot of
+        ``ticket`` under the one lock; wake whoever takes them. When the slot goes
+        to a queued query and a worker is free, the worker goes with it
+        (``CpuScheduler.grant_now``), so the woken query has nothing left to take."""
+        core = self.core
+        with self.lock:
+            now = self.now()
+            try:
+                if runner.state is RUNNER_RUNNING and self.fault_hook is None:
+                    self._wake(core.release_running(runner, cpu_ns, now))
+                elif runner.state is not RUNNER_DONE:  # waiting, or faults injected
+                    self._wake(self._release_locked(runner, cpu_ns, now))
+            finally:
+                admitted = gate.release(ticket, now)
+                if admitted:
+                    if self.fast_path and self.fault_hook is None:
+                        for next_ticket in admitted:  # a free worker goes with the slot
+                            waiter = next_ticket.runner
+                            if waiter is not None:
+                                next_ticket.runner = None
+                                core.grant_now(waiter, now)
+                    wake(admitted)
+
+    # ---- the slow path ----------------------------------------------------------------
 
     def release(self, runner: Runner, cpu_ns: int) -> None:
         """The runner gives its worker back (charging its last CPU), or leaves its wait."""

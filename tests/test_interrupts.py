@@ -9,11 +9,16 @@ interrupt can never land in pytest itself; each is bounded by a timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import random
 import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +90,92 @@ def test_thousands_of_interrupts_at_random_instants_leave_the_engine_whole(seed:
     assert report["process_memory"] == 0
     assert report["session_running"] == 0
     assert report["served_after"] == 4
+
+
+@contextlib.contextmanager
+def _cpu_hogs(count: int = 2) -> Iterator[None]:
+    """``count`` processes spinning on the CPU, ended (by their own pids) on the way out."""
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)
+    ]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait(10)
+
+
+def _sigint_storm(seed: int, sigints: int = 300) -> dict[str, object]:
+    """tests/programs/sigint_storm.py under two CPU hogs, sent ``sigints`` SIGINTs at
+    random 2-20 ms gaps (issue 28's reproducer); its report once stdin closes."""
+    rng = random.Random(seed)
+    with _cpu_hogs():
+        child = subprocess.Popen(
+            [sys.executable, str(PROGRAMS / "sigint_storm.py"), "--max-seconds", "60"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert child.stdout is not None and child.stdin is not None
+            ready = child.stdout.readline()  # the engine serves (or the child died: "")
+            assert json.loads(ready or "{}").get("ready"), ready
+            for _ in range(sigints):
+                time.sleep(rng.uniform(0.002, 0.020))  # pacing the signals, not a wait
+                os.kill(child.pid, signal.SIGINT)
+            out, err = child.communicate(timeout=60)  # closes stdin: the child stops
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
+    assert child.returncode == 0, err[-3000:]
+    (line,) = [line for line in out.splitlines() if line.startswith("{")]
+    report = json.loads(line)
+    assert isinstance(report, dict)
+    return report
+
+
+def _nothing_stranded(report: dict[str, object]) -> None:
+    assert report["queries"] == [], report  # resource_group_queries() is empty
+    assert report["pool_free"] == report["workers"], report
+    groups = report["groups"]
+    assert isinstance(groups, dict)
+    assert all(counts == [0, 0, 0] for counts in groups.values()), groups
+    assert report["process_memory"] == 0, report
+    assert report["open_queries"] == 0, report
+    assert report["served_after"] is True, report
+    errors = report["errors"]
+    assert isinstance(errors, dict)
+    assert "QueryTimeout" not in errors, report  # what a stranded query makes of the rest
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_sigints_from_outside_under_cpu_hogs_strand_no_query(seed: int) -> None:
+    """Issue 28: a handler that raises KeyboardInterrupt itself, memory and map in
+    each query, SIGINTs every 2-20 ms from another process, two CPU hogs."""
+    report = _sigint_storm(seed)
+    _nothing_stranded(report)
+    interrupted, completed = report["interrupted"], report["completed"]
+    assert isinstance(interrupted, int) and isinstance(completed, int)
+    assert interrupted >= 50, report  # they landed
+    assert completed > 0, report
+
+
+@pytest.mark.slow
+def test_the_sigint_storm_20_runs_strands_no_query() -> None:
+    """The issue's check: 20 runs with random seeds under two CPU hogs, zero stranded."""
+    seeds = [random.randrange(1 << 30) for _ in range(20)]
+    stranded = {}
+    for seed in seeds:
+        report = _sigint_storm(seed)
+        try:
+            _nothing_stranded(report)
+        except AssertionError:
+            stranded[seed] = report
+    assert not stranded, stranded
 
 
 def test_map_workers_are_back_before_exit_returns() -> None:

@@ -95,9 +95,7 @@ def test_thousands_of_interrupts_at_random_instants_leave_the_engine_whole(seed:
 @contextlib.contextmanager
 def _cpu_hogs(count: int = 2) -> Iterator[None]:
     """``count`` processes spinning on the CPU, ended (by their own pids) on the way out."""
-    hogs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)
-    ]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
     try:
         yield
     finally:
@@ -120,7 +118,8 @@ def _sigint_storm(seed: int, sigints: int = 300) -> dict[str, object]:
             text=True,
         )
         try:
-            assert child.stdout is not None and child.stdin is not None
+            assert child.stdout is not None
+            assert child.stdin is not None
             ready = child.stdout.readline()  # the engine serves (or the child died: "")
             assert json.loads(ready or "{}").get("ready"), ready
             for _ in range(sigints):
@@ -159,7 +158,8 @@ def test_sigints_from_outside_under_cpu_hogs_strand_no_query(seed: int) -> None:
     report = _sigint_storm(seed)
     _nothing_stranded(report)
     interrupted, completed = report["interrupted"], report["completed"]
-    assert isinstance(interrupted, int) and isinstance(completed, int)
+    assert isinstance(interrupted, int)
+    assert isinstance(completed, int)
     assert interrupted >= 50, report  # they landed
     assert completed > 0, report
 

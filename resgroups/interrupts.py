@@ -31,11 +31,11 @@ A deferred signal is recorded once per signal number (as CPython itself
 coalesces a signal that arrives again before its handler ran), the callbacks
 of the holds in force run (``on_signal``: flags only, never a lock: the main
 thread may hold it), and the handler runs where the protected region ends,
-at a point where everything is consistent: the end of the outermost hold
-(:func:`_settle`), or the last lines of a protected function, which read
-:data:`PENDING` with no eval-breaker check between that test and their return
-(so nothing can be deferred after it: a later signal stays tripped in C and
-its handler runs in the caller's frame, which is not protected).
+at a point where everything is consistent: the end of the outermost hold, or
+the last lines of a protected function, which test :data:`PENDING` with no
+eval-breaker check between that test and their return (so nothing can be
+deferred after it: a later signal stays tripped in C, and its handler runs in
+the caller's frame, which is not protected).
 
 Wrapping lasts while it is needed only: the first hold on the main thread
 wraps each callable handler it finds (the default SIGINT handler included),
@@ -203,21 +203,6 @@ def deliver() -> None:
         handler(signum, frame)
 
 
-@protect
-def _settle() -> None:
-    """The outermost hold ended: run what is pending, then put the program's
-    handlers back unless a main-thread query is still in flight (and run what
-    arrived while they went back)."""
-    try:
-        if PENDING:
-            deliver()
-    finally:
-        if not STATE.queries and _installed:
-            _restore_handlers()
-            if PENDING:
-                deliver()
-
-
 class Hold:
     """``with Hold(on_signal):``: the block runs to its end before any Python
     signal handler; deferred handlers run as the outermost hold ends."""
@@ -277,5 +262,12 @@ class Hold:
         self.active = False
         STATE.depth -= 1
         _callbacks.pop()
-        if STATE.depth == 0:
-            _settle()
+        if STATE.depth == 0:  # the outermost hold: run what is pending (this frame is
+            try:  # protected: what arrives meanwhile is deferred and run by the loop)
+                if PENDING:
+                    deliver()
+            finally:  # the program's handlers back unless a main-thread query is in
+                if not STATE.queries and _installed:  # flight, and what came meanwhile
+                    _restore_handlers()
+                    if PENDING:
+                        deliver()

@@ -108,13 +108,16 @@ def _cpu_hogs(count: int = 2) -> Iterator[None]:
             hog.wait(10)
 
 
-def _sigint_storm(seed: int, sigints: int = 300) -> dict[str, object]:
-    """tests/programs/sigint_storm.py under two CPU hogs, sent ``sigints`` SIGINTs at
-    random 2-20 ms gaps (issue 28's reproducer); its report once stdin closes."""
+def _sigint_storm(seed: int, sigints: int = 300, term: bool = False) -> dict[str, object]:
+    """tests/programs/sigint_storm.py under two CPU hogs, sent ``sigints`` SIGINTs
+    (SIGTERMs: ``term``) at random 2-20 ms gaps (issue 28's reproducer); its report
+    once stdin closes."""
     rng = random.Random(seed)
+    signum = signal.SIGTERM if term else signal.SIGINT
+    program = [sys.executable, str(PROGRAMS / "sigint_storm.py"), "--max-seconds", "60"]
     with _cpu_hogs():
         child = subprocess.Popen(
-            [sys.executable, str(PROGRAMS / "sigint_storm.py"), "--max-seconds", "60"],
+            [*program, "--signal", "term" if term else "int"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -127,7 +130,7 @@ def _sigint_storm(seed: int, sigints: int = 300) -> dict[str, object]:
             assert json.loads(ready or "{}").get("ready"), ready
             for _ in range(sigints):
                 time.sleep(rng.uniform(0.002, 0.020))  # pacing the signals, not a wait
-                os.kill(child.pid, signal.SIGINT)
+                os.kill(child.pid, signum)
             out, err = child.communicate(timeout=60)  # closes stdin: the child stops
         finally:
             if child.poll() is None:
@@ -167,17 +170,28 @@ def test_sigints_from_outside_under_cpu_hogs_strand_no_query(seed: int) -> None:
     assert completed > 0, report
 
 
+def test_sigterms_raising_system_exit_strand_no_query() -> None:
+    report = _sigint_storm(21, term=True)
+    _nothing_stranded(report)
+    interrupted = report["interrupted"]
+    assert isinstance(interrupted, int)
+    assert interrupted >= 50, report
+
+
 @pytest.mark.slow
 def test_the_sigint_storm_20_runs_strands_no_query() -> None:
     """The issue's check: 20 runs with random seeds under two CPU hogs, zero stranded."""
     seeds = [random.randrange(1 << 30) for _ in range(20)]
-    stranded = {}
+    stranded: dict[int, dict[str, object]] = {}
+    interrupted = []
     for seed in seeds:
         report = _sigint_storm(seed)
+        interrupted.append(report["interrupted"])
         try:
             _nothing_stranded(report)
         except AssertionError:
             stranded[seed] = report
+    print(f"storm: {len(seeds)} runs, {len(stranded)} stranding, interrupts caught {interrupted}")
     assert not stranded, stranded
 
 

@@ -2,12 +2,14 @@
 stop, say what the engine still holds (issue 28's reproducer).
 
     python tests/programs/sigint_storm.py      # then SIGINT it; close stdin to stop
+    python tests/programs/sigint_storm.py --signal term   # SIGTERM, SystemExit
 
 Two groups, ``workers=2``, ``query_timeout=2``. Each query allocates tracked
 memory and maps four tasks that allocate, checkpoint and release. The SIGINT
 handler raises ``KeyboardInterrupt`` itself (not through
 ``signal.default_int_handler``) whenever a query is in flight: armed just before
-the ``with`` statement, disarmed once it has left it, so that an interrupt lands
+the ``with`` statement, disarmed once it has left it (``--signal term``: the
+SIGTERM handler raises ``SystemExit`` the same way), so that an interrupt lands
 in resgroups or in the body, never in this loop's own bookkeeping (a handler
 that swallows the signal outside the query stands for a program that was going
 to exit anyway).
@@ -51,7 +53,10 @@ class Flag:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-seconds", type=float, default=120.0)
+    parser.add_argument("--signal", choices=("int", "term"), default="int")
     args = parser.parse_args()
+    signum = signal.SIGINT if args.signal == "int" else signal.SIGTERM
+    raised: type[BaseException] = KeyboardInterrupt if args.signal == "int" else SystemExit
 
     engine = resgroups.Engine(workers=WORKERS, query_timeout=2.0)
     admin = engine.connect()
@@ -76,15 +81,15 @@ def main() -> int:
 
     armed, stop = Flag(), Flag()
 
-    def on_sigint(signum: int, frame: object) -> None:
+    def on_signal(signum: int, frame: object) -> None:
         if armed.value:
-            raise KeyboardInterrupt
+            raise raised
 
     def watch_stdin() -> None:
         sys.stdin.read()  # until the parent closes it
         stop.value = True
 
-    signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signum, on_signal)
     threading.Thread(target=watch_stdin, daemon=True).start()
     print(json.dumps({"ready": True}), flush=True)
 
@@ -103,7 +108,7 @@ def main() -> int:
                 q.memory.release(1 << 16)
             armed.value = False
             completed += 1
-        except KeyboardInterrupt:
+        except raised:
             armed.value = False
             interrupted += 1
         except resgroups.Error as exc:

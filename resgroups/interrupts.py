@@ -104,9 +104,10 @@ _PROTECTED: Final[set[CodeType]] = set()
 
 def protect(fn: F) -> F:
     """Mark ``fn`` protected: a signal that arrives while it, or anything it calls,
-    runs on the main thread is deferred (see the module's docstring). ``fn`` must
-    end with ``while PENDING:`` (handled) or end a hold, so that a deferred signal
-    is not left waiting."""
+    runs on the main thread is deferred (see the module's docstring). What is
+    deferred must be run before the protected region ends, so that no signal is
+    left waiting: ``fn`` ends with ``while PENDING:`` (run them) as its last
+    step, or runs inside a hold, or ends one."""
     _PROTECTED.add(fn.__code__)
     return fn
 

@@ -5,7 +5,8 @@ stop, say what the engine still holds (issue 28's reproducer).
     python tests/programs/sigint_storm.py --signal term   # SIGTERM, SystemExit
 
 Two groups, ``workers=2``, ``query_timeout=2``. Each query allocates tracked
-memory and maps four tasks that allocate, checkpoint and release. The SIGINT
+memory and maps four tasks that allocate, checkpoint and release; every third
+runs a nested query in the other group. The SIGINT
 handler raises ``KeyboardInterrupt`` itself (not through
 ``signal.default_int_handler``) whenever a query is in flight: armed just before
 the ``with`` statement, disarmed once it has left it (``--signal term``: the
@@ -105,6 +106,10 @@ def main() -> int:
                 q.memory.allocate(1 << 16)
                 q.map(task, range(4))
                 q.checkpoint()
+                if iteration % 3 == 0:  # a nested query, in the other group
+                    with sessions[iteration % len(sessions)].query() as inner:
+                        inner.memory.allocate(1 << 12)
+                        inner.map(task, range(2))
                 q.memory.release(1 << 16)
             armed.value = False
             completed += 1

@@ -4,7 +4,11 @@ never leaks a slot, a worker or a byte; map's workers are back before
 ``__exit__`` returns.
 
 Signals at random instants run in a subprocess (tests/programs/), so an
-interrupt can never land in pytest itself; each is bounded by a timeout.
+interrupt can never land in pytest itself; each is bounded by a timeout. The
+storm of issue 28 sends them from this process to a child running queries
+while two CPU hogs spin. The every-instruction tests run here, with no real
+signal: a trace function calls the handler in force before each instruction,
+and the handler raises an exception of the test's own, never KeyboardInterrupt.
 """
 
 from __future__ import annotations

@@ -433,3 +433,28 @@ def test_a_handler_raising_before_any_instruction_of_a_failed_query_strands_noth
 
         outcomes = _every_instruction(engine, run)
         assert outcomes["raised"] == outcomes["instructions"], outcomes
+
+
+def test_a_query_off_the_main_thread_wraps_nothing_and_counts_nothing() -> None:
+    """Only the main thread runs signal handlers: a query elsewhere leaves the
+    program's handlers as they are and is not counted as in flight."""
+    before = signal.getsignal(signal.SIGINT)
+    seen: list[object] = []
+    entered, leave = threading.Event(), threading.Event()
+    with resgroups.Engine(workers=2) as engine:
+        session = engine.connect()
+
+        def run() -> None:
+            with session.query() as q:
+                q.memory.allocate(1 << 12)
+                entered.set()
+                leave.wait(10)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert entered.wait(10)
+        seen.extend([signal.getsignal(signal.SIGINT), interrupts.STATE.queries])
+        leave.set()
+        thread.join(10)
+        assert not thread.is_alive()
+    assert seen == [before, 0]

@@ -1,31 +1,66 @@
-"""Holding off interrupts while a query takes or gives back what it holds.
+"""Holding off interrupts while resgroups takes or gives back what a query holds.
 
-Python runs signal handlers on the main thread between two bytecodes, so a
-``KeyboardInterrupt`` (or any exception a handler raises: ``SystemExit``
-from a SIGTERM handler, a test timeout on SIGALRM) can land anywhere: half
-way through handing a worker back under the dispatcher's lock, between
-taking a slot and recording it, while ``__exit__`` waits for a lock. Landing
-there, it would leave a slot, a worker or bytes held for good.
+Python runs signal handlers on the main thread at its eval-breaker checks: a
+function's first instruction, a call of a C function, a backward jump, a wait
+that a signal interrupts. So a ``KeyboardInterrupt`` (or any exception a
+handler raises: ``SystemExit`` from a SIGTERM handler, a test timeout on
+SIGALRM) can land at the first line of ``__exit__``, half way through handing
+a worker back under the dispatcher's lock, or between taking a slot and
+recording it. Landing there, it would leave a slot, a worker or bytes held
+for good.
 
-:class:`Hold` is the one mechanism against that. While any hold is in force
-on the main thread, the Python handlers of the signals below are deferred: a
-signal that arrives is recorded (and the hold's ``on_signal`` callback runs,
-which may only set flags, never take a lock: the main thread may hold it),
-and the handler runs when the outermost hold ends, at a point where
-everything is consistent. Handlers are wrapped for the duration of the hold
-only: the outermost hold on the main thread puts a :class:`_Deferring`
-wrapper around each callable handler it finds (the default SIGINT handler
-included) and puts the originals back as it ends, so outside holds
-``signal.getsignal`` answers what the program installed (asyncio, for one,
-looks for the default SIGINT handler there).
+Two things decide whether a handler runs now or later, and both are read by
+the one wrapper, :class:`_Deferring`, that stands in for every callable handler
+of the signals below while a query is in flight or a hold is in force on the
+main thread:
+
+* **Protected frames.** :func:`protect` marks a function's code object. The
+  wrapper receives the interrupted frame; when that frame or any of its
+  callers (``f_back``) runs protected code, the signal is deferred. This is
+  what closes the windows a counter cannot: the first instruction of
+  ``Query.__exit__`` (before any statement of it has run), the calls in
+  ``__enter__`` before its hold exists. ``Query.__enter__``/``__exit__`` and
+  :class:`Hold`'s own entry and exit are protected, and so is everything they
+  call (the walk finds them as callers). The user's body is not: between
+  ``__enter__`` and ``__exit__`` a handler runs at once.
+* **Holds.** ``with Hold(on_signal):`` defers handlers for the block, for code
+  that runs in the body (``map``, a checkpoint's slice end, publishing memory,
+  appending a catalog record). ``STATE.depth`` counts the holds in force.
+
+A deferred signal is recorded once per signal number (as CPython itself
+coalesces a signal that arrives again before its handler ran), the callbacks
+of the holds in force run (``on_signal``: flags only, never a lock: the main
+thread may hold it), and the handler runs where the protected region ends,
+at a point where everything is consistent: the end of the outermost hold, or
+the last lines of a protected function, which test :data:`PENDING` with no
+eval-breaker check between that test and their return (so nothing can be
+deferred after it: a later signal stays tripped in C, and its handler runs in
+the caller's frame, which is not protected).
+
+Wrapping lasts while it is needed only: the first hold on the main thread
+wraps each callable handler it finds (the default SIGINT handler included),
+and the originals go back when the last hold ends with no main-thread query in
+flight (``STATE.queries``), so outside queries ``signal.getsignal`` answers
+what the program installed (asyncio, for one, looks for the default SIGINT
+handler there). A handler the body installs itself while a query runs is not
+wrapped until the next hold begins (a ``map``, a checkpoint's slice end, a
+nested query): until then it runs at once, in protected frames too.
 
 A wait inside a hold (a query queued for a slot or a worker) stays
-responsive: the query's ``on_signal`` cancels it by flag, its wait notices
-within one poll (0.25 s at most), gives everything back, and the deferred
-``KeyboardInterrupt`` is raised as the hold ends.
+responsive: the query's ``on_signal`` cancels it by flag (SIGINT), its wait
+notices within one poll (0.25 s at most), gives everything back, and the
+deferred ``KeyboardInterrupt`` is raised as the hold ends.
 
-Other threads never run signal handlers, so a hold there costs one
-comparison.
+Cost: marking is done once, at import; the frame walk runs only when a signal
+arrives while the handlers are wrapped. Other threads never run signal
+handlers: there a hold costs one comparison and nothing is wrapped.
+
+Rejected: a hold counter alone (the window before the counter is raised is
+the defect of issue 28); blocking signals with ``pthread_sigmask`` (another
+thread receives the signal and trips the main thread's handler all the same);
+patching ``signal.signal`` to wrap handlers installed during a query (it
+changes a process-wide function for every library, and ``_signal.signal``
+bypasses it).
 """
 
 from __future__ import annotations
@@ -34,8 +69,8 @@ import _signal  # type: ignore[import-not-found]  # no stubs: the C half of sign
 import signal
 import threading
 from collections.abc import Callable
-from types import FrameType, TracebackType
-from typing import Any, Final
+from types import CodeType, FrameType, TracebackType
+from typing import Any, Final, TypeVar
 
 MAIN_IDENT: Final = threading.main_thread().ident  # only this thread runs signal handlers
 _SIGNALS: Final = tuple(
@@ -45,27 +80,51 @@ _SIGNALS: Final = tuple(
 )
 
 Handler = Callable[[int, FrameType | None], Any]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _State:
-    """The number of holds in force on the main thread. An attribute of a slotted
-    object, so that a caller can lower it inline (see :meth:`Hold.detach`): a
-    C-level store, with no point between it and the caller's next line where
-    CPython would run a signal handler."""
+    """What keeps the handlers wrapped on the main thread: the holds in force
+    (``depth``) and the queries entered and not yet left (``queries``)."""
 
-    __slots__ = ("depth",)
+    __slots__ = ("depth", "queries")
 
     def __init__(self) -> None:
         self.depth = 0
+        self.queries = 0
 
 
 STATE: Final = _State()
-_pending: list[tuple[Handler, int, FrameType | None]] = []  # deferred signals, in order
+# the deferred signals, one entry per signal number, in arrival order; protected
+# code tests it (``while PENDING:``) as its last step
+PENDING: Final[list[tuple[Handler, int, FrameType | None]]] = []
 _callbacks: list[Callable[[int], None] | None] = []  # on_signal of each hold in force
+_PROTECTED: Final[set[CodeType]] = set()
+
+
+def protect(fn: F) -> F:
+    """Mark ``fn`` protected: a signal that arrives while it, or anything it calls,
+    runs on the main thread is deferred (see the module's docstring). What is
+    deferred must be run before the protected region ends, so that no signal is
+    left waiting: ``fn`` ends with ``while PENDING:`` (run them) as its last
+    step, or runs inside a hold, or ends one."""
+    _PROTECTED.add(fn.__code__)
+    return fn
+
+
+def _protected(frame: FrameType | None) -> bool:
+    """The interrupted frame or one of its callers runs protected code. O(stack
+    depth); runs only when a signal arrives."""
+    while frame is not None:
+        if frame.f_code in _PROTECTED:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class _Deferring:
-    """A signal handler that defers the one it wraps while a hold is in force."""
+    """A signal handler that defers the one it wraps while a hold is in force or
+    the interrupted frame is protected, and calls it at once otherwise."""
 
     __slots__ = ("inner",)
 
@@ -73,9 +132,10 @@ class _Deferring:
         self.inner = inner
 
     def __call__(self, signum: int, frame: FrameType | None) -> Any:
-        if STATE.depth == 0:
+        if not STATE.depth and not _protected(frame):
             return self.inner(signum, frame)
-        _pending.append((self.inner, signum, frame))
+        if all(entry[1] != signum for entry in PENDING):
+            PENDING.append((self.inner, signum, frame))
         for callback in _callbacks:
             if callback is not None:
                 callback(signum)
@@ -100,7 +160,7 @@ def _wrap_handlers() -> None:
     read of the handlers, and one store per callable handler, while the program's
     handlers are the ones the last wrap found (the common case)."""
     global _found, _plan
-    if _installed:  # still wrapped since a detached hold: wrap only what is new
+    if _installed:  # still wrapped (a query in flight): wrap only what is new
         _wrap_each()
         return
     found = tuple(map(_getsignal, _SIGNALS))
@@ -135,10 +195,12 @@ def _restore_handlers() -> None:
             _setsignal(signum, handler)
 
 
-def _deliver() -> None:
-    """Run the deferred handlers (the first that raises ends the delivery)."""
-    while _pending:
-        handler, signum, frame = _pending.pop(0)
+def deliver() -> None:
+    """Run the deferred handlers, in arrival order (the first that raises ends the
+    delivery; the others stay pending). Called from protected code, so a signal
+    that arrives meanwhile is deferred and run by the same loop."""
+    while PENDING:
+        handler, signum, frame = PENDING.pop(0)
         handler(signum, frame)
 
 
@@ -152,42 +214,44 @@ class Hold:
         self.on_signal = on_signal
         self.active = False
 
+    @protect
     def __enter__(self) -> Hold:
         if threading.get_ident() != MAIN_IDENT:
             return self
         if STATE.depth == 0:
             _wrap_handlers()
-        _callbacks.append(self.on_signal)
+        on_signal = self.on_signal
+        _callbacks.append(on_signal)
         STATE.depth += 1
         self.active = True
+        if PENDING and on_signal is not None:  # deferred before the hold began
+            for entry in list(PENDING):
+                on_signal(entry[1])
         return self
 
     @property
     def interrupted(self) -> bool:
         """A signal arrived during the hold and will be delivered as it ends."""
-        return self.active and bool(_pending)
+        return self.active and bool(PENDING)
 
     def deliver(self) -> None:
         """Run the deferred handlers now, at a point the holder chose because
         everything is consistent there (outermost hold only; an inner hold
         leaves them to the outer one)."""
         if self.active and STATE.depth == 1:
-            _deliver()
+            deliver()
 
-    def detach(self) -> bool:
-        """End the hold but for one step the caller does inline, as its last
-        statement before returning: ``interrupts.STATE.depth -= 1`` when this
-        returns True (nothing to do when it returns False: the hold was not in
-        force). For ``Query.__enter__``, which must never raise once it holds a
-        slot and a worker (no ``__exit__`` would follow): signals that arrive
-        from here on stay pending, and run at the end of the next hold (the
-        query's checkpoint or ``__exit__``); the handlers stay wrapped until then."""
-        if not self.active:
-            return False
-        self.active = False
-        _callbacks.pop()
-        return True
+    def release(self) -> None:
+        """End the hold without running what is pending: for protected code,
+        which runs ``PENDING`` itself as its last step (``Query.__enter__``, which
+        must not raise once it holds a slot and a worker unless it gives them
+        back first). The handlers stay wrapped while a query is in flight."""
+        if self.active:
+            self.active = False
+            STATE.depth -= 1
+            _callbacks.pop()
 
+    @protect
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
@@ -199,7 +263,12 @@ class Hold:
         self.active = False
         STATE.depth -= 1
         _callbacks.pop()
-        if STATE.depth == 0:
-            _restore_handlers()
-            if _pending:
-                _deliver()
+        if STATE.depth == 0:  # the outermost hold: run what is pending (this frame is
+            try:  # protected: what arrives meanwhile is deferred and run by the loop)
+                if PENDING:
+                    deliver()
+            finally:  # the program's handlers back unless a main-thread query is in
+                if not STATE.queries and _installed:  # flight, and what came meanwhile
+                    _restore_handlers()
+                    if PENDING:
+                        deliver()

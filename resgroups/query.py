@@ -45,7 +45,7 @@ from resgroups.errors import (
     QueryCancelled,
     QueryTimeout,
 )
-from resgroups.interrupts import MAIN_IDENT, Hold
+from resgroups.interrupts import MAIN_IDENT, PENDING, Hold
 from resgroups.sched import fastpath
 from resgroups.sched.admission import TICKET_ACTIVE, Ticket, TicketState
 from resgroups.sched.cpu import RUNNER_RUNNING, Runner, RunnerState
@@ -353,6 +353,7 @@ class Query:
     _seen = 0.0  # the engine clock at the last checkpoint that reached the slow path
     _cpu_mark = 0
     _cancelled = False
+    _counted = False  # entered on the main thread: counted in interrupts.STATE.queries
     _runtime: GroupRuntime | None = None
     _ticket: Ticket | None = None
     _runner: Runner | None = None
@@ -561,36 +562,46 @@ class Query:
 
     # ---- entering and leaving --------------------------------------------------------
 
+    @interrupts.protect
     def __enter__(self) -> Query:
-        """Resolve, pass the gate, take a worker. Signals are held off throughout
-        (resgroups.interrupts): an interrupt can only land before anything is
-        taken, or once everything is given back again, and one that arrives
-        while the query waits (SIGINT) cancels the wait. Once the query holds
-        its slot and worker, this returns without a point where a signal
-        handler could raise (no ``__exit__`` would follow): a signal that
-        arrives in its last steps runs at the query's next hold (a checkpoint,
-        or ``__exit__``). On any other thread no signal handler runs, and no
-        hold is needed."""
+        """Resolve, pass the gate, take a worker. On the main thread this frame is
+        protected (resgroups.interrupts): a signal that arrives anywhere in it, or
+        in what it calls, is deferred, and one that arrives while the query waits
+        (SIGINT) cancels the wait. Its handlers run as the last step: one that
+        raises gives everything back first, so either the query was never
+        entered, or it is entered and no exception leaves here (no ``__exit__``
+        would follow). On any other thread no signal handler runs."""
         if self.state is not _NEW:
             raise InternalError("a query is entered once")
         if get_ident() != MAIN_IDENT:
             self._enter()  # gives back what it took, if it fails
             return self
         hold = Hold(self._interrupted)
-        hold.__enter__()  # a signal before this point finds nothing taken
+        hold.__enter__()  # wraps the handlers (a signal before finds nothing taken)
         try:
+            interrupts.STATE.queries += 1  # the handlers stay wrapped until __exit__
+            self._counted = True
             self._enter()
-            if hold.interrupted:  # a consistent point: let the handlers run now
-                hold.deliver()
         except BaseException:
             try:
                 self._leave()  # still held: give everything back first (if not already)
             finally:
                 hold.__exit__(None, None, None)  # then deliver what is pending
             raise
-        if hold.detach():
-            interrupts.STATE.depth -= 1  # inline, the last step: see Hold.detach
+        hold.release()
+        while PENDING:  # the last test: no eval-breaker check between it and the return
+            self._deliver_entered()
         return self
+
+    def _deliver_entered(self) -> None:
+        """Run the handlers of signals deferred while the query was entered; one
+        that raises gives everything back before its exception leaves ``__enter__``."""
+        try:
+            interrupts.deliver()
+        except BaseException:
+            with Hold():
+                self._leave()
+            raise
 
     def _enter(self) -> None:
         session = self.session
@@ -624,16 +635,21 @@ class Query:
             self._leave()
             raise
 
+    @interrupts.protect
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        """Give back the worker, the slot and every tracked byte. On the main thread
+        this frame is protected from its first instruction, so a signal that
+        arrives before the hold below begins is deferred too; its handler runs as
+        the hold ends, once everything is back."""
         if get_ident() != MAIN_IDENT:
             self._leave()
             return
-        with Hold():  # an interrupt waits until everything is back
+        with Hold():  # and a signal's handler runs once everything is back
             self._leave()
 
     def _interrupted(self, signum: int) -> None:
@@ -785,6 +801,9 @@ class Query:
                 return_slot(self._runtime, ticket)
 
     def _leave(self) -> None:
+        if self._counted:  # the last main-thread query to leave lets the handlers go back
+            self._counted = False
+            interrupts.STATE.queries -= 1
         state = self.state
         if state is _DONE:
             return

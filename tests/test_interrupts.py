@@ -4,22 +4,34 @@ never leaks a slot, a worker or a byte; map's workers are back before
 ``__exit__`` returns.
 
 Signals at random instants run in a subprocess (tests/programs/), so an
-interrupt can never land in pytest itself; each is bounded by a timeout.
+interrupt can never land in pytest itself; each is bounded by a timeout. The
+storm of issue 28 sends them from this process to a child running queries
+while two CPU hogs spin. The every-instruction tests run here, with no real
+signal: a trace function calls the handler in force before each instruction,
+and the handler raises an exception of the test's own, never KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import random
 import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 import numpy as np
 import pytest
 
 import resgroups
+from resgroups import interrupts
+from resgroups.cpus import available_cpus
 from resgroups.interrupts import Hold
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -87,6 +99,106 @@ def test_thousands_of_interrupts_at_random_instants_leave_the_engine_whole(seed:
     assert report["served_after"] == 4
 
 
+@contextlib.contextmanager
+def _cpu_hogs(count: int = 2) -> Iterator[None]:
+    """``count`` processes spinning on the CPU, ended (by their own pids) on the way out."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait(10)
+
+
+def _sigint_storm(seed: int, sigints: int = 300, term: bool = False) -> dict[str, object]:
+    """tests/programs/sigint_storm.py under two CPU hogs, sent ``sigints`` SIGINTs
+    (SIGTERMs: ``term``) at random 2-20 ms gaps (issue 28's reproducer); its report
+    once stdin closes."""
+    rng = random.Random(seed)
+    signum = signal.SIGTERM if term else signal.SIGINT
+    program = [sys.executable, str(PROGRAMS / "sigint_storm.py"), "--max-seconds", "60"]
+    with _cpu_hogs():
+        child = subprocess.Popen(
+            [*program, "--signal", "term" if term else "int"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert child.stdout is not None
+            assert child.stdin is not None
+            ready = child.stdout.readline()  # the engine serves (or the child died: "")
+            assert json.loads(ready or "{}").get("ready"), ready
+            for _ in range(sigints):
+                time.sleep(rng.uniform(0.002, 0.020))  # pacing the signals, not a wait
+                os.kill(child.pid, signum)
+            out, err = child.communicate(timeout=60)  # closes stdin: the child stops
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
+    assert child.returncode == 0, err[-3000:]
+    (line,) = [line for line in out.splitlines() if line.startswith("{")]
+    report = json.loads(line)
+    assert isinstance(report, dict)
+    return report
+
+
+def _nothing_stranded(report: dict[str, object]) -> None:
+    assert report["queries"] == [], report  # resource_group_queries() is empty
+    assert report["pool_free"] == report["workers"], report
+    groups = report["groups"]
+    assert isinstance(groups, dict)
+    assert all(counts == [0, 0, 0] for counts in groups.values()), groups
+    assert report["process_memory"] == 0, report
+    assert report["open_queries"] == 0, report
+    assert report["served_after"] is True, report
+    errors = report["errors"]
+    assert isinstance(errors, dict)
+    assert "QueryTimeout" not in errors, report  # what a stranded query makes of the rest
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_sigints_from_outside_under_cpu_hogs_strand_no_query(seed: int) -> None:
+    """Issue 28: a handler that raises KeyboardInterrupt itself, memory and map in
+    each query, SIGINTs every 2-20 ms from another process, two CPU hogs."""
+    report = _sigint_storm(seed)
+    _nothing_stranded(report)
+    interrupted, completed = report["interrupted"], report["completed"]
+    assert isinstance(interrupted, int)
+    assert isinstance(completed, int)
+    assert interrupted >= 50, report  # they landed
+    assert completed > 0, report
+
+
+def test_sigterms_raising_system_exit_strand_no_query() -> None:
+    report = _sigint_storm(21, term=True)
+    _nothing_stranded(report)
+    interrupted = report["interrupted"]
+    assert isinstance(interrupted, int)
+    assert interrupted >= 50, report
+
+
+@pytest.mark.slow
+def test_the_sigint_storm_20_runs_strands_no_query() -> None:
+    """The issue's check: 20 runs with random seeds under two CPU hogs, zero stranded."""
+    seeds = [random.randrange(1 << 30) for _ in range(20)]
+    stranded: dict[int, dict[str, object]] = {}
+    interrupted = []
+    for seed in seeds:
+        report = _sigint_storm(seed)
+        interrupted.append(report["interrupted"])
+        try:
+            _nothing_stranded(report)
+        except AssertionError:
+            stranded[seed] = report
+    print(f"storm: {len(seeds)} runs, {len(stranded)} stranding, interrupts caught {interrupted}")
+    assert not stranded, stranded
+
+
 def test_map_workers_are_back_before_exit_returns() -> None:
     data = np.arange(20_000, dtype=np.float64)
     with resgroups.Engine(workers=2) as engine:
@@ -145,3 +257,204 @@ def test_handlers_are_the_programs_own_outside_holds() -> None:
     with resgroups.Engine() as engine, engine.connect().query():
         pass
     assert signal.getsignal(signal.SIGINT) is before  # asyncio.run looks for this one
+
+
+# ---- a handler at every instruction: signals simulated under sys.settrace ----------
+
+
+class Injected(BaseException):
+    """What the test's handler raises: a signal handler's exception, as
+    KeyboardInterrupt is, but one pytest never takes for the user's Ctrl-C."""
+
+
+def _raise_injected(signum: int, frame: object) -> None:
+    raise Injected
+
+
+RESGROUPS = str(Path(resgroups.__file__).parent)
+
+
+def _in_resgroups(frame: FrameType | None) -> bool:
+    """The frame runs resgroups' code, or code resgroups called."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(RESGROUPS):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _with_a_signal_at(nth: int, run: Callable[[], None]) -> tuple[int, bool]:
+    """``run()`` on this thread with the SIGINT handler in force called, as CPython
+    calls it, before the ``nth`` instruction that resgroups (or what it calls)
+    executes on this thread: ``(such instructions run, whether it was called)``.
+    A superset of the points where CPython runs handlers in that code (it checks
+    only at a function's start, a call and a backward jump), so protected code
+    must also leave nothing pending where no real signal could arrive. The
+    caller's own frames are left out: their instructions between the body's
+    end and the call of ``__exit__`` are no such point, and the ``with``
+    statement does not cover them."""
+    seen = 0
+    called = False
+
+    def local(frame: FrameType, event: str, arg: object) -> object:
+        nonlocal seen, called
+        if called:
+            return None
+        if event == "opcode" and _in_resgroups(frame):
+            seen += 1
+            if seen == nth:
+                called = True
+                sys.settrace(None)
+                handler = signal.getsignal(signal.SIGINT)
+                assert callable(handler)
+                handler(signal.SIGINT, frame)  # raises here, or is deferred
+        return local
+
+    def start(frame: FrameType, event: str, arg: object) -> object:
+        frame.f_trace_opcodes = True
+        return local
+
+    sys.settrace(start)
+    try:
+        run()
+    finally:
+        sys.settrace(None)
+    return seen, called
+
+
+def _every_instruction(
+    engine: resgroups.Engine, run: Callable[[], None], limit: int = 20_000
+) -> dict[str, int]:
+    """A handler that raises, called before each instruction of ``run()`` in turn:
+    each time the exception leaves ``run()`` (it is never lost), nothing is left
+    pending, the program's handler is back, and the engine holds nothing."""
+    outcomes = {"raised": 0}
+    nth = 1
+    while nth < limit:
+        raised = False
+        try:
+            seen, called = _with_a_signal_at(nth, run)
+        except Injected:
+            raised, called = True, True
+            seen = nth
+        assert raised == called, f"instruction {nth}: the handler's exception was lost"
+        assert not interrupts.PENDING, f"instruction {nth}: a signal left pending"
+        assert signal.getsignal(signal.SIGINT) is _raise_injected, f"instruction {nth}"
+        assert engine.pool("default").free == 2, f"instruction {nth}"
+        assert not engine.live_queries(), f"instruction {nth}"
+        for row in engine.resource_groups():
+            held = (row["active_queries"], row["queued_queries"], row["memory_used_bytes"])
+            assert held == (0, 0, 0), f"instruction {nth}: {row}"
+        assert engine.memory_ledger.process.used == 0, f"instruction {nth}"
+        if not called:  # past the end: every instruction had its turn
+            outcomes["instructions"] = seen
+            return outcomes
+        outcomes["raised"] += raised
+        nth += 1
+    raise AssertionError(f"more than {limit} instructions")
+
+
+@pytest.fixture
+def raising_sigint() -> Iterator[None]:
+    before = signal.signal(signal.SIGINT, _raise_injected)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.usefixtures("raising_sigint")
+def test_a_handler_raising_before_any_instruction_of_a_query_strands_nothing() -> None:
+    """Enter, a body with memory and a checkpoint, exit: the handler called before
+    each instruction of them all (the first of ``__exit__`` included)."""
+    with resgroups.Engine(workers=2) as engine:
+        admin = engine.connect()
+        admin.execute("CREATE RESOURCE GROUP g WITH (memory_limit = '16M')")
+        session = engine.connect()
+        session.execute("SET RESOURCE GROUP g")
+
+        def run() -> None:
+            with session.query() as q:
+                q.memory.allocate(1 << 16)
+                q.checkpoint()
+                q.memory.release(1 << 16)
+
+        outcomes = _every_instruction(engine, run)
+        assert outcomes["instructions"] > 1000, outcomes
+        assert outcomes["raised"] == outcomes["instructions"], outcomes
+
+
+@pytest.mark.usefixtures("raising_sigint")
+def test_a_handler_raising_before_any_instruction_of_a_nested_query_strands_nothing() -> None:
+    """The inner query of two on the main thread: protection does not end when
+    the inner query's hold does, and the outer query's ``__exit__`` stays covered."""
+    with resgroups.Engine(workers=2) as engine:
+        session = engine.connect()
+
+        def run() -> None:
+            with session.query() as outer:
+                with session.query() as inner:
+                    inner.memory.allocate(1 << 12)
+                outer.checkpoint()
+
+        outcomes = _every_instruction(engine, run)
+        assert outcomes["raised"] == outcomes["instructions"], outcomes
+
+
+class BodyFailed(Exception):
+    pass
+
+
+@pytest.mark.usefixtures("raising_sigint")
+def test_a_handler_raising_before_any_instruction_of_a_failed_query_strands_nothing() -> None:
+    """``__exit__`` on its exception path (the body raised), and ``map`` with its
+    tasks on the calling thread (a group limited to one core), so that every
+    instruction is the same from one run to the next."""
+    one_core = min(100.0, 100.0 / available_cpus())
+    with resgroups.Engine(workers=2) as engine:
+        admin = engine.connect()
+        admin.execute(
+            f"CREATE RESOURCE GROUP g WITH (cpu_limit = '{one_core:.2f}%', memory_limit = '16M')"
+        )
+        session = engine.connect()
+        session.execute("SET RESOURCE GROUP g")
+
+        def task(t: resgroups.query.Task, k: int) -> int:
+            t.memory.allocate(1 << 12)
+            t.checkpoint()
+            t.memory.release(1 << 12)
+            return k
+
+        def run() -> None:
+            with contextlib.suppress(BodyFailed), session.query() as q:
+                q.memory.allocate(1 << 16)
+                assert q.map(task, range(2)) == [0, 1]
+                raise BodyFailed
+
+        outcomes = _every_instruction(engine, run)
+        assert outcomes["raised"] == outcomes["instructions"], outcomes
+
+
+def test_a_query_off_the_main_thread_wraps_nothing_and_counts_nothing() -> None:
+    """Only the main thread runs signal handlers: a query elsewhere leaves the
+    program's handlers as they are and is not counted as in flight."""
+    before = signal.getsignal(signal.SIGINT)
+    seen: list[object] = []
+    entered, leave = threading.Event(), threading.Event()
+    with resgroups.Engine(workers=2) as engine:
+        session = engine.connect()
+
+        def run() -> None:
+            with session.query() as q:
+                q.memory.allocate(1 << 12)
+                entered.set()
+                leave.wait(10)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert entered.wait(10)
+        seen.extend([signal.getsignal(signal.SIGINT), interrupts.STATE.queries])
+        leave.set()
+        thread.join(10)
+        assert not thread.is_alive()
+    assert seen == [before, 0]

@@ -99,6 +99,19 @@ STATE: Final = _State()
 # code tests it (``while PENDING:``) as its last step
 PENDING: Final[list[tuple[Handler, int, FrameType | None]]] = []
 _callbacks: list[Callable[[int], None] | None] = []  # on_signal of each hold in force
+# one entry per main-thread query whose handle was lost without __exit__ (appended on
+# whichever thread collects it; the main thread takes them off STATE.queries)
+_LOST: Final[list[None]] = []
+
+
+def query_lost() -> None:
+    """A query counted in ``STATE.queries`` was lost without ``__exit__`` (the
+    reconcile loop found its handle collected and gave back what it held): the
+    main thread stops counting it at the end of its next hold, so the program's
+    handlers go back once no query is really in flight. Any thread."""
+    _LOST.append(None)
+
+
 _PROTECTED: Final[set[CodeType]] = set()
 
 
@@ -264,6 +277,9 @@ class Hold:
         STATE.depth -= 1
         _callbacks.pop()
         if STATE.depth == 0:  # the outermost hold: run what is pending (this frame is
+            while _LOST:  # queries lost without __exit__ are not in flight
+                _LOST.pop()
+                STATE.queries -= 1
             try:  # protected: what arrives meanwhile is deferred and run by the loop)
                 if PENDING:
                     deliver()

@@ -128,6 +128,7 @@ class Holdings:
     unleased = False  # admitted while the group had no limit: holds no lease (yet)
     fenced = False  # fleet mode: runs on the instance's fence (a lapse fails it)
     suspended = False
+    counted = False  # entered on the main thread and not left: interrupts.STATE.queries
 
     def __init__(self, query: Query) -> None:
         self.query_id = query.id
@@ -144,6 +145,9 @@ class Holdings:
         """Release the worker, the slot, the lease and every byte; the bytes."""
         runner, self.runner = self.runner, None
         ticket, self.ticket = self.ticket, None
+        if self.counted:  # it was in flight on the main thread: it is not any more
+            self.counted = False
+            interrupts.query_lost()
         if runner is not None:
             dispatcher.release(runner, 0)
         runtime = self.runtime
@@ -580,7 +584,7 @@ class Query:
         hold.__enter__()  # wraps the handlers (a signal before finds nothing taken)
         try:
             interrupts.STATE.queries += 1  # the handlers stay wrapped until __exit__
-            self._counted = True
+            self._counted = self.held.counted = True
             self._enter()
         except BaseException:
             try:
@@ -802,7 +806,7 @@ class Query:
 
     def _leave(self) -> None:
         if self._counted:  # the last main-thread query to leave lets the handlers go back
-            self._counted = False
+            self._counted = self.held.counted = False
             interrupts.STATE.queries -= 1
         state = self.state
         if state is _DONE:

@@ -14,6 +14,7 @@ and the handler raises an exception of the test's own, never KeyboardInterrupt.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import random
@@ -257,6 +258,24 @@ def test_handlers_are_the_programs_own_outside_holds() -> None:
     with resgroups.Engine() as engine, engine.connect().query():
         pass
     assert signal.getsignal(signal.SIGINT) is before  # asyncio.run looks for this one
+
+
+def test_a_main_thread_query_lost_without_exit_does_not_keep_the_handlers_wrapped() -> None:
+    """A query entered on the main thread keeps the handlers wrapped until its
+    __exit__; one whose handle is lost instead (the reconcile loop gives back
+    what it held) stops counting as in flight once it is collected."""
+    before = signal.getsignal(signal.SIGINT)
+    with resgroups.Engine(reconcile_interval=3600) as engine:
+        lost = engine.connect().query()
+        lost.__enter__()
+        assert signal.getsignal(signal.SIGINT) is not before  # wrapped while in flight
+        del lost
+        gc.collect()
+        assert engine.reconcile() == 1
+        with engine.connect().query():  # the next hold on the main thread settles it
+            pass
+        assert signal.getsignal(signal.SIGINT) is before
+        assert interrupts.STATE.queries == 0
 
 
 # ---- a handler at every instruction: signals simulated under sys.settrace ----------

@@ -179,7 +179,12 @@ class Framing(ConnectionBase):
     def abandon(self, reason: BaseException) -> None:
         """The client does not read: end the connection, dropping what waits unsent."""
         if not self.gone:
-            log.info("connection %d ended: the client stopped reading (%s)", self.pid, reason)
+            log.warning(
+                "connection %d ended: the client stopped reading (%s: %s)",
+                self.pid,
+                type(reason).__name__,
+                reason,
+            )
         self.gone = True
         self.loop.call_soon_threadsafe(self.writer.transport.abort)
 

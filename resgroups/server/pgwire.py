@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import secrets
 import socket
 from collections import OrderedDict
@@ -83,6 +84,8 @@ if TYPE_CHECKING:
     from resgroups.engine import Engine
 
 __all__ = ["AUTH_METHODS", "Backend", "Connection", "TxStatus"]
+
+log = logging.getLogger("resgroups.server.pgwire")
 
 AUTH_METHODS: Final = ("scram-sha-256", "md5", "password")
 KEEPALIVE: Final = {"TCP_KEEPIDLE": 60, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 6}
@@ -220,8 +223,15 @@ class Connection(StartupPhase, Framing, SimpleQuery, Portals, Extended):
             await self._fatal(exc.sqlstate, exc.brief)
         except Error as exc:  # a login refused, a startup setting out of range
             await self._fatal(exc.sqlstate, exc.brief)
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-            pass  # the client went away, never logged in, or stopped reading
+        except TimeoutError:
+            if self.session is not None:  # logged in, then read nothing for write_timeout
+                log.warning(
+                    "connection %d ended: the client read nothing for %g s",
+                    self.pid,
+                    self.backend.write_timeout,
+                )
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away
         finally:
             self.gone = True
             if reader_task is not None:
@@ -231,9 +241,10 @@ class Connection(StartupPhase, Framing, SimpleQuery, Portals, Extended):
                 await self.loop.run_in_executor(self.executor, self._release_all)
             if self.slot_taken and self.backend.slots is not None:
                 self.backend.slots.give_back()
-            if self.writer.transport.is_closing():
-                self.writer.transport.abort()
-            self.writer.close()
+            if self.writer.transport.get_write_buffer_size():
+                self.writer.transport.abort()  # nobody reads it: drop it, do not wait
+            else:
+                self.writer.close()
 
     def _release_all(self) -> None:
         self.close_portals(True)

@@ -166,6 +166,9 @@ class Framing(ConnectionBase):
     def push(self) -> None:
         """Hand what is buffered to the loop now (a Flush message), without waiting."""
         if self._out and not self.gone:
+            if self._handed + self._out_size > OUTPUT_LIMIT:
+                self._flush()  # past the limit the wait is bounded as any other
+                return
             data = b"".join(self._out)
             self._out.clear()
             self._out_size = 0

@@ -362,6 +362,30 @@ def test_clients_that_never_read_a_fetch_pin_no_request_thread() -> None:
             client.close()
 
 
+def test_clients_that_leave_more_than_the_output_limit_unread_pin_a_quarter_at_most() -> None:
+    # 4 threads: one may wait on a client with 16 MiB unread; the next such client
+    # is dropped, and the other threads serve everyone else
+    with wire_node("--threads", "4", "--write-timeout", "600") as n:
+        stuck = []
+        for _ in range(3):
+            client = RawClient(n.port, timeout=60, rcvbuf=4096)
+            client.login()
+            stuck.append(client)
+        for client in stuck:
+            client.send(
+                query(
+                    "DECLARE c CURSOR WITH HOLD FOR SELECT x FROM long_sequence(1200000);"
+                    "FETCH ALL FROM c"
+                )
+            )
+        wait_until(lambda: "request threads already wait" in "".join(n.stderr), 60)
+        with connect(n) as conn:
+            for _ in range(3):
+                assert conn.execute("SELECT count(*) FROM long_sequence(7)").fetchone() == (7,)
+        for client in stuck:
+            client.close()
+
+
 def test_a_client_that_stops_reading_is_dropped_at_the_write_timeout() -> None:
     with wire_node("--threads", "2", "--write-timeout", "1") as n:
         client = RawClient(n.port, timeout=60, rcvbuf=4096)

@@ -15,7 +15,10 @@ what it holds:
 - nothing is running (rows already made, a FETCH of a cursor): the chunk is
   handed to the loop and the thread goes on, up to OUTPUT_LIMIT bytes
   unwritten; the loop writes the rest under the write timeout. A client
-  that stops reading costs no request thread here.
+  that stops reading costs no request thread here. Past OUTPUT_LIMIT the
+  thread waits (bounded by the write timeout) only while fewer than
+  ``Backend.max_output_waiters`` threads do (a quarter of the pool); else
+  the connection ends, so non-readers can never pin every request thread.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from resgroups.errors import EngineClosed, Error, InternalError, QueryCancelled, SqlSyntaxError
 from resgroups.server import wire
@@ -136,10 +139,27 @@ class Framing(ConnectionBase):
         if self.gone:
             raise ConnectionResetError("the client is gone")
         query = self.streaming
-        if query is None and self._handed + len(data) <= OUTPUT_LIMIT:
+        if query is not None:
+            self._wait_written(data, query)
+            return
+        if self._handed + len(data) <= OUTPUT_LIMIT:
             self._handed += len(data)
             self.loop.call_soon_threadsafe(self.writer.write, data)
             return
+        # no query runs, OUTPUT_LIMIT waits unwritten: wait, if few threads already do
+        if not self.backend.output_waiters.acquire(blocking=False):
+            stalled = OutputStalled(
+                f"the client left {OUTPUT_LIMIT // 2**20} MiB unread while "
+                f"{self.backend.max_output_waiters} request threads already wait on such clients"
+            )
+            self.abandon(stalled)
+            raise stalled
+        try:
+            self._wait_written(data, None)
+        finally:
+            self.backend.output_waiters.release()
+
+    def _wait_written(self, data: bytes, query: Any) -> None:
         future = asyncio.run_coroutine_threadsafe(self._write(data), self.loop)
         give_up = time.monotonic() + self.backend.write_timeout
         while True:
@@ -156,7 +176,7 @@ class Framing(ConnectionBase):
                     query.checkpoint()  # the query's deadline and cancel end the wait
                 if time.monotonic() >= give_up:
                     raise OutputStalled(
-                        f"the client read nothing for {self.backend.write_timeout:g} s"
+                        f"the client took no output for {self.backend.write_timeout:g} s"
                     )
             except BaseException as exc:
                 future.cancel()

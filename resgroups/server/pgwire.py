@@ -44,8 +44,11 @@ How output waits meet query timeouts
     query's timeout. With no query running, output is handed to the loop
     without waiting (up to OUTPUT_LIMIT bytes unwritten), and the loop's
     write timeout (``write_timeout``, WRITE_TIMEOUT by default) ends a
-    connection whose client reads nothing: no request thread waits on a
-    client that does not read, save the query's own, bounded as above.
+    connection whose client reads nothing. Past OUTPUT_LIMIT a thread waits,
+    bounded by the write timeout, only while fewer than a quarter of the
+    general threads do (``max_output_waiters``); past that the connection
+    ends. So non-readers pin at most that quarter, plus the threads of
+    queries that their own deadlines bound.
 
 Alternatives rejected
     One module with one 34-method class (what this was); an async generator
@@ -65,6 +68,7 @@ import hmac
 import logging
 import secrets
 import socket
+import threading
 from collections import OrderedDict
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Final
@@ -88,6 +92,7 @@ __all__ = ["AUTH_METHODS", "Backend", "Connection", "TxStatus"]
 log = logging.getLogger("resgroups.server.pgwire")
 
 AUTH_METHODS: Final = ("scram-sha-256", "md5", "password")
+OUTPUT_WAITERS: Final = 4  # with an executor whose size is unknown
 KEEPALIVE: Final = {"TCP_KEEPIDLE": 60, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 6}
 
 
@@ -127,6 +132,9 @@ class Backend:
         self.slots = slots
         self.throttle = throttle
         self.write_timeout = write_timeout
+        # threads that may wait on clients that do not read, with no query running
+        self.max_output_waiters = max(1, _pool_size(executor) // 4)
+        self.output_waiters = threading.BoundedSemaphore(self.max_output_waiters)
         self.connections: dict[int, Connection] = {}
         self._pids = iter(range(1, 2**31))
         self.closing = False
@@ -158,6 +166,13 @@ class Backend:
         """A salt for a name that cannot log in: the same on every attempt, so that
         SCRAM's challenge does not tell unknown names from known ones."""
         return hmac.digest(self._unknown_salt, name.encode("utf-8", "replace"), "sha256")[:16]
+
+
+def _pool_size(executor: Executor) -> int:
+    """The general threads of ``executor`` (a RequestThreads or a ThreadPoolExecutor)."""
+    pool = getattr(executor, "general", executor)
+    size = getattr(pool, "_max_workers", None)
+    return size if isinstance(size, int) else OUTPUT_WAITERS
 
 
 def _keepalive(writer: asyncio.StreamWriter) -> None:

@@ -166,6 +166,14 @@ def test_a_statement_longer_than_the_limit_is_54000(node: Node, raw: RawClient) 
     assert [e[1] for e in errors(replies)] == ["54000"]
 
 
+def test_parameter_values_longer_than_a_statement_are_54000(node: Node, raw: RawClient) -> None:
+    replies = extended(raw, parse("SELECT $1 AS t"), bind([b"x" * 4_500_000]), execute())
+    assert [e[1] for e in errors(replies)] == ["54000"]
+    replies = extended(raw, parse("SELECT $1 AS t"), bind([b"y" * 1_200_000]), execute())
+    assert [e[1] for e in errors(replies)] == ["54000"]  # the bound text is too long
+    assert replies[-1].kind == b"Z"
+
+
 def test_a_long_parse_ends_at_a_cancel(node: Node) -> None:
     client = RawClient(node.port, timeout=60)
     pid, secret = key_data(client.login())

@@ -13,12 +13,14 @@ group's and the process's memory limits (53200) like a query would.
 
 from __future__ import annotations
 
-from resgroups.errors import Error, FeatureNotSupported, SqlSyntaxError
+from resgroups.errors import Error, FeatureNotSupported, ProgramLimitExceeded, SqlSyntaxError
 from resgroups.server import commands as wc
 from resgroups.server import types, wire
 from resgroups.server.pg_simple import check_length, no_cursor
 from resgroups.server.pg_state import (
+    MAX_PARAMETER_BYTES,
     MAX_PREPARED,
+    MAX_STATEMENT,
     PREPARED_OVERHEAD,
     ConnectionBase,
     DuplicateObject,
@@ -98,6 +100,13 @@ class Extended(ConnectionBase):
             )
         if portal_name and portal_name in self.portals:
             raise DuplicateObject(f'portal "{portal_name}" already exists', sqlstate="42P03")
+        size = sum(len(data) for data in raw if data is not None)
+        if size > MAX_PARAMETER_BYTES:  # the bound text could only be longer than allowed
+            raise ProgramLimitExceeded(
+                f"bind message parameters of {size:,} bytes exceed the limit of "
+                f"{MAX_PARAMETER_BYTES:,} (a bound statement is at most {MAX_STATEMENT:,} "
+                "characters)"
+            )
         formats = formats_for(param_formats, len(raw), "parameter")
         oids = prepared.oids + [0] * (len(raw) - len(prepared.oids))
         values = [

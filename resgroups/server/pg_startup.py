@@ -20,7 +20,7 @@ from resgroups.auth import md5_response, scram_keys
 from resgroups.errors import AuthenticationFailed, EngineClosed, Error, FeatureNotSupported
 from resgroups.server import commands as wc
 from resgroups.server import wire
-from resgroups.server.pg_state import ConnectionBase, StatementMemory
+from resgroups.server.pg_state import ConnectionBase, StatementMemory, TxStatus
 from resgroups.server.scram import MECHANISM, ScramFailed, ScramServer
 from resgroups.server.wire import Body, ProtocolViolation
 from resgroups.session import Session
@@ -76,7 +76,10 @@ class StartupPhase(ConnectionBase):
         self.statement_memory = StatementMemory(self.session)
         out = [wire.AUTH_OK]
         out += [wire.parameter_status(s.name, v) for s, v in self.reported().items()]
-        out += [wire.backend_key_data(self.pid, self.secret), wire.ready_for_query(b"I")]
+        out += [
+            wire.backend_key_data(self.pid, self.secret),
+            wire.ready_for_query(TxStatus.IDLE.value),
+        ]
         self.writer.write(b"".join(out))
         await self.writer.drain()
         return True

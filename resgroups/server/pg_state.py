@@ -45,6 +45,7 @@ PLAN_CACHE: Final = 128  # statement texts a connection keeps parsed
 PLAN_CACHE_TEXT: Final = 16 * 1024  # characters of a text the plan cache keeps
 STREAM_ROWS: Final = 10_000  # rows of a streamed result made at a time
 MAX_STATEMENT: Final = MAX_SCRIPT_CHARS  # characters of one Query or Parse text
+MAX_PARAMETER_BYTES: Final = 4 * MAX_STATEMENT  # a Bind's values (UTF-8: up to 4 bytes a char)
 MAX_PREPARED: Final = 1000  # named prepared statements per connection
 MAX_PORTALS: Final = 1000  # open portals and cursors per connection
 PREPARED_OVERHEAD: Final = 512  # bytes charged per prepared statement beyond its text

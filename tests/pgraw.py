@@ -40,8 +40,13 @@ def parse(text: str, name: str = "", oids: Sequence[int] = ()) -> bytes:
     return msg(b"P", payload + b"".join(struct.pack("!i", o) for o in oids))
 
 
-def bind(values: Sequence[bytes | None], formats: Sequence[int] = (), statement: str = "") -> bytes:
-    payload = cstr("") + cstr(statement) + struct.pack("!H", len(formats))
+def bind(
+    values: Sequence[bytes | None],
+    formats: Sequence[int] = (),
+    statement: str = "",
+    portal: str = "",
+) -> bytes:
+    payload = cstr(portal) + cstr(statement) + struct.pack("!H", len(formats))
     payload += b"".join(struct.pack("!h", f) for f in formats)
     payload += struct.pack("!H", len(values))
     for value in values:

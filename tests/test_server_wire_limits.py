@@ -203,6 +203,24 @@ def test_prepared_statements_per_connection_are_capped(node: Node, raw: RawClien
     assert errors(extended(raw, parse("SELECT 1000", name="s1000"))) == []
 
 
+def test_portals_per_connection_are_capped(node: Node, raw: RawClient) -> None:
+    portals = [bind([], portal=f"p{i}") for i in range(1001)]
+    replies = extended(raw, parse("SELECT 1 AS one"), *portals)
+    assert [e[1] for e in errors(replies)] == ["54000"]
+    assert "portals" in errors(replies)[0][2]
+    raw.send(query("SELECT 2"))
+    assert errors(raw.until_ready()) == []  # Sync closed them all
+
+
+def test_nesting_past_the_parser_limit_is_54000(node: Node, raw: RawClient) -> None:
+    raw.send(query("SELECT " + "abs(" * 5000 + "1" + ")" * 5000))
+    assert [e[1] for e in errors(raw.until_ready())] == ["54000"]
+    raw.send(query("SELECT " + "(" * 5000 + "1" + ")" * 5000))  # parentheses only: no depth
+    assert errors(raw.until_ready()) == []
+    replies = extended(raw, parse("SELECT " + "abs(" * 300 + "1" + ")" * 300), describe_statement())
+    assert [e[1] for e in errors(replies)] == ["54000"]
+
+
 def test_prepared_statements_are_charged_to_the_group_and_given_back(node: Node) -> None:
     client = RawClient(node.port)
     client.login()

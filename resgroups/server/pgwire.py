@@ -56,9 +56,15 @@ Alternatives rejected
     where it runs, so the wait belongs to it).
 
 Known races
-    A cancel that arrives between two statements of a simple query is kept
-    for the next (``interrupted``) only when no query ran; a cancel of a
-    running query ends that query, as in PostgreSQL.
+    A cancel that reaches a connection running no query sets ``interrupted``,
+    which a parse checks every 1024 tokens; it is forgotten when the next
+    burst of messages starts (a cancel of an idle connection cancels
+    nothing, as in PostgreSQL). A cancel or a deadline ends an output wait
+    within OUTPUT_POLL (plus a CPU slice, if the checkpoint yields the
+    worker). Logins from one address that are in flight together all pass
+    the throttle's check before any of them fails, so the throttle bounds
+    what an address costs to ``free`` failures plus its concurrent attempts
+    per window, not exactly ``free``.
 """
 
 from __future__ import annotations

@@ -334,7 +334,7 @@ def ended_or_failed(client: RawClient, sqlstate: str) -> bool:
 
 
 def test_a_client_that_stops_reading_is_failed_and_disconnected_by_its_deadline() -> None:
-    with wire_node("--query-timeout", "3", "--workers", "2", "--threads", "2") as n:
+    with wire_node("--query-timeout", "10", "--workers", "2", "--threads", "2") as n:
         stuck = RawClient(n.port, timeout=60, rcvbuf=4096)
         stuck.login()
         stuck.send(query("SELECT x, x * 2 AS y FROM long_sequence(100000000)"))

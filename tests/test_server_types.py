@@ -77,6 +77,13 @@ def test_bad_parameters_say_which_and_why(data: bytes, oid: int, fmt: int, messa
     assert message in str(bad.value)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _parser_built() -> None:
+    """Build the parser (about a second on a loaded machine) before any timed
+    hypothesis example: its first example would pay for it."""
+    parse_one("SELECT 1")
+
+
 @given(st.text())
 def test_a_bound_text_value_is_always_one_string_literal(value: str) -> None:
     sql = "SELECT $1 AS v, x FROM long_sequence(2) -- $2 is in a comment"

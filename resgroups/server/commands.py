@@ -19,14 +19,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from resgroups.errors import Error, FeatureNotSupported, SqlSyntaxError, did_you_mean
+from resgroups.errors import (
+    Error,
+    FeatureNotSupported,
+    NumericOverflow,
+    SqlSyntaxError,
+    did_you_mean,
+)
 from resgroups.version import SERVER_VERSION
 
+# Linear: every alternative consumes what it starts, to its end or to the end of
+# the text (an unterminated comment, name or string is one token that runs to
+# the end), so no position is ever scanned twice. A failed lazy match of an
+# unterminated ``/*`` at each of n positions was quadratic (48 KB: 21 s).
 _TOKEN: Final = re.compile(
-    r"""\s+|--[^\n]*|/\*(?:.|\n)*?\*/|(?P<word>[A-Za-z_][A-Za-z0-9_$]*)|(?P<quoted>"(?:[^"]|"")*")"""
-    r"""|(?P<string>'(?:[^']|'')*')|(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"""
+    r"""\s+|--[^\n]*|(?P<comment>/\*[^*]*(?:\*+[^*/][^*]*)*(?:\*+/|\*+\Z|\Z))"""
+    r"""|(?P<word>[A-Za-z_][A-Za-z0-9_$]*)|(?P<quoted>"(?:[^"]|"")*"?)"""
+    r"""|(?P<string>'(?:[^']|'')*'?)|(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"""
     r"""|(?P<punct>[^\s])"""
 )
+MAX_FETCH_DIGITS: Final = 19  # a FETCH count is a bigint
 
 
 class UndefinedObject(Error):
@@ -46,6 +58,14 @@ class Token:
     at: int
 
 
+def _closed(text: str, kind: str) -> bool:
+    if kind == "comment":
+        return len(text) >= 4 and text.endswith("*/")
+    quote = text[0]
+    body = text[1:]
+    return body.endswith(quote) and (len(body) - len(body.rstrip(quote))) % 2 == 1
+
+
 def tokens(sql: str) -> list[Token] | None:
     """The tokens of ``sql``; None when it holds something this lexer does not know
     (such a statement is not one of these, and goes to the engine's parser)."""
@@ -56,7 +76,11 @@ def tokens(sql: str) -> list[Token] | None:
         if m is None:
             return None
         kind = m.lastgroup
-        if kind == "word":
+        if kind in ("quoted", "string", "comment") and not _closed(m.group(), kind):
+            return None  # unterminated: not a statement of these; the parser says why
+        if kind == "comment":
+            pass
+        elif kind == "word":
             out.append(Token(kind, m.group().lower(), at))
         elif kind in ("quoted", "string"):
             quote = m.group()[0]
@@ -105,10 +129,18 @@ def _datestyle(value: str) -> str:
     return f"ISO, {order}"
 
 
+MAX_TIMEZONE: Final = 255  # characters of a zone name (IANA names are under 40)
+
+
 def _timezone(value: str) -> str:
+    if len(value) > MAX_TIMEZONE:
+        raise InvalidSetting(
+            f'invalid value for parameter "TimeZone": a name of {len(value):,} characters '
+            f"(time zone names are at most {MAX_TIMEZONE})"
+        )
     try:
         zoneinfo.ZoneInfo(value)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
         raise InvalidSetting(f'invalid value for parameter "TimeZone": {value!r}') from None
     return value
 
@@ -278,6 +310,13 @@ _TX_MODE_WORDS: Final = {
 }  # fmt: skip
 
 
+_FIRST_WORDS: Final = {
+    *_TRANSACTION_WORDS, "set", "show", "reset", "declare", "fetch", "move", "close", "deallocate",
+}  # fmt: skip
+# single-character \s: ``(?:\s+)*`` would backtrack exponentially over blanks
+_LEAD: Final = re.compile(r"(?:\s|--[^\n]*\n|/\*(?:[^*]|\*(?!/))*\*/)*([A-Za-z_]+)")
+
+
 def _syntax(sql: str, at: int, message: str) -> SqlSyntaxError:
     line = sql.count("\n", 0, at) + 1
     column = at - (sql.rfind("\n", 0, at) + 1) + 1
@@ -289,6 +328,9 @@ def recognize(sql: str) -> WireCommand | None:
     exists = _CURSOR_EXISTS.fullmatch(sql)
     if exists is not None:
         return CursorExists(exists.group(1).replace("''", "'"))
+    lead = _LEAD.match(sql)
+    if lead is None or lead.group(1).lower() not in _FIRST_WORDS:
+        return None  # the engine's: not lexed twice (a long SELECT costs nothing here)
     toks = tokens(sql)
     if not toks or toks[0].kind != "word":
         return None
@@ -385,6 +427,16 @@ def _declare(sql: str, toks: list[Token]) -> Declare:
     return Declare(name, sql[offset:], offset, hold, binary)
 
 
+def _count(sql: str, tok: Token) -> int:
+    """A FETCH/MOVE row count: a whole number (``1.5`` and ``1e3`` are not), a bigint."""
+    digits = tok.text.lstrip("+")
+    if not digits.lstrip("-").isdigit():
+        raise _syntax(sql, tok.at, f"FETCH count must be a whole number, not {tok.text[:20]}")
+    if len(digits.lstrip("-").lstrip("0")) > MAX_FETCH_DIGITS or abs(int(digits)) >= 2**63:
+        raise NumericOverflow(f"FETCH count {tok.text[:24]} is out of range for type bigint")
+    return int(digits)
+
+
 def _fetch(sql: str, toks: list[Token]) -> Fetch:
     move = toks[0].text == "move"
     rest = toks[1:]
@@ -393,11 +445,11 @@ def _fetch(sql: str, toks: list[Token]) -> Fetch:
         forward = rest[0].text == "forward"
         rest = rest[1:]
         if forward and rest and rest[0].kind == "number":
-            count, rest = int(rest[0].text), rest[1:]
+            count, rest = _count(sql, rest[0]), rest[1:]
         elif forward and rest and rest[0].text == "all":
             count, rest = None, rest[1:]
     elif rest and rest[0].kind == "number":
-        count, rest = int(rest[0].text), rest[1:]
+        count, rest = _count(sql, rest[0]), rest[1:]
     elif rest and rest[0].text == "all":
         count, rest = None, rest[1:]
     if rest and rest[0].text in ("from", "in"):

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
+from zoneinfo import ZoneInfo
 
-from resgroups.errors import Error
+from resgroups.errors import Error, NumericOverflow
 
 BOOL: Final = 16
 BYTEA: Final = 17
@@ -54,6 +55,24 @@ class InvalidBinaryRepresentation(Error):
     """A bound parameter's bytes are not a value of its type (22P03)."""
 
     sqlstate = "22P03"
+
+
+# PostgreSQL's numeric: up to 131072 digits before the point, 16383 after
+NUMERIC_MAX_WEIGHT_DIGITS: Final = 131072
+NUMERIC_MAX_SCALE: Final = 16383
+_NUMERIC_MAX_TEXT: Final = NUMERIC_MAX_WEIGHT_DIGITS + NUMERIC_MAX_SCALE + 16  # sign, point, exp
+_INT_RANGES: Final = {21: ("smallint", 2**15), 23: ("integer", 2**31), 20: ("bigint", 2**63)}
+
+
+class DatetimeOverflow(Error):
+    """A timestamp outside what the server represents (22008)."""
+
+    sqlstate = "22008"
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """A client's value as an error message quotes it: never all of a long one."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text):,} chars)"
 
 
 class InvalidTextRepresentation(Error):
@@ -144,6 +163,8 @@ def numeric_binary(value: Decimal) -> bytes:
 
 
 def numeric_from_binary(data: bytes) -> Decimal:
+    """PostgreSQL's binary numeric, checked as numeric_recv checks it; linear in its
+    size (no int of its digits is ever converted to text)."""
     ndigits, weight, sign, dscale = struct.unpack_from("!hhHh", data)
     if sign == 0xC000:
         return Decimal("NaN")
@@ -151,18 +172,72 @@ def numeric_from_binary(data: bytes) -> Decimal:
         return Decimal("-Infinity" if sign == 0xF000 else "Infinity")
     if len(data) != 8 + 2 * ndigits or sign not in (0, 0x4000) or ndigits < 0:
         raise InvalidBinaryRepresentation("invalid binary numeric")
+    if not 0 <= dscale <= NUMERIC_MAX_SCALE:
+        raise InvalidBinaryRepresentation(
+            f"invalid scale in a binary numeric: {dscale} (0 .. {NUMERIC_MAX_SCALE})"
+        )
     groups = struct.unpack_from(f"!{ndigits}H", data, 8)
-    if any(g > 9999 for g in groups) or dscale < 0:
+    if any(g > 9999 for g in groups):
         raise InvalidBinaryRepresentation("invalid digit group in a binary numeric")
-    # exact whatever the decimal context's precision: digits and an exponent
-    number = int("".join(f"{g:04d}" for g in groups) or "0")
+    # value = digits * 10**exponent; shown with exactly dscale digits after the point
+    digits = "".join(f"{g:04d}" for g in groups) or "0"
     exponent = 4 * (weight + 1 - ndigits)
-    if exponent >= -dscale:
-        number *= 10 ** (exponent + dscale)
-    else:
-        number //= 10 ** (-dscale - exponent)  # digits beyond dscale are zeros
-    digits = tuple(int(c) for c in str(number))
-    return Decimal((1 if sign == 0x4000 else 0, digits, -dscale))
+    if exponent > -dscale:
+        digits += "0" * (exponent + dscale)
+    elif exponent < -dscale:
+        digits = digits[: len(digits) - (-dscale - exponent)] or "0"  # beyond dscale: zeros
+    if len(digits) - dscale > NUMERIC_MAX_WEIGHT_DIGITS:
+        raise NumericOverflow("value overflows numeric format")
+    return Decimal((1 if sign == 0x4000 else 0, tuple(map(int, digits)), -dscale))
+
+
+def _numeric_text(text: str) -> Decimal:
+    """A numeric's text, refused in linear time past PostgreSQL's precision
+    (``1e999999999`` is 22003, not a billion digits)."""
+    if len(text) > _NUMERIC_MAX_TEXT:
+        raise NumericOverflow(f"numeric value of {len(text):,} characters overflows numeric format")
+    value = Decimal(text.strip())
+    if value.is_finite() and value:
+        exponent = value.as_tuple().exponent
+        assert isinstance(exponent, int)
+        if value.adjusted() >= NUMERIC_MAX_WEIGHT_DIGITS or -exponent > NUMERIC_MAX_SCALE:
+            raise NumericOverflow(
+                f"value overflows numeric format: {_shown(text)} (at most "
+                f"{NUMERIC_MAX_WEIGHT_DIGITS} digits before the point, "
+                f"{NUMERIC_MAX_SCALE} after)"
+            )
+    return value
+
+
+def _int_text(oid: int) -> Callable[[str], int]:
+    name, bound = _INT_RANGES.get(oid, ("oid", 2**32))
+
+    def convert(text: str) -> int:
+        stripped = text.strip()
+        if len(stripped.lstrip("+-").lstrip("0")) > 20:
+            raise NumericOverflow(f"value {_shown(text)} is out of range for type {name}")
+        number = int(stripped)
+        low = 0 if oid == OID else -bound
+        if not low <= number < bound:
+            raise NumericOverflow(f"value {_shown(text)} is out of range for type {name}")
+        return number
+
+    return convert
+
+
+def _timestamp_binary(data: bytes) -> datetime:
+    try:
+        return _EPOCH + timedelta(microseconds=_Q.unpack(data)[0])
+    except OverflowError:
+        raise DatetimeOverflow("timestamp out of range") from None
+
+
+def local_time(value: datetime, zone: str) -> bytes:
+    """A timestamptz's text in the session's TimeZone."""
+    local = value.astimezone(ZoneInfo(zone))
+    offset = local.strftime("%z")
+    text = local.replace(tzinfo=None).isoformat(sep=" ")
+    return f"{text}{offset[:3]}{':' + offset[3:] if offset[3:] != '00' else ''}".encode()
 
 
 # ---- parameters -----------------------------------------------------------------------
@@ -176,8 +251,8 @@ _BINARY: Final[dict[int, Callable[[bytes], Any]]] = {
     FLOAT8: lambda b: _D.unpack(b)[0],
     BOOL: lambda b: {b"\x00": False, b"\x01": True}[b],
     NUMERIC: numeric_from_binary,
-    TIMESTAMPTZ: lambda b: _EPOCH + timedelta(microseconds=_Q.unpack(b)[0]),
-    TIMESTAMP: lambda b: (_EPOCH + timedelta(microseconds=_Q.unpack(b)[0])).replace(tzinfo=None),
+    TIMESTAMPTZ: _timestamp_binary,
+    TIMESTAMP: lambda b: _timestamp_binary(b).replace(tzinfo=None),
     TEXT: lambda b: b.decode("utf-8"),
     VARCHAR: lambda b: b.decode("utf-8"),
     UNKNOWN: lambda b: b.decode("utf-8"),
@@ -197,14 +272,14 @@ def _bool_text(text: str) -> bool:
 
 
 _TEXT: Final[dict[int, Callable[[str], Any]]] = {
-    INT2: int,
-    INT4: int,
-    INT8: int,
-    OID: int,
+    INT2: _int_text(INT2),
+    INT4: _int_text(INT4),
+    INT8: _int_text(INT8),
+    OID: _int_text(OID),
     FLOAT4: float,
     FLOAT8: float,
     BOOL: _bool_text,
-    NUMERIC: Decimal,
+    NUMERIC: _numeric_text,
 }
 
 NAMES: Final = {
@@ -229,10 +304,13 @@ def decode_parameter(data: bytes | None, oid: int, fmt: int, index: int) -> Any:
             )
         try:
             return decode(data)
-        except (struct.error, KeyError, UnicodeDecodeError, InvalidOperation) as exc:
+        except (struct.error, KeyError, UnicodeDecodeError, InvalidOperation, ValueError):
             raise InvalidBinaryRepresentation(
-                f"parameter ${index}: {len(data)} bytes are not a binary {name} ({exc})"
+                f"parameter ${index}: {len(data)} bytes are not a binary {name}"
             ) from None
+        except Error as exc:
+            exc.message = f"parameter ${index}: {exc.message}"
+            raise
     if fmt != TEXT_FORMAT:
         raise InvalidBinaryRepresentation(f"parameter ${index}: unknown format code {fmt}")
     try:
@@ -244,7 +322,10 @@ def decode_parameter(data: bytes | None, oid: int, fmt: int, index: int) -> Any:
         return text
     try:
         return convert(text)
+    except Error as exc:
+        exc.message = f"parameter ${index}: {exc.message}"
+        raise
     except (ValueError, InvalidOperation):
         raise InvalidTextRepresentation(
-            f"parameter ${index}: invalid input syntax for type {name}: {text!r}"
+            f"parameter ${index}: invalid input syntax for type {name}: {_shown(text)}"
         ) from None

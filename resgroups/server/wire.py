@@ -25,6 +25,7 @@ MAX_STARTUP: Final = 10_000  # PostgreSQL's limit for a startup packet
 MAX_MESSAGE: Final = 64 * 1024 * 1024  # a query text or Bind message beyond this is refused
 
 _I16: Final = struct.Struct("!h")
+_U16: Final = struct.Struct("!H")
 _I32: Final = struct.Struct("!i")
 _HEADER: Final = struct.Struct("!ci")
 
@@ -75,6 +76,11 @@ class Body:
 
     def int16(self) -> int:
         return int(_I16.unpack(self._take(2))[0])
+
+    def uint16(self) -> int:
+        """A count (of parameters, formats, values): unsigned, up to 65535, as
+        PostgreSQL reads it."""
+        return int(_U16.unpack(self._take(2))[0])
 
     def int32(self) -> int:
         return int(_I32.unpack(self._take(4))[0])
@@ -177,7 +183,7 @@ def command_complete(tag: str) -> bytes:
 
 
 def parameter_description(oids: Sequence[int]) -> bytes:
-    return message(b"t", int16(len(oids)) + b"".join(int32(o) for o in oids))
+    return message(b"t", _U16.pack(len(oids)) + b"".join(int32(o) for o in oids))
 
 
 def row_description(fields: Sequence[tuple[str, int, int, int]]) -> bytes:

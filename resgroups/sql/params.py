@@ -21,7 +21,7 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Final
 
-from resgroups.errors import Error, InvalidParameter
+from resgroups.errors import Error, InvalidParameter, ProgramLimitExceeded
 
 # a placeholder, or something a placeholder cannot be inside (the lexical
 # rules of grammar.lark: strings and names double their quote to escape it)
@@ -38,10 +38,25 @@ class UndefinedParameter(Error):
     sqlstate = "42P02"
 
 
+def _number(digits: str) -> int:
+    """The n of ``$n``; ProgramLimitExceeded (54000) past MAX_PARAMETERS, read
+    from at most 6 digits, so ``$2147483648`` builds nothing of its size."""
+    stripped = digits.lstrip("0") or "0"
+    if len(stripped) > 5 or int(stripped) > MAX_PARAMETERS:
+        shown = stripped if len(stripped) <= 12 else stripped[:12] + "..."
+        raise ProgramLimitExceeded(
+            f"there is no parameter ${shown}: a statement takes at most {MAX_PARAMETERS} parameters"
+        )
+    return int(stripped)
+
+
 def placeholders(sql: str) -> int:
-    """The highest ``$n`` in ``sql`` (0: none)."""
-    found = [int(m.group(1)) for m in _SCAN.finditer(sql) if m.group(1)]
-    return max(found, default=0)
+    """The highest ``$n`` in ``sql`` (0: none); linear in ``len(sql)``."""
+    highest = 0
+    for m in _SCAN.finditer(sql):
+        if m.group(1):
+            highest = max(highest, _number(m.group(1)))
+    return highest
 
 
 def literal(value: object) -> str:
@@ -87,7 +102,7 @@ def bind(sql: str, values: Sequence[object]) -> tuple[str, Callable[[int], int]]
         number = match.group(1)
         if number is None:
             continue
-        n = int(number)
+        n = _number(number)
         if not 1 <= n <= len(values):
             raise UndefinedParameter(
                 f"there is no parameter ${n} (the statement was bound with {len(values)} "

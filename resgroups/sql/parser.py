@@ -14,13 +14,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from importlib import resources
 from typing import Any, Final
 
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
-from lark.lexer import PatternStr
+from lark.lexer import BasicLexer, PatternStr
 
 from resgroups.catalog.params import INT32_MAX, RawValue, lookup, parse_param, parse_size
 from resgroups.errors import (
@@ -38,6 +41,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_LITERAL_CHARS",
     "MAX_SCRIPT_CHARS",
+    "interruptible",
     "keywords",
     "parse_one",
     "parse_script",
@@ -49,6 +53,38 @@ __all__ = [
 MAX_SCRIPT_CHARS: Final = 1_000_000  # the text given to one execute()
 MAX_LITERAL_CHARS: Final = 100  # a numeric literal, as written
 MAX_DEPTH: Final = 200  # nesting of expressions (parentheses, operators, calls)
+INTERRUPT_EVERY: Final = 1024  # tokens lexed between two interrupt checks
+
+
+class _Interrupt(threading.local):
+    check: Callable[[], None] | None = None
+    tokens: int = 0
+
+
+_interrupt: Final = _Interrupt()
+
+
+@contextmanager
+def interruptible(check: Callable[[], None]) -> Iterator[None]:
+    """Parses on this thread call ``check`` every INTERRUPT_EVERY tokens; what it
+    raises (a cancel, the client gone) ends the parse. A long statement is
+    then as interruptible as a query (the wire protocol's cancel and
+    disconnect)."""
+    before = _interrupt.check
+    _interrupt.check, _interrupt.tokens = check, 0
+    try:
+        yield
+    finally:
+        _interrupt.check = before
+
+
+def _tick(tok: Token) -> Token:
+    check = _interrupt.check
+    if check is not None:
+        _interrupt.tokens += 1
+        if _interrupt.tokens % INTERRUPT_EVERY == 0:
+            check()
+    return tok
 
 
 def _check_literal(tok: Token) -> None:
@@ -505,6 +541,9 @@ def _parser() -> Lark:
         start="script",
         maybe_placeholders=True,
     )
+    # every terminal ticks the interrupt counter (a call per token, ~1 % of a parse)
+    lark.lexer_conf.callbacks = dict.fromkeys((t.name for t in lark.terminals), _tick)
+    lark.parser.lexer = BasicLexer(lark.lexer_conf)
     # Lark.lex() builds a new lexer on every call (~8 ms) unless one is kept here;
     # the shell lexes every line it reads to find where statements end.
     lark.lexer = lark._build_lexer()

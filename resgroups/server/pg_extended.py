@@ -1,0 +1,226 @@
+"""The extended protocol: Parse, Bind, Describe, Execute, Close, Sync, Flush.
+
+A driver sends these in a burst ending with Sync. After an error every
+message up to Sync is skipped (``skipping``), and only Sync answers
+ReadyForQuery. What a client names is capped before anything is built for
+it: a statement's text at MAX_STATEMENT characters, ``$n`` at
+MAX_PARAMETERS (PostgreSQL's 65535: counts are unsigned 16-bit on the
+wire), named prepared statements at MAX_PREPARED, portals at MAX_PORTALS;
+each prepared statement's bytes are charged to the session's memory budget
+(``StatementMemory``), so a client that prepares without end meets its
+group's and the process's memory limits (53200) like a query would.
+"""
+
+from __future__ import annotations
+
+from resgroups.errors import Error, FeatureNotSupported, ProgramLimitExceeded, SqlSyntaxError
+from resgroups.server import commands as wc
+from resgroups.server import types, wire
+from resgroups.server.pg_simple import check_length, no_cursor
+from resgroups.server.pg_state import (
+    MAX_PARAMETER_BYTES,
+    MAX_PREPARED,
+    MAX_STATEMENT,
+    PREPARED_OVERHEAD,
+    ConnectionBase,
+    DuplicateObject,
+    MessageError,
+    Plan,
+    Portal,
+    Prepared,
+    TxStatus,
+    formats_for,
+    too_many,
+)
+from resgroups.server.wire import Body, ProtocolViolation
+from resgroups.sql import ast
+from resgroups.sql.params import bind, placeholders
+from resgroups.sql.parser import interruptible
+from resgroups.sql.split import split_statements
+
+
+def _statement_bytes(text: str, oids: list[int]) -> int:
+    """What a prepared statement costs, as charged: its text (UTF-8, kept as text
+    and again in its plan's names and literals), its types, and a fixed part."""
+    return 2 * len(text.encode("utf-8", "surrogatepass")) + 4 * len(oids) + PREPARED_OVERHEAD
+
+
+class Extended(ConnectionBase):
+    def parse_message(self, body: Body) -> None:
+        name, text = body.cstring(), body.cstring()
+        oids = [body.int32() for _ in range(body.uint16())]
+        check_length(text)
+        if name and name in self.statements:
+            raise DuplicateObject(f'prepared statement "{name}" already exists')
+        if name and len(self.statements) - ("" in self.statements) >= MAX_PREPARED:
+            raise too_many("prepared statements", MAX_PREPARED)
+        with interruptible(self.check_interrupt):
+            pieces = list(split_statements(text))
+        if len(pieces) > 1:
+            raise SqlSyntaxError(
+                "cannot insert multiple commands into a prepared statement",
+                line=1,
+                column=1,
+                position=pieces[1][0],
+            )
+        prepared = Prepared(text, oids)
+        if not placeholders(text):  # parse once, now: every Bind reuses the plan
+            prepared.plan = self.plan(text)
+            prepared.planned = True
+        assert self.statement_memory is not None
+        self.drop_statement(name)  # the unnamed statement is replaced
+        prepared.charged = self.statement_memory.charge(_statement_bytes(text, oids))
+        self.statements[name] = prepared
+        self.send(wire.PARSE_COMPLETE)
+
+    def drop_statement(self, name: str) -> bool:
+        prepared = self.statements.pop(name, None)
+        if prepared is None:
+            return False
+        if self.statement_memory is not None:
+            self.statement_memory.release(prepared.charged)
+        return True
+
+    def drop_statements(self) -> None:
+        for name in list(self.statements):
+            self.drop_statement(name)
+
+    def bind_message(self, body: Body) -> None:
+        portal_name, statement_name = body.cstring(), body.cstring()
+        param_formats = [body.int16() for _ in range(body.uint16())]
+        raw = []
+        for _ in range(body.uint16()):
+            length = body.int32()
+            raw.append(None if length == -1 else body.raw(length))
+        result_formats = [body.int16() for _ in range(body.uint16())]
+        prepared = self.statements.get(statement_name)
+        if prepared is None:
+            raise wc.UndefinedObject(
+                f'prepared statement "{statement_name}" does not exist', sqlstate="26000"
+            )
+        if portal_name and portal_name in self.portals:
+            raise DuplicateObject(f'portal "{portal_name}" already exists', sqlstate="42P03")
+        size = sum(len(data) for data in raw if data is not None)
+        if size > MAX_PARAMETER_BYTES:  # the bound text could only be longer than allowed
+            raise ProgramLimitExceeded(
+                f"bind message parameters of {size:,} bytes exceed the limit of "
+                f"{MAX_PARAMETER_BYTES:,} (a bound statement is at most {MAX_STATEMENT:,} "
+                "characters)"
+            )
+        formats = formats_for(param_formats, len(raw), "parameter")
+        oids = prepared.oids + [0] * (len(raw) - len(prepared.oids))
+        values = [
+            types.decode_parameter(data, oid, fmt, i + 1)
+            for i, (data, oid, fmt) in enumerate(zip(raw, oids, formats, strict=False))
+        ]
+        if prepared.planned:
+            if values:
+                raise MessageError(
+                    f"bind message supplies {len(values)} parameters, "
+                    "but the prepared statement requires 0"
+                )
+            plan = prepared.plan
+        else:
+            bound, original = bind(prepared.text, values)
+            check_length(bound)
+            plan = self.plan(bound, 0, original)
+        self.add_portal(portal_name, Portal(plan, result_formats))
+        self.send(wire.BIND_COMPLETE)
+
+    def describe_message(self, body: Body) -> None:
+        what, name = body.byte(), body.cstring()
+        if what == b"S":
+            prepared = self.statements.get(name)
+            if prepared is None:
+                raise wc.UndefinedObject(
+                    f'prepared statement "{name}" does not exist', sqlstate="26000"
+                )
+            count = max(placeholders(prepared.text), len(prepared.oids))
+            oids = prepared.oids + [types.TEXT] * (count - len(prepared.oids))
+            self.send(wire.parameter_description([o or types.TEXT for o in oids]))
+            plan = prepared.plan if prepared.planned else self._typed_plan(prepared.text, count)
+            self._describe_plan(Portal(plan), [])
+        elif what == b"P":
+            portal = self.portals.get(name)
+            if portal is None:
+                raise no_cursor(name)
+            self._describe_plan(portal, portal.formats)
+        else:
+            raise ProtocolViolation(f"invalid DESCRIBE message subtype {what!r}")
+
+    def _typed_plan(self, text: str, count: int) -> Plan:
+        """A statement with placeholders planned for Describe before any value is
+        bound: with NULL for every parameter, else 0 (``long_sequence($1)`` needs a
+        number); None (NoData) when neither can be typed."""
+        assert self.session is not None
+        for value in (None, 0):
+            try:
+                bound, _ = bind(text, [value] * count)
+                plan = self.parse_text(bound, 0, None)
+                if isinstance(plan, ast.Select):
+                    self.session.describe(plan)  # raises when it cannot be typed
+                return plan
+            except Error:
+                self.check_interrupt()  # a cancel during the parse is not a typing failure
+                continue
+        return None
+
+    def _describe_plan(self, portal: Portal, codes: list[int]) -> None:
+        """RowDescription of what the portal returns, or NoData."""
+        assert self.session is not None
+        plan = portal.plan
+        shape: tuple[object, object] | None = None
+        if portal.cursor is not None:
+            shape = (portal.cursor.columns, portal.cursor.types)
+        elif isinstance(plan, ast.Select):
+            shape = self.session.describe(plan)
+        elif isinstance(plan, ast.Show):  # read-only: its rows are computed now
+            portal.cursor = self.session.open_cursor(plan)
+            shape = (portal.cursor.columns, portal.cursor.types)
+        elif isinstance(plan, wc.ShowParameter):
+            shape = self.command(plan).columns, ["text"] * (3 if plan.name == "all" else 1)
+        elif isinstance(plan, wc.Fetch) and not plan.move:
+            target = self.portals.get(plan.name)
+            if target is None or target.cursor is None:
+                raise no_cursor(plan.name)
+            shape = (target.cursor.columns, target.cursor.types)
+        columns = list(shape[0]) if shape else []  # type: ignore[call-overload]
+        if not shape or not columns:
+            self.send(wire.NO_DATA)
+            return
+        formats = formats_for(codes, len(columns))
+        self.send(self.row_description(columns, shape[1], formats))
+
+    def execute_message(self, body: Body) -> None:
+        name, max_rows = body.cstring(), body.int32()
+        portal = self.portals.get(name)
+        if portal is None:
+            raise no_cursor(name)
+        assert self.session is not None
+        self.session.clear_cancel()
+        self.interrupted = False
+        self.run(portal.plan, portal, max(0, max_rows), describe=False)
+
+    def close_message(self, body: Body) -> None:
+        what, name = body.byte(), body.cstring()
+        if what == b"S":
+            self.drop_statement(name)
+        elif what == b"P":
+            portal = self.portals.pop(name, None)
+            if portal is not None:
+                portal.close()
+        else:
+            raise ProtocolViolation(f"invalid CLOSE message subtype {what!r}")
+        self.send(wire.CLOSE_COMPLETE)
+
+    def sync_message(self, body: Body) -> None:
+        self.skipping = False
+        if self.tx is TxStatus.IDLE:  # the implicit transaction ends: its portals close
+            self.close_portals(False)
+        self.send(wire.ready_for_query(self.tx.value))
+
+    def flush_message(self, body: Body) -> None:
+        self.push()
+
+    def function_call_message(self, body: Body) -> None:
+        raise FeatureNotSupported("the fast-path function call interface is not supported")

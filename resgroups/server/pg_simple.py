@@ -1,0 +1,245 @@
+"""Simple query and the connection-statement interpreter.
+
+A Query message holds one or more statements; the whole text is split and
+parsed first (so a syntax error anywhere runs nothing), then each runs in
+turn; the first error stops the rest, and ReadyForQuery always follows,
+whatever the error (an internal one included). A statement is either the
+engine's or one the connection answers itself (``commands.recognize``:
+transactions, settings, cursors, DEALLOCATE); ``run`` executes either kind
+in a portal, which the extended protocol shares.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from resgroups.errors import Error, InternalError, ProgramLimitExceeded, SqlSyntaxError
+from resgroups.result import Result
+from resgroups.server import commands as wc
+from resgroups.server import types, wire
+from resgroups.server.pg_framing import internal
+from resgroups.server.pg_state import (
+    MAX_STATEMENT,
+    PLAN_CACHE,
+    PLAN_CACHE_TEXT,
+    ConnectionBase,
+    InFailedTransaction,
+    Plan,
+    Portal,
+    TxStatus,
+    formats_for,
+)
+from resgroups.server.wire import Body
+from resgroups.sql import ast
+from resgroups.sql.parser import interruptible, parse_one
+from resgroups.sql.split import split_statements
+
+log = logging.getLogger("resgroups.server.pgwire")
+
+
+def check_length(text: str) -> None:
+    if len(text) > MAX_STATEMENT:
+        raise ProgramLimitExceeded(
+            f"statement text of {len(text):,} characters exceeds the limit of {MAX_STATEMENT:,}"
+        )
+
+
+class SimpleQuery(ConnectionBase):
+    def query_message(self, body: Body) -> None:
+        text = body.cstring()
+        assert self.session is not None
+        self.session.clear_cancel()
+        self.interrupted = False
+        try:
+            check_length(text)
+            with interruptible(self.check_interrupt):
+                plans = [self.plan(piece, offset) for offset, piece in split_statements(text)]
+            if not plans:
+                self.send(wire.EMPTY_QUERY)
+            for plan in plans:
+                self.run(plan, Portal(plan), None, describe=True)
+        except ConnectionError:
+            raise
+        except Error as exc:
+            self.error(exc)
+        except Exception as exc:  # a bug: report it, and the client still gets its answer
+            log.exception("internal error in a simple query")
+            self.error(internal(exc))
+        if self.gone:
+            return
+        if self.tx is TxStatus.IDLE:
+            self.close_portals(False)
+        self.send(wire.ready_for_query(self.tx.value))
+
+    def plan(self, text: str, offset: int = 0, mapping: Callable[[int], int] | None = None) -> Plan:
+        """What one statement's text is: a connection statement, the engine's, or empty.
+        Plans are immutable, so a text seen lately is not parsed again."""
+        plan = self._plans.get(text)
+        if plan is not None:
+            self._plans.move_to_end(text)
+            return plan
+        plan = self.parse_text(text, offset, mapping)
+        if plan is not None and len(text) <= PLAN_CACHE_TEXT:
+            self._plans[text] = plan
+            if len(self._plans) > PLAN_CACHE:
+                self._plans.popitem(last=False)
+        return plan
+
+    def parse_text(self, text: str, offset: int, mapping: Callable[[int], int] | None) -> Plan:
+        try:
+            command = wc.recognize(text)
+            if command is not None:
+                return command
+            if not text.strip(" \t\r\n;"):
+                return None
+            with interruptible(self.check_interrupt):
+                return parse_one(text)
+        except SqlSyntaxError as exc:
+            at = mapping(exc.position) if mapping else exc.position
+            exc.position = offset + at
+            raise
+
+    def run(self, plan: Plan, portal: Portal, max_rows: int | None, *, describe: bool) -> None:
+        """Execute ``plan`` in ``portal``, sending its rows and its command tag."""
+        assert self.session is not None
+        if plan is None:
+            self.send(wire.EMPTY_QUERY)
+            return
+        if self.tx is TxStatus.FAILED and not (
+            isinstance(plan, wc.Transaction) and plan.action in ("commit", "rollback")
+        ):
+            raise InFailedTransaction(
+                "current transaction is aborted, commands ignored until end of transaction block"
+            )
+        if isinstance(plan, wc.Fetch):
+            self.fetch(plan, portal.formats, describe)
+            return
+        if isinstance(plan, wc.WIRE_COMMANDS):
+            result = self.command(plan)
+        else:
+            if portal.cursor is None and max_rows and isinstance(plan, ast.Select):
+                portal.cursor = self.session.open_cursor(plan)
+            if portal.cursor is not None:
+                self.page(portal, max_rows, describe)
+                return
+            if portal.executed:
+                self.send(wire.command_complete("SELECT 0"))
+                return
+            portal.executed = True
+            if isinstance(plan, ast.Select) and plan.source is not None:
+                self.stream(plan, portal, describe)
+                return
+            result = self.session.run(plan)
+            self._after_engine_statement(plan)
+        if result.columns:
+            formats = formats_for(portal.formats, len(result.columns))
+            if describe:
+                self.send(self.row_description(result.columns, result.types, formats))
+            self.send_rows(result.rows, result.types, formats)
+        for notice in result.notices:
+            self.send(wire.notice_response(notice))
+        self.send(wire.command_complete(result.status))
+
+    def _after_engine_statement(self, stmt: ast.Statement) -> None:
+        if isinstance(stmt, ast.ResetAll | ast.DiscardAll):
+            before = self.reported()
+            self.settings.clear()
+            self.report_changes(before)
+        if isinstance(stmt, ast.DiscardAll):
+            self.close_portals(True)
+            self.drop_statements()
+
+    # ---- connection statements ------------------------------------------------------------
+
+    def command(self, plan: wc.WireCommand) -> Result:
+        match plan:
+            case wc.Transaction(action="begin"):
+                if self.tx is not TxStatus.IDLE:
+                    return _with_notice("BEGIN", "there is already a transaction in progress")
+                self.tx = TxStatus.BLOCK
+                return Result.command("BEGIN")
+            case wc.Transaction(action=action):
+                failed = action == "rollback" or self.tx is TxStatus.FAILED
+                tag = "ROLLBACK" if failed else "COMMIT"
+                was = self.tx
+                self.tx = TxStatus.IDLE
+                self.close_portals(False)
+                if was is TxStatus.IDLE:
+                    return _with_notice(tag, "there is no transaction in progress")
+                return Result.command(tag)
+            case wc.SetParameter(name=name, value=value):
+                before = self.reported()
+                wc.apply_setting(self.settings, name, value)
+                self.report_changes(before)
+                return Result.command("RESET" if value is None else "SET")
+            case wc.ShowParameter(name="all"):
+                rows = [(s.name, self.setting(s.name), s.description) for s in wc.SETTINGS.values()]
+                return Result.table(["name", "setting", "description"], rows, ["text"] * 3)
+            case wc.ShowParameter(name=name):
+                setting = wc.find_setting(name)
+                return Result.table([name.lower()], [(self.setting(setting.name),)], ["text"])
+            case wc.Declare():
+                return self.declare(plan)
+            case wc.CloseCursor(name=None):
+                self.close_portals(True)
+                return Result.command("CLOSE CURSOR ALL")
+            case wc.CloseCursor(name=str() as name):
+                portal = self.portals.pop(name, None)
+                if portal is None:
+                    raise no_cursor(name)
+                portal.close()
+                return Result.command("CLOSE CURSOR")
+            case wc.CursorExists(name=name):
+                return Result.table(["?column?"], [(1,)] * (name in self.portals), ["int"])
+            case wc.Deallocate(name=None):
+                self.drop_statements()
+                return Result.command("DEALLOCATE ALL")
+            case wc.Deallocate(name=str() as name):
+                if not self.drop_statement(name):
+                    raise wc.UndefinedObject(
+                        f'prepared statement "{name}" does not exist', sqlstate="26000"
+                    )
+                return Result.command("DEALLOCATE")
+        raise InternalError(f"unknown connection statement {type(plan).__name__}")
+
+    def report_changes(self, before: dict[wc.Setting, str]) -> None:
+        for setting, value in self.reported().items():
+            if before.get(setting) != value:
+                self.send(wire.parameter_status(setting.name, value))
+
+    # ---- rows ----------------------------------------------------------------------
+
+    def row_description(self, columns: Any, kinds: Any, formats: list[int]) -> bytes:
+        fields = []
+        for name, kind, fmt in zip(columns, kinds, formats, strict=True):
+            oid, size = types.oid_of(kind)
+            fields.append((name, oid, size, fmt))
+        return wire.row_description(fields)
+
+    def send_rows(self, rows: list[tuple[Any, ...]], kinds: Any, formats: list[int]) -> None:
+        oids = [types.oid_of(k)[0] for k in kinds]
+        zone = self.setting("TimeZone")
+        text = types.encode_text
+        for row in rows:
+            values: list[bytes | None] = []
+            for value, oid, fmt in zip(row, oids, formats, strict=True):
+                if value is None:
+                    values.append(None)
+                elif fmt == types.BINARY_FORMAT:
+                    values.append(types.encode_binary(value, oid))
+                elif isinstance(value, datetime) and zone != "UTC":
+                    values.append(types.local_time(value, zone))
+                else:
+                    values.append(text(value))
+            self.send(wire.data_row(values))
+
+
+def no_cursor(name: str) -> Error:
+    return wc.UndefinedObject(f'cursor "{name}" does not exist', sqlstate="34000")
+
+
+def _with_notice(tag: str, notice: str) -> Result:
+    return Result(status=tag, notices=[notice])

@@ -283,6 +283,7 @@ class ScanCursor:
         """``paging=False``: the query keeps its slot and worker between fetches
         (a result streamed to a client as fast as it reads, not a cursor)."""
         self._paging = paging
+        self._started = time.monotonic()
         source = source_of(session, stmt)
         self._q = q = session.query(kind="select")
         q.__enter__()
@@ -309,6 +310,15 @@ class ScanCursor:
     @property
     def query(self) -> Query:
         return self._q
+
+    @property
+    def group(self) -> str | None:
+        """The group the query runs in (None: unmanaged)."""
+        return self._q.group
+
+    def timings(self) -> dict[str, float]:
+        """``wait_ms``, ``total_ms`` (since the cursor opened) and ``cpu_ms`` so far."""
+        return _timings(self._q, self._started, self._scan)
 
     def fetch(self, n: int | None) -> list[tuple[Any, ...]]:
         if self._done:

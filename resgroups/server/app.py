@@ -5,18 +5,23 @@ closed, so their memory comes back), then closes the engine: queued queries
 fail at once (57P01), running ones get ``grace`` seconds to finish before
 they are cancelled, and every slot and worker is back before the process
 exits with status 0.
+
+What both listeners share, so that no client can take the server from the
+rest (``limits.py``): one set of request threads with a reserve for RESOURCE
+GROUP ADMIN principals, one connection cap (``--max-connections``) with a
+reserve for them, and one failed-login throttle per source address.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import resource
 import signal
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -24,7 +29,8 @@ from aiohttp import web
 
 from resgroups.errors import EngineClosed
 from resgroups.server.dashboard import History, Sampler
-from resgroups.server.http import HttpFront
+from resgroups.server.http import KEEPALIVE_TIMEOUT, HttpFront
+from resgroups.server.limits import ConnectionSlots, LoginThrottle, RequestThreads
 from resgroups.server.pgwire import Backend
 
 if TYPE_CHECKING:
@@ -65,14 +71,31 @@ class Server:
         http_port: int = DEFAULT_HTTP_PORT,
         auth_method: str = "scram-sha-256",
         max_requests: int = MAX_REQUESTS,
+        max_connections: int | None = None,
+        metrics_open: bool = False,
+        keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     ) -> None:
         self.engine = engine
         self.host = host
         self._ports = (pg_port, http_port)
-        self.executor = ThreadPoolExecutor(max_requests, thread_name_prefix="resgroups-request")
-        self.backend = Backend(engine, self.executor, auth_method=auth_method)
+        self.keepalive_timeout = keepalive_timeout
+        self.executor = RequestThreads(max_requests)
+        # one cap and one throttle for both listeners: a client cannot go round
+        # either by switching protocol
+        self.slots = ConnectionSlots(max_connections)
+        self.throttle = LoginThrottle()
+        self.backend = _backend(
+            engine, self.executor, auth_method=auth_method, slots=self.slots, throttle=self.throttle
+        )
         self.sampler = Sampler(engine.statistics, History())
-        self.http = HttpFront(engine, self.executor, self.sampler.history)
+        self.http = HttpFront(
+            engine,
+            self.executor,
+            self.sampler.history,
+            slots=self.slots,
+            throttle=self.throttle,
+            metrics_open=metrics_open,
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._pg: asyncio.Server | None = None
         self._runner: web.AppRunner | None = None
@@ -80,7 +103,14 @@ class Server:
     async def start(self) -> Listeners:
         pg_port, http_port = self._ports
         self._pg = await asyncio.start_server(self._accept, self.host, pg_port, backlog=1024)
-        self._runner = web.AppRunner(self.http.app, handler_cancellation=True, access_log=None)
+        # keepalive_timeout also bounds how long a connection may take to send a
+        # request's headers (aiohttp arms it at accept and after each response)
+        self._runner = web.AppRunner(
+            self.http.app,
+            handler_cancellation=True,
+            access_log=None,
+            keepalive_timeout=self.keepalive_timeout,
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, http_port, backlog=1024)
         await site.start()
@@ -88,7 +118,14 @@ class Server:
         server = site._server
         assert isinstance(server, asyncio.Server)
         http_bound = server.sockets[0].getsockname()[1]
-        self.sampler.start(self.executor)
+        self.sampler.start(self.executor.for_admin(True))
+        engine = self.engine
+        if engine.access_control and engine.authenticator.open_admin:
+            log.warning(
+                "access control is on but the admin %r has no password: anyone can log in "
+                "as the admin with any password (set RESGROUPS_ADMIN_PASSWORD)",
+                engine.admin_user,
+            )
         return Listeners(self.host, pg_bound, http_bound)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -122,6 +159,25 @@ class Server:
         if self._runner is not None:
             await self._runner.cleanup()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _backend(
+    engine: Engine,
+    executor: RequestThreads,
+    *,
+    auth_method: str,
+    slots: ConnectionSlots,
+    throttle: LoginThrottle,
+) -> Backend:
+    """The wire protocol's backend, sharing the cap and the throttle when its
+    ``Backend`` takes them (a ``Backend`` without these keywords still works)."""
+    accepted = inspect.signature(Backend).parameters
+    shared: dict[str, Any] = {
+        name: value
+        for name, value in (("slots", slots), ("throttle", throttle))
+        if name in accepted
+    }
+    return Backend(engine, executor, auth_method=auth_method, **shared)
 
 
 class BackgroundServer:
@@ -169,13 +225,21 @@ def serve(
     auth_method: str = "scram-sha-256",
     grace: float = 30.0,
     ready: Callable[[Listeners], None] = lambda listeners: None,
+    **options: Any,
 ) -> int:
-    """Serve until SIGINT or SIGTERM; 0 once everything is given back."""
+    """Serve until SIGINT or SIGTERM; 0 once everything is given back. ``options``
+    go to :class:`Server` (``max_connections``, ``metrics_open``,
+    ``keepalive_timeout``)."""
     _raise_fd_limit()
 
     async def main() -> None:
         server = Server(
-            engine, host=host, pg_port=pg_port, http_port=http_port, auth_method=auth_method
+            engine,
+            host=host,
+            pg_port=pg_port,
+            http_port=http_port,
+            auth_method=auth_method,
+            **options,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -189,6 +189,14 @@ def _parser() -> argparse.ArgumentParser:
         "3 of them kept for RESOURCE GROUP ADMIN principals (default: no cap)",
     )
     serve.add_argument(
+        "--request-threads",
+        type=_count(1, _MAX_THREADS),
+        default=256,
+        metavar="N",
+        help="threads that run both listeners' requests (256), besides 4 kept for "
+        "RESOURCE GROUP ADMIN principals",
+    )
+    serve.add_argument(
         "--metrics-open",
         action="store_true",
         help="with --access-control: serve /metrics without a login (a scraper on a "
@@ -380,6 +388,7 @@ def _serve(args: argparse.Namespace) -> int:
             grace=args.grace,
             ready=ready,
             max_connections=args.max_connections,
+            max_requests=args.request_threads,
             metrics_open=args.metrics_open,
             keepalive_timeout=args.http_keepalive_timeout,
         )

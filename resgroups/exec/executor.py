@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 MORSEL_ROWS: Final = 1_000_000
 MAP_BATCH: Final = 4  # morsels per worker handed to one q.map call
+ROW_SLICE: Final = 4096  # a streamed morsel's rows made into Python tuples this many at a time
 
 
 # ---- sources ---------------------------------------------------------------------------
@@ -367,11 +368,15 @@ class ScanCursor:
                 held = sum(a.nbytes for a in chunk)
                 q.memory.allocate(held)  # charged until the chunk's rows are fetched
                 try:
-                    for row in _rows(chunk):
-                        if left <= 0:
-                            return
-                        left -= 1
-                        yield row
+                    # rows as Python tuples a slice at a time: those are not charged,
+                    # so at most ROW_SLICE of them exist per cursor
+                    size = len(chunk[0]) if chunk else 0
+                    for lo in range(0, size, ROW_SLICE):
+                        for row in _rows([a[lo : lo + ROW_SLICE] for a in chunk]):
+                            if left <= 0:
+                                return
+                            left -= 1
+                            yield row
                 finally:
                     q.memory.release(held)
 

@@ -202,6 +202,14 @@ class HttpFront:
         executor = self.executor
         return executor.for_admin(admin) if isinstance(executor, RequestThreads) else executor
 
+    def _reserved(self, request: web.Request, session: Session) -> bool:
+        """Does this request get the admin reserve? With access control off a
+        request without credentials is the admin's session but not the admin
+        (anyone's): the reserve is for one that names the admin."""
+        if not self.engine.access_control and "Authorization" not in request.headers:
+            return False
+        return reserved_for(self.engine, session.identity)
+
     # ---- sessions ----------------------------------------------------------------
 
     def _credentials(self, request: web.Request) -> tuple[str, str | None]:
@@ -311,7 +319,7 @@ class HttpFront:
             return shape.error_response(exc)
         except _HttpError as exc:
             return shape.plain_response(exc)
-        admin = reserved_for(self.engine, session.identity)
+        admin = self._reserved(request, session)
         if not self.slots.take(admin=admin):
             return shape.plain_response(_Full(self.slots.refusal(admin=admin)))
         reply = _Reply(request, loop, self.write_timeout)
@@ -391,21 +399,23 @@ class HttpFront:
     async def metrics(self, request: web.Request) -> web.StreamResponse:
         """The Prometheus text; with access control on, for a RESOURCE GROUP ADMIN's
         login (it shows every group's activity) unless ``metrics_open``."""
-        admin = True
-        if self.engine.access_control and not self.metrics_open:
-            try:
+        try:
+            if self.engine.access_control and not self.metrics_open:
                 session = await self._login(request)
                 if not reserved_for(self.engine, session.identity):
                     raise PermissionDenied(
                         f"Access denied for {session.identity.login_name} "
                         "[RESOURCE GROUP ADMIN]: /metrics shows every group's activity"
                     )
-            except Error as exc:
-                return _error(exc)
-            except _HttpError as exc:
-                return _plain_error(exc)
-        elif self.engine.access_control:
-            admin = False  # open to a scraper: it gets no reserve
+                admin = True
+            else:  # open: the reserve only for a request that names the admin
+                admin = "Authorization" in request.headers and self._reserved(
+                    request, await self._login(request)
+                )
+        except Error as exc:
+            return _error(exc)
+        except _HttpError as exc:
+            return _plain_error(exc)
         text = await asyncio.get_running_loop().run_in_executor(
             self._threads(admin), self.engine.metrics_text
         )
@@ -441,7 +451,7 @@ class HttpFront:
         loop = asyncio.get_running_loop()
         try:
             session = await self._login(request)
-            admin = reserved_for(self.engine, session.identity)
+            admin = self._reserved(request, session)
             body = await loop.run_in_executor(
                 self._threads(admin), dashboard.state, session, self.history
             )

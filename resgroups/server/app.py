@@ -29,7 +29,7 @@ from aiohttp import web
 
 from resgroups.errors import EngineClosed
 from resgroups.server.dashboard import History, Sampler
-from resgroups.server.http import KEEPALIVE_TIMEOUT, HttpFront
+from resgroups.server.http import KEEPALIVE_TIMEOUT, HttpFront, protocol_log
 from resgroups.server.limits import ConnectionSlots, LoginThrottle, RequestThreads
 from resgroups.server.pgwire import Backend
 
@@ -110,6 +110,7 @@ class Server:
             handler_cancellation=True,
             access_log=None,
             keepalive_timeout=self.keepalive_timeout,
+            logger=protocol_log,
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, http_port, backlog=1024)

@@ -43,7 +43,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final
 
-from aiohttp import web
+from aiohttp import http_exceptions, web
 
 from resgroups.access import Identity
 from resgroups.errors import (
@@ -130,6 +130,19 @@ def _json_value(value: Any) -> Any:
 
 def _dumps(body: Any) -> str:
     return json.dumps(body, default=_json_value, allow_nan=False)
+
+
+class _QuietMalformed(logging.Filter):
+    """aiohttp answers a request it cannot parse with 400 and logs its traceback:
+    garbage sent by a client is not the server's error, so it is not logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, http_exceptions.HttpProcessingError)
+
+
+protocol_log = logging.getLogger("resgroups.server.http")  # aiohttp's, for the AppRunner
+protocol_log.addFilter(_QuietMalformed())
 
 
 def _encode(value: Any) -> str:

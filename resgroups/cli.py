@@ -197,6 +197,13 @@ def _parser() -> argparse.ArgumentParser:
         "RESOURCE GROUP ADMIN principals",
     )
     serve.add_argument(
+        "--max-http-sockets",
+        type=_count(8),
+        metavar="N",
+        help="HTTP sockets open at once; at the cap the idle ones are closed, oldest "
+        "first (default: half the descriptors the process may open)",
+    )
+    serve.add_argument(
         "--metrics-open",
         action="store_true",
         help="with --access-control: serve /metrics without a login (a scraper on a "
@@ -391,6 +398,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_requests=args.request_threads,
             metrics_open=args.metrics_open,
             keepalive_timeout=args.http_keepalive_timeout,
+            max_http_sockets=args.max_http_sockets,
         )
     except OSError as exc:
         print(f"resgroups: cannot listen: {exc}", file=sys.stderr)

@@ -290,6 +290,26 @@ def test_idle_and_half_sent_http_connections_are_closed_after_the_keepalive_time
                 sock.close()
 
 
+def test_at_the_socket_cap_idle_connections_make_room_for_new_ones() -> None:
+    with serving(["--max-http-sockets", "64"]) as srv:
+        idle = [socket.create_connection((srv.host, srv.http_port), 10) for _ in range(300)]
+        busy = raw_request(srv, "/execute", query=LONG)  # a request in progress stays
+        try:
+            status, _, body = call(srv, "/execute", query="SELECT 1 AS one")
+            assert (status, body["rows"]) == (200, [[1]])
+            idle[0].settimeout(60)
+            assert read_to_eof(idle[0]) == b""  # the oldest idle one was closed for room
+            wait_until(lambda: groups(srv)["DEFAULT"]["active_queries"] == 1, timeout=30)
+            for _ in range(300):
+                idle.append(socket.create_connection((srv.host, srv.http_port), 10))
+            assert groups(srv)["DEFAULT"]["active_queries"] == 1  # still running
+        finally:
+            busy.close()
+            for sock in idle:
+                sock.close()
+        wait_until(lambda: nothing_held(srv), timeout=30)
+
+
 # ---- item 5: the admin always gets in ----------------------------------------------------
 
 
@@ -514,6 +534,7 @@ def test_curl_gets_400_for_a_body_that_is_not_utf8(plain: ServerProcess) -> None
         (["--max-connections", "0"], "--max-connections"),
         (["--request-threads", "99999"], "--request-threads"),
         (["--http-keepalive-timeout", "-1"], "--http-keepalive-timeout"),
+        (["--max-http-sockets", "2"], "--max-http-sockets"),
     ],
 )
 def test_a_bad_flag_value_names_the_flag_and_exits_2(

@@ -74,8 +74,14 @@ class Server:
         max_connections: int | None = None,
         metrics_open: bool = False,
         keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+        max_http_sockets: int | None = None,
     ) -> None:
         self.engine = engine
+        # HTTP sockets open at once (idle ones included); default: half the
+        # descriptors the process may open, so idle clients cannot take them all
+        self.max_http_sockets = max_http_sockets or max(
+            64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
+        )
         self.host = host
         self._ports = (pg_port, http_port)
         self.keepalive_timeout = keepalive_timeout
@@ -99,6 +105,7 @@ class Server:
         self._tasks: set[asyncio.Task[None]] = set()
         self._pg: asyncio.Server | None = None
         self._runner: web.AppRunner | None = None
+        self._http: asyncio.Server | None = None
 
     async def start(self) -> Listeners:
         pg_port, http_port = self._ports
@@ -113,12 +120,12 @@ class Server:
             logger=protocol_log,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, http_port, backlog=1024)
-        await site.start()
+        sockets = _SocketCap(self._runner.server, self.max_http_sockets)
+        self._http = await asyncio.get_running_loop().create_server(
+            sockets.protocol, self.host, http_port, backlog=1024
+        )
         pg_bound = self._pg.sockets[0].getsockname()[1]
-        server = site._server
-        assert isinstance(server, asyncio.Server)
-        http_bound = server.sockets[0].getsockname()[1]
+        http_bound = self._http.sockets[0].getsockname()[1]
         self.sampler.start(self.executor.for_admin(True))
         engine = self.engine
         if engine.access_control and engine.authenticator.open_admin:
@@ -157,9 +164,52 @@ class Server:
             await asyncio.wait(pending, timeout=5.0)
         for task in self._tasks:
             task.cancel()
+        if self._http is not None:
+            self._http.close()
         if self._runner is not None:
             await self._runner.cleanup()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _SocketCap:
+    """The HTTP listener's protocol factory, with a cap on open sockets: at the
+    cap, the idle ones (keep-alive between requests, or still sending their
+    headers) are closed, oldest first, down to 7/8 of it, as nginx drains its
+    reusable connections when it runs out. A request in progress is never
+    closed for room. One scan per cap/8 accepts: amortised O(1) each."""
+
+    def __init__(self, server: web.Server | None, cap: int) -> None:
+        assert server is not None
+        self._server = server
+        self.cap = cap
+        self.evicted = 0
+        self._closing = 0  # closed by _evict, not yet gone from the server's table
+
+    def protocol(self) -> asyncio.BaseProtocol:
+        # aiohttp keeps its handlers by connection (web.Server._connections)
+        open_ = getattr(self._server, "_connections", {})
+        live = len(open_) - self._closing
+        if live >= self.cap:
+            closed = self._evict(open_, live - self.cap * 7 // 8)
+            if closed and not self._closing:
+                # a closed transport leaves the table on the loop's next turn
+                asyncio.get_running_loop().call_soon(self._settled)
+            self._closing += closed
+        return self._server()
+
+    def _settled(self) -> None:
+        self._closing = 0
+
+    def _evict(self, open_: dict[Any, Any], count: int) -> int:
+        closed = 0
+        for handler in list(open_):
+            if closed >= count:
+                break
+            if not getattr(handler, "_request_in_progress", True):
+                handler.force_close()
+                closed += 1
+        self.evicted += closed
+        return closed
 
 
 def _backend(

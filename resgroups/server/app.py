@@ -122,7 +122,7 @@ class Server:
         await self._runner.setup()
         sockets = _SocketCap(self._runner.server, self.max_http_sockets)
         self._http = await asyncio.get_running_loop().create_server(
-            sockets.protocol, self.host, http_port, backlog=1024
+            sockets.protocol, self.host, http_port, backlog=4096
         )
         pg_bound = self._pg.sockets[0].getsockname()[1]
         http_bound = self._http.sockets[0].getsockname()[1]
@@ -173,43 +173,51 @@ class Server:
 
 class _SocketCap:
     """The HTTP listener's protocol factory, with a cap on open sockets: at the
-    cap, the idle ones (keep-alive between requests, or still sending their
-    headers) are closed, oldest first, down to 7/8 of it, as nginx drains its
-    reusable connections when it runs out. A request in progress is never
-    closed for room. One scan per cap/8 accepts: amortised O(1) each."""
+    cap, idle ones (keep-alive between requests, or still sending their
+    headers) are closed down to 7/8 of it, as nginx drains its reusable
+    connections when it runs out: those that never sent a request first,
+    then the least recently active, so a busy keep-alive client keeps its
+    connection. A request in progress is never closed for room."""
 
     def __init__(self, server: web.Server | None, cap: int) -> None:
         assert server is not None
         self._server = server
         self.cap = cap
         self.evicted = 0
-        self._closing = 0  # closed by _evict, not yet gone from the server's table
+        # closed here, not yet gone from the server's table (aiohttp drops a
+        # handler once its task has finished, a few loop turns later)
+        self._closing: set[Any] = set()
 
     def protocol(self) -> asyncio.BaseProtocol:
         # aiohttp keeps its handlers by connection (web.Server._connections)
         open_ = getattr(self._server, "_connections", {})
-        live = len(open_) - self._closing
-        if live >= self.cap:
-            closed = self._evict(open_, live - self.cap * 7 // 8)
-            if closed and not self._closing:
-                # a closed transport leaves the table on the loop's next turn
-                asyncio.get_running_loop().call_soon(self._settled)
-            self._closing += closed
+        if len(open_) - len(self._closing) >= self.cap:
+            self._closing = {h for h in self._closing if h in open_}
+            live = len(open_) - len(self._closing)
+            if live >= self.cap:
+                self._evict(open_, live - self.cap * 7 // 8)
         return self._server()
 
-    def _settled(self) -> None:
-        self._closing = 0
-
-    def _evict(self, open_: dict[Any, Any], count: int) -> int:
-        closed = 0
-        for handler in list(open_):
-            if closed >= count:
-                break
-            if not getattr(handler, "_request_in_progress", True):
-                handler.force_close()
-                closed += 1
-        self.evicted += closed
-        return closed
+    def _evict(self, open_: dict[Any, Any], count: int) -> None:
+        """Close ``count`` idle connections: first those that never sent a whole
+        request (oldest first), then the least recently active (aiohttp's
+        keep-alive deadline is the last response's end plus the timeout).
+        O(n log n) in the open connections, once per cap/8 accepts."""
+        idle = [
+            h
+            for h in list(open_)
+            if h not in self._closing and not getattr(h, "_request_in_progress", True)
+        ]
+        idle.sort(
+            key=lambda h: (
+                getattr(h, "_request_count", 0) > 0,
+                getattr(h, "_next_keepalive_close_time", 0.0),
+            )
+        )
+        for handler in idle[:count]:
+            handler.force_close()
+            self._closing.add(handler)
+        self.evicted += min(count, len(idle))
 
 
 def _backend(

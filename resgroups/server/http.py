@@ -336,9 +336,13 @@ class HttpFront:
         if not self.slots.take(admin=admin):
             return shape.plain_response(_Full(self.slots.refusal(admin=admin)))
         reply = _Reply(request, loop, self.write_timeout)
-        future = loop.run_in_executor(
-            self._threads(admin), self._run, session, params, shape, reply
-        )
+        try:
+            future = loop.run_in_executor(
+                self._threads(admin), self._run, session, params, shape, reply
+            )
+        except RuntimeError:  # the request threads are shut down: the server is closing
+            self.slots.give_back()
+            return shape.plain_response(_Unavailable("the server is shutting down"))
         future.add_done_callback(lambda _: self.slots.give_back())
         try:
             status = await asyncio.shield(future)

@@ -11,6 +11,7 @@ could make allocate without bound runs under an address-space limit.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import http.client
 import json
@@ -25,10 +26,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from servers import ServerProcess, serving
 from waiting import wait_until
 
+import resgroups
 from resgroups import cli
+from resgroups.server.http import HttpFront
+from resgroups.server.limits import LoginThrottle, RequestThreads
 
 ADMIN_PASSWORD = "s3cret-admin"
 ADMIN = ("admin", ADMIN_PASSWORD)
@@ -274,15 +279,15 @@ def test_idle_and_half_sent_http_connections_are_closed_after_the_keepalive_time
                 ready = selector.select(timeout=60)
                 assert ready, f"{len(open_)} idle connections still open"
                 for key, _ in ready:
-                    sock = key.fileobj
-                    assert isinstance(sock, socket.socket)
+                    closed = key.fileobj
+                    assert isinstance(closed, socket.socket)
                     try:
-                        data = sock.recv(1024)
+                        data = closed.recv(1024)
                     except ConnectionResetError:
                         data = b""
                     assert data == b""
-                    selector.unregister(sock)
-                    open_.discard(sock)
+                    selector.unregister(closed)
+                    open_.discard(closed)
             status, _, body = call(srv, "/health")
             assert (status, body["status"]) == (200, "ok")
         finally:
@@ -573,3 +578,44 @@ def test_serve_applies_its_query_timeout() -> None:
         status, _, body = call(srv, "/execute", query=LONG)
         assert (status, body["error"]["sqlstate"]) == (504, "57014")
         assert "timeout=1.0s" in body["error"]["message"]
+
+
+def test_a_throttled_login_computes_no_password_hash() -> None:
+    """In process, with the throttle's clock in the test's hands: while an address
+    is throttled its logins never reach the authenticator; once the window has
+    moved on they do again."""
+    now = [0.0]
+    throttle = LoginThrottle(free=3, window_s=10.0, clock=lambda: now[0])
+    engine = resgroups.Engine(access_control=True, admin_password=ADMIN_PASSWORD)
+    threads = RequestThreads(2)
+    checked: list[str] = []
+    login = engine.authenticator.login
+
+    def counting(snap: Any, name: str, password: str | None) -> Any:
+        checked.append(name)
+        return login(snap, name, password)
+
+    engine.authenticator.login = counting  # type: ignore[method-assign]
+    front = HttpFront(engine, threads, throttle=throttle)
+
+    async def scenario() -> list[int]:
+        statuses = []
+        async with TestClient(TestServer(front.app)) as client:
+            wrong = _headers(("admin", "wrong"))
+            for _ in range(8):
+                reply = await client.get("/execute", params={"query": "SELECT 1"}, headers=wrong)
+                statuses.append(reply.status)
+            assert len(checked) == 3  # the first three were hashed, the rest refused before
+            now[0] += 10.5  # the window moves on
+            right = _headers(ADMIN)
+            reply = await client.get("/execute", params={"query": "SELECT 1"}, headers=right)
+            statuses.append(reply.status)
+        return statuses
+
+    try:
+        statuses = asyncio.run(asyncio.wait_for(scenario(), 60))
+    finally:
+        threads.shutdown()
+        engine.close()
+    assert statuses == [401, 401, 401, 429, 429, 429, 429, 429, 200]
+    assert len(checked) == 4

@@ -350,9 +350,9 @@ class HttpFront:
             session.cancel()
             raise
         except Exception:
-            if reply.stream is not None:
+            if reply.broken or reply.stream is not None:  # the client stopped reading or left
                 reply.abort()
-                return reply.stream
+                return reply.stream or web.Response(status=500)  # (never reaches it)
             log.exception("HTTP %s: internal error", request.path)
             return shape.error_response(Error("internal error"))
         return await reply.finish(status)

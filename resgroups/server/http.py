@@ -84,6 +84,7 @@ WRITE_TIMEOUT: Final = 30.0  # a client that reads nothing of its response for t
 STREAM_CHUNK: Final = 64 * 1024  # bytes of JSON written at a time (a smaller result: one response)
 STREAM_ROWS: Final = 1000  # rows fetched from a cursor at a time
 _WAIT_SLICE: Final = 0.1  # how often a thread waiting for a write looks at its query's deadline
+_GRACE: Final = 1.0  # after the query ended, how long its pending write may still take
 _QUESTDB_TYPES: Final = {
     "int": "LONG",
     "float": "DOUBLE",
@@ -396,6 +397,10 @@ class HttpFront:
             count = 0
             while not cursor.done:
                 rows = cursor.fetch(STREAM_ROWS)
+                # encoding runs on the query's thread, on its CPU: a checkpoint per
+                # page lets the scheduler slice it (a scan's own checkpoints come
+                # once per batch of morsels, millions of rows apart)
+                cursor.query.checkpoint()
                 if rows:
                     reply.add(("," if count else "").encode() + _encode(rows)[1:-1].encode())
                     count += len(rows)
@@ -538,24 +543,32 @@ class _Reply:
 
     def _wait(self, written: concurrent.futures.Future[None]) -> None:
         """Until ``written`` is done: bounded by the write timeout, and by the query's
-        deadline and cancel (a checkpoint every ``_WAIT_SLICE``)."""
+        deadline and cancel (a checkpoint every ``_WAIT_SLICE``). When the query
+        ends while its client is still reading (the write completes within
+        ``_GRACE``), the stream stays whole and its error goes in the document's
+        tail; otherwise the connection is cut."""
         deadline = time.monotonic() + self._timeout
-        try:
-            while True:
+        while True:
+            try:
+                written.result(timeout=_WAIT_SLICE)
+                return
+            except concurrent.futures.TimeoutError:
+                pass
+            except BaseException:
+                self.broken = True  # the write failed: the client is gone
+                raise
+            try:
+                if self.query is not None:
+                    self.query.checkpoint()  # QueryTimeout / QueryCancelled when due
+                if time.monotonic() >= deadline:
+                    raise _WriteTimeout(f"the client read nothing for {self._timeout:g} s")
+            except BaseException:
                 try:
-                    written.result(timeout=_WAIT_SLICE)
-                    return
-                except concurrent.futures.TimeoutError:
-                    if self.query is not None:
-                        self.query.checkpoint()  # QueryTimeout / QueryCancelled when due
-                    if time.monotonic() >= deadline:
-                        raise _WriteTimeout(
-                            f"the client read nothing for {self._timeout:g} s"
-                        ) from None
-        except BaseException:
-            self.broken = True
-            written.cancel()
-            raise
+                    written.result(timeout=_GRACE)
+                except BaseException:
+                    self.broken = True
+                    written.cancel()
+                raise
 
     # on the loop
 

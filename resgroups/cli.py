@@ -3,14 +3,93 @@
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 from resgroups.errors import Error
 
 if TYPE_CHECKING:
     from resgroups.engine import Engine
+
+
+# ---- values of the engine's options, checked as Engine() checks them -----------------
+
+_MAX_THREADS: Final = 4096  # Engine(workers=...)'s bound
+_UNITS: Final = {
+    "": 1, "b": 1,
+    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+    "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}  # fmt: skip
+_SIZE: Final = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+_NONE: Final = ("none", "off")
+
+
+def _seconds(*, none: bool, unit: str = "seconds") -> Callable[[str], float | None]:
+    """A finite number > 0 (of ``unit``); with ``none``, also ``none`` for no limit."""
+    allowed = f"{unit} > 0" + (", or none" if none else "")
+
+    def parse(text: str) -> float | None:
+        if none and text.strip().lower() in _NONE:
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {allowed}")
+        return value
+
+    return parse
+
+
+def _bytes(*, zero: str | None = None, none: bool = False) -> Callable[[str], int | None]:
+    """A size in bytes: an integer with an optional unit (KB, MB, GB: powers of 1000;
+    K, M, G, KiB, MiB, GiB: powers of 1024); ``zero`` says what 0 means
+    (None: 0 is refused); with ``none``, also ``none``."""
+    allowed = "bytes > 0" if zero is None else f"bytes >= 0 (0: {zero})"
+    allowed += ", or none" if none else ""
+    allowed += ", e.g. 268435456, 256MiB or 2GB"
+
+    def parse(text: str) -> int | None:
+        if none and text.strip().lower() in _NONE:
+            return None
+        match = _SIZE.fullmatch(text)
+        unit = _UNITS.get(match.group(2).lower()) if match else None
+        if match is None or unit is None:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {allowed}")
+        value = float(match.group(1)) * unit
+        if value != int(value) or not (value > 0 or (value == 0 and zero is not None)):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {allowed}")
+        return int(value)
+
+    return parse
+
+
+def _count(low: int, high: int | None = None) -> Callable[[str], int]:
+    allowed = f"an integer {low}..{high}" if high is not None else f"an integer >= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {allowed}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {allowed}")
+        return value
+
+    return parse
+
+
+def _instance_id(text: str) -> str:
+    if not text.strip() or not text.isprintable() or len(text) > 200:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r}: expected a name of 1..200 printable characters"
+        )
+    return text
 
 
 def _engine_arguments(command: argparse.ArgumentParser, catalog_help: str) -> None:
@@ -25,6 +104,40 @@ def _engine_arguments(command: argparse.ArgumentParser, catalog_help: str) -> No
         "--access-control", action="store_true", help="principals, passwords and permissions"
     )
     command.add_argument("--admin-user", default="admin", help="the admin's name (default admin)")
+    limits = command.add_argument_group("the engine's limits (Engine options of the same names)")
+    limits.add_argument(
+        "--query-timeout",
+        type=_seconds(none=True),
+        default=60.0,
+        metavar="SECONDS|none",
+        help="instance-wide query timeout (60; none: no timeout)",
+    )
+    limits.add_argument(
+        "--query-memory-limit",
+        type=_bytes(none=True),
+        metavar="BYTES|none",
+        help="default single-query memory ceiling, e.g. 1GiB (default: none)",
+    )
+    limits.add_argument(
+        "--process-memory-limit",
+        type=_bytes(zero="none"),
+        default=0,
+        metavar="BYTES",
+        help="process budget for tracked query memory, e.g. 8GiB (0: none, the default)",
+    )
+    limits.add_argument(
+        "--slice-ms",
+        type=_seconds(none=False, unit="milliseconds"),
+        default=10.0,
+        metavar="MS",
+        help="CPU slice length in milliseconds (10)",
+    )
+    limits.add_argument(
+        "--instance-id",
+        type=_instance_id,
+        metavar="NAME",
+        help="this process's fleet identity (default: host, pid and a random suffix)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,7 +168,55 @@ def _parser() -> argparse.ArgumentParser:
         metavar="postgresql://...",
         help="fleet-wide admission through this PostgreSQL database",
     )
-    serve.add_argument("--workers", type=int, help="shared pool size (default: the CPUs)")
+    serve.add_argument(
+        "--fleet-admission",
+        choices=("lease", "quota"),
+        default="lease",
+        help="with --coordination: a lease per query (lease, the default) or a share "
+        "of each limit per process (quota)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=_count(1, _MAX_THREADS),
+        metavar="N",
+        help="shared pool size (default: the CPUs)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_count(1),
+        metavar="N",
+        help="connections at once, wire sessions and running HTTP requests together, "
+        "3 of them kept for RESOURCE GROUP ADMIN principals (default: no cap)",
+    )
+    serve.add_argument(
+        "--request-threads",
+        type=_count(1, _MAX_THREADS),
+        default=256,
+        metavar="N",
+        help="threads that run both listeners' requests (256), besides 4 kept for "
+        "RESOURCE GROUP ADMIN principals",
+    )
+    serve.add_argument(
+        "--max-http-sockets",
+        type=_count(8),
+        metavar="N",
+        help="HTTP sockets open at once; at the cap the idle ones are closed, oldest "
+        "first (default: half the descriptors the process may open)",
+    )
+    serve.add_argument(
+        "--metrics-open",
+        action="store_true",
+        help="with --access-control: serve /metrics without a login (a scraper on a "
+        "private network); by default it needs a RESOURCE GROUP ADMIN's login",
+    )
+    serve.add_argument(
+        "--http-keepalive-timeout",
+        type=_seconds(none=False),
+        default=15.0,
+        metavar="SECONDS",
+        help="an idle HTTP connection, or one still sending its request's headers, "
+        "is closed after this (15)",
+    )
     serve.epilog = "With --access-control the admin's password comes from RESGROUPS_ADMIN_PASSWORD."
     serve.add_argument(
         "--auth-method",
@@ -182,6 +343,11 @@ def _open_engine(
             access_control=args.access_control,
             admin_user=args.admin_user,
             admin_password=admin_password,
+            query_timeout=args.query_timeout,
+            query_memory_limit=args.query_memory_limit,
+            process_memory_limit=args.process_memory_limit,
+            slice_ms=args.slice_ms,
+            instance_id=args.instance_id,
             **extra,
         )
     except Error as exc:
@@ -196,11 +362,20 @@ def _serve(args: argparse.Namespace) -> int:
     from resgroups.server.app import Listeners, serve
 
     logging.basicConfig(level=logging.WARNING, format="resgroups: %(levelname)s %(message)s")
+    if args.fleet_admission == "quota" and not args.coordination:
+        print(
+            "resgroups serve: error: argument --fleet-admission: 'quota' shares each limit "
+            "among the processes of a fleet: give --coordination postgresql://... too "
+            "(or --fleet-admission lease)",
+            file=sys.stderr,
+        )
+        return 2
     password = os.environ.get("RESGROUPS_ADMIN_PASSWORD") or None
     engine = _open_engine(
         args,
         password,
         coordination=args.coordination,
+        fleet_admission=args.fleet_admission,
         workers=args.workers,
         md5_passwords=args.auth_method == "md5",
     )
@@ -219,6 +394,11 @@ def _serve(args: argparse.Namespace) -> int:
             auth_method=args.auth_method,
             grace=args.grace,
             ready=ready,
+            max_connections=args.max_connections,
+            max_requests=args.request_threads,
+            metrics_open=args.metrics_open,
+            keepalive_timeout=args.http_keepalive_timeout,
+            max_http_sockets=args.max_http_sockets,
         )
     except OSError as exc:
         print(f"resgroups: cannot listen: {exc}", file=sys.stderr)

@@ -178,6 +178,12 @@ class Session:
         """A new request begins: a cancel that came before it is forgotten."""
         self._cancel_requested = False
 
+    @property
+    def cancel_requested(self) -> bool:
+        """Has :meth:`cancel` been called since the request began? (a script run
+        statement by statement stops at the next one)"""
+        return self._cancel_requested
+
     def execute(self, sql: str) -> Result:
         """Run every statement of ``sql``; the last one's result."""
         results = self.execute_script(sql)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -58,17 +59,28 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def serving(args: Sequence[str] = (), env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+def serving(
+    args: Sequence[str] = (), env: dict[str, str] | None = None, address_space: int | None = None
+) -> Iterator[ServerProcess]:
     """A server for the block; it must exit with status 0 after SIGTERM."""
-    srv = start_server(args, env)
+    srv = start_server(args, env, address_space)
     try:
         yield srv
     finally:
         assert srv.stop() == 0
 
 
-def start_server(args: Sequence[str] = (), env: dict[str, str] | None = None) -> ServerProcess:
-    """Start ``resgroups serve`` on ports the OS picks; return once it listens."""
+def start_server(
+    args: Sequence[str] = (), env: dict[str, str] | None = None, address_space: int | None = None
+) -> ServerProcess:
+    """Start ``resgroups serve`` on ports the OS picks; return once it listens.
+    ``address_space``: its RLIMIT_AS in bytes, for a test that could make it
+    allocate without bound (a regression then fails the test, not the machine)."""
+
+    def limit() -> None:
+        if address_space is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
     proc = subprocess.Popen(
         [sys.executable, "-m", "resgroups.cli", "serve", "--pg-port", "0", "--http-port", "0",
          "--grace", "5", *args],
@@ -76,6 +88,7 @@ def start_server(args: Sequence[str] = (), env: dict[str, str] | None = None) ->
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **(env or {})},
+        preexec_fn=limit if address_space is not None else None,
     )  # fmt: skip
     assert proc.stdout is not None
     assert proc.stderr is not None

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 MORSEL_ROWS: Final = 1_000_000
 MAP_BATCH: Final = 4  # morsels per worker handed to one q.map call
+ROW_SLICE: Final = 4096  # a streamed morsel's rows made into Python tuples this many at a time
 
 
 # ---- sources ---------------------------------------------------------------------------
@@ -283,6 +284,7 @@ class ScanCursor:
         """``paging=False``: the query keeps its slot and worker between fetches
         (a result streamed to a client as fast as it reads, not a cursor)."""
         self._paging = paging
+        self._started = time.monotonic()
         source = source_of(session, stmt)
         self._q = q = session.query(kind="select")
         q.__enter__()
@@ -309,6 +311,15 @@ class ScanCursor:
     @property
     def query(self) -> Query:
         return self._q
+
+    @property
+    def group(self) -> str | None:
+        """The group the query runs in (None: unmanaged)."""
+        return self._q.group
+
+    def timings(self) -> dict[str, float]:
+        """``wait_ms``, ``total_ms`` (since the cursor opened) and ``cpu_ms`` so far."""
+        return _timings(self._q, self._started, self._scan)
 
     def fetch(self, n: int | None) -> list[tuple[Any, ...]]:
         if self._done:
@@ -357,11 +368,15 @@ class ScanCursor:
                 held = sum(a.nbytes for a in chunk)
                 q.memory.allocate(held)  # charged until the chunk's rows are fetched
                 try:
-                    for row in _rows(chunk):
-                        if left <= 0:
-                            return
-                        left -= 1
-                        yield row
+                    # rows as Python tuples a slice at a time: those are not charged,
+                    # so at most ROW_SLICE of them exist per cursor
+                    size = len(chunk[0]) if chunk else 0
+                    for lo in range(0, size, ROW_SLICE):
+                        for row in _rows([a[lo : lo + ROW_SLICE] for a in chunk]):
+                            if left <= 0:
+                                return
+                            left -= 1
+                            yield row
                 finally:
                     q.memory.release(held)
 

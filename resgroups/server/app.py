@@ -5,18 +5,23 @@ closed, so their memory comes back), then closes the engine: queued queries
 fail at once (57P01), running ones get ``grace`` seconds to finish before
 they are cancelled, and every slot and worker is back before the process
 exits with status 0.
+
+What both listeners share, so that no client can take the server from the
+rest (``limits.py``): one set of request threads with a reserve for RESOURCE
+GROUP ADMIN principals, one connection cap (``--max-connections``) with a
+reserve for them, and one failed-login throttle per source address.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import resource
 import signal
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -24,7 +29,8 @@ from aiohttp import web
 
 from resgroups.errors import EngineClosed
 from resgroups.server.dashboard import History, Sampler
-from resgroups.server.http import HttpFront
+from resgroups.server.http import KEEPALIVE_TIMEOUT, HttpFront, protocol_log
+from resgroups.server.limits import ConnectionSlots, LoginThrottle, RequestThreads
 from resgroups.server.pgwire import Backend
 
 if TYPE_CHECKING:
@@ -65,30 +71,69 @@ class Server:
         http_port: int = DEFAULT_HTTP_PORT,
         auth_method: str = "scram-sha-256",
         max_requests: int = MAX_REQUESTS,
+        max_connections: int | None = None,
+        metrics_open: bool = False,
+        keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+        max_http_sockets: int | None = None,
     ) -> None:
         self.engine = engine
+        # HTTP sockets open at once (idle ones included); default: half the
+        # descriptors the process may open, so idle clients cannot take them all
+        self.max_http_sockets = max_http_sockets or max(
+            64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
+        )
         self.host = host
         self._ports = (pg_port, http_port)
-        self.executor = ThreadPoolExecutor(max_requests, thread_name_prefix="resgroups-request")
-        self.backend = Backend(engine, self.executor, auth_method=auth_method)
+        self.keepalive_timeout = keepalive_timeout
+        self.executor = RequestThreads(max_requests)
+        # one cap and one throttle for both listeners: a client cannot go round
+        # either by switching protocol
+        self.slots = ConnectionSlots(max_connections)
+        self.throttle = LoginThrottle()
+        self.backend = _backend(
+            engine, self.executor, auth_method=auth_method, slots=self.slots, throttle=self.throttle
+        )
         self.sampler = Sampler(engine.statistics, History())
-        self.http = HttpFront(engine, self.executor, self.sampler.history)
+        self.http = HttpFront(
+            engine,
+            self.executor,
+            self.sampler.history,
+            slots=self.slots,
+            throttle=self.throttle,
+            metrics_open=metrics_open,
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._pg: asyncio.Server | None = None
         self._runner: web.AppRunner | None = None
+        self._http: asyncio.Server | None = None
 
     async def start(self) -> Listeners:
         pg_port, http_port = self._ports
         self._pg = await asyncio.start_server(self._accept, self.host, pg_port, backlog=1024)
-        self._runner = web.AppRunner(self.http.app, handler_cancellation=True, access_log=None)
+        # keepalive_timeout also bounds how long a connection may take to send a
+        # request's headers (aiohttp arms it at accept and after each response)
+        self._runner = web.AppRunner(
+            self.http.app,
+            handler_cancellation=True,
+            access_log=None,
+            keepalive_timeout=self.keepalive_timeout,
+            logger=protocol_log,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, http_port, backlog=1024)
-        await site.start()
+        sockets = _SocketCap(self._runner.server, self.max_http_sockets)
+        self._http = await asyncio.get_running_loop().create_server(
+            sockets.protocol, self.host, http_port, backlog=4096
+        )
         pg_bound = self._pg.sockets[0].getsockname()[1]
-        server = site._server
-        assert isinstance(server, asyncio.Server)
-        http_bound = server.sockets[0].getsockname()[1]
-        self.sampler.start(self.executor)
+        http_bound = self._http.sockets[0].getsockname()[1]
+        self.sampler.start(self.executor.for_admin(True))
+        engine = self.engine
+        if engine.access_control and engine.authenticator.open_admin:
+            log.warning(
+                "access control is on but the admin %r has no password: anyone can log in "
+                "as the admin with any password (set RESGROUPS_ADMIN_PASSWORD)",
+                engine.admin_user,
+            )
         return Listeners(self.host, pg_bound, http_bound)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -119,9 +164,79 @@ class Server:
             await asyncio.wait(pending, timeout=5.0)
         for task in self._tasks:
             task.cancel()
+        if self._http is not None:
+            self._http.close()
         if self._runner is not None:
             await self._runner.cleanup()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _SocketCap:
+    """The HTTP listener's protocol factory, with a cap on open sockets: at the
+    cap, idle ones (keep-alive between requests, or still sending their
+    headers) are closed down to 7/8 of it, as nginx drains its reusable
+    connections when it runs out: those that never sent a request first,
+    then the least recently active, so a busy keep-alive client keeps its
+    connection. A request in progress is never closed for room."""
+
+    def __init__(self, server: web.Server | None, cap: int) -> None:
+        assert server is not None
+        self._server = server
+        self.cap = cap
+        self.evicted = 0
+        # closed here, not yet gone from the server's table (aiohttp drops a
+        # handler once its task has finished, a few loop turns later)
+        self._closing: set[Any] = set()
+
+    def protocol(self) -> asyncio.BaseProtocol:
+        # aiohttp keeps its handlers by connection (web.Server._connections)
+        open_ = getattr(self._server, "_connections", {})
+        if len(open_) - len(self._closing) >= self.cap:
+            self._closing = {h for h in self._closing if h in open_}
+            live = len(open_) - len(self._closing)
+            if live >= self.cap:
+                self._evict(open_, live - self.cap * 7 // 8)
+        return self._server()
+
+    def _evict(self, open_: dict[Any, Any], count: int) -> None:
+        """Close ``count`` idle connections: first those that never sent a whole
+        request (oldest first), then the least recently active (aiohttp's
+        keep-alive deadline is the last response's end plus the timeout).
+        O(n log n) in the open connections, once per cap/8 accepts."""
+        idle = [
+            h
+            for h in list(open_)
+            if h not in self._closing and not getattr(h, "_request_in_progress", True)
+        ]
+        idle.sort(
+            key=lambda h: (
+                getattr(h, "_request_count", 0) > 0,
+                getattr(h, "_next_keepalive_close_time", 0.0),
+            )
+        )
+        for handler in idle[:count]:
+            handler.force_close()
+            self._closing.add(handler)
+        self.evicted += min(count, len(idle))
+
+
+def _backend(
+    engine: Engine,
+    executor: RequestThreads,
+    *,
+    auth_method: str,
+    slots: ConnectionSlots,
+    throttle: LoginThrottle,
+) -> Backend:
+    """The wire protocol's backend, sharing the cap and the throttle when its
+    ``Backend`` takes them (a ``Backend`` without these keywords still works)."""
+    accepted = inspect.signature(Backend).parameters
+    shared: dict[str, Any] = {
+        name: value
+        for name, value in (("slots", slots), ("throttle", throttle))
+        if name in accepted
+    }
+    return Backend(engine, executor, auth_method=auth_method, **shared)
 
 
 class BackgroundServer:
@@ -169,13 +284,21 @@ def serve(
     auth_method: str = "scram-sha-256",
     grace: float = 30.0,
     ready: Callable[[Listeners], None] = lambda listeners: None,
+    **options: Any,
 ) -> int:
-    """Serve until SIGINT or SIGTERM; 0 once everything is given back."""
+    """Serve until SIGINT or SIGTERM; 0 once everything is given back. ``options``
+    go to :class:`Server` (``max_connections``, ``metrics_open``,
+    ``keepalive_timeout``)."""
     _raise_fd_limit()
 
     async def main() -> None:
         server = Server(
-            engine, host=host, pg_port=pg_port, http_port=http_port, auth_method=auth_method
+            engine,
+            host=host,
+            pg_port=pg_port,
+            http_port=http_port,
+            auth_method=auth_method,
+            **options,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

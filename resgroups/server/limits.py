@@ -29,12 +29,39 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from resgroups.access import Identity, is_group_admin
+
+if TYPE_CHECKING:
+    from resgroups.engine import Engine
 
 T = TypeVar("T")
 
 ADMIN_RESERVE: Final = 3  # PostgreSQL's superuser_reserved_connections default
 ADMIN_THREADS: Final = 4
+
+
+def reserved_for(engine: Engine, identity: Identity) -> bool:
+    """Does this principal get the admin reserve (connections and request threads)?
+
+    With access control on: the admin and every RESOURCE GROUP ADMIN
+    principal. With it off anyone may log in under any name, so the reserve
+    goes to the admin's name (``--admin-user``), as it would to a superuser.
+    """
+    if not engine.access_control:
+        return identity.login_name == engine.admin_user
+    return is_group_admin(engine.snapshot, identity, access_control=True)
+
+
+def may_be_reserved(engine: Engine, name: str) -> bool:
+    """Before a password is checked: would ``name``, once logged in, get the
+    reserve? (a claimed admin's password hash runs on the admin's threads, so
+    the admin can log in while every general thread is pinned)"""
+    if not engine.access_control or name == engine.admin_user:
+        return name == engine.admin_user
+    identity, _ = engine.authenticator.credentials(engine.snapshot, name)
+    return identity is not None and reserved_for(engine, identity)
 
 
 class ConnectionSlots:

@@ -33,6 +33,7 @@ class Literal:
 @dataclass(frozen=True)
 class Column:
     name: Ident
+    table: Ident | None = None  # c.relname: the relation's name or alias
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Unary:
 
 @dataclass(frozen=True)
 class Binary:
-    op: str  # + - * / % = <> < <= > >= and or like
+    op: str  # + - * / % = <> < <= > >= and or like, ~ !~ ~* !~*, distinct, not distinct
     left: Expr
     right: Expr
 
@@ -78,7 +79,24 @@ class Cast:
     written: str
 
 
-Expr = Literal | Column | Unary | Binary | IsNull | InList | Call | Cast
+@dataclass(frozen=True)
+class Case:
+    """``CASE [operand] WHEN w THEN t ... [ELSE e] END``."""
+
+    operand: Expr | None
+    whens: tuple[tuple[Expr, Expr], ...]
+    default: Expr | None = None
+
+
+@dataclass(frozen=True)
+class Subquery:
+    """``(SELECT ...)`` (kind "scalar"), ``EXISTS (SELECT ...)`` or ``ARRAY(SELECT ...)``."""
+
+    kind: str
+    select: Select
+
+
+Expr = Literal | Column | Unary | Binary | IsNull | InList | Call | Cast | Case | Subquery
 
 
 # --------------------------------------------------------------------------
@@ -284,20 +302,37 @@ class OrderItem:
 class TableFunction:
     name: str  # lower-cased
     args: tuple[Expr, ...] = ()
+    alias: Ident | None = None
 
 
 @dataclass(frozen=True)
 class TableName:
     name: Ident
+    schema: Ident | None = None  # pg_catalog.pg_class
+    alias: Ident | None = None
+
+
+@dataclass(frozen=True)
+class Join:
+    """``left [INNER|LEFT] JOIN right ON on``; a comma in FROM is kind "cross"."""
+
+    left: Source
+    right: Source
+    kind: str  # "inner", "left" or "cross"
+    on: Expr | None = None
+
+
+Source = TableFunction | TableName | Join
 
 
 @dataclass(frozen=True)
 class Select:
     items: tuple[SelectItem, ...] | None  # None: SELECT *
-    source: TableFunction | TableName | None = None
+    source: Source | None = None
     where: Expr | None = None
     order_by: tuple[OrderItem, ...] = ()
     limit: int | None = None
+    offset: int = 0
 
 
 @dataclass(frozen=True)

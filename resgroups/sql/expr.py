@@ -17,13 +17,21 @@ aggregates.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from resgroups.errors import DivisionByZero, UndefinedColumn, did_you_mean
+from resgroups.errors import (
+    AmbiguousColumn,
+    DivisionByZero,
+    FeatureNotSupported,
+    InvalidRegularExpression,
+    UndefinedColumn,
+    did_you_mean,
+)
 from resgroups.sql import ast
 from resgroups.sql.semantics import (
     AGGREGATES,
@@ -54,6 +62,12 @@ Row = Sequence[Any]
 Evaluator = Callable[[Row], Any]
 
 
+class Catalog(Protocol):
+    """What the catalog's functions (pg_get_userbyid, format_type, ...) read."""
+
+    def call(self, name: str, args: Sequence[Any]) -> Any: ...
+
+
 @dataclass(frozen=True)
 class EvalContext:
     """What an expression may ask of the query running it."""
@@ -61,31 +75,70 @@ class EvalContext:
     current_group: str | None = None
     user: str | None = None  # the session's principal (current_user, session_user)
     database: str = "resgroups"  # what a wire client named at startup (current_database)
+    catalog: Catalog | None = None  # answers the catalog's functions (None: none here)
+    # compiles a subquery against the scope around it (None: no subqueries here)
+    subquery: Callable[[ast.Subquery, Scope, EvalContext], Evaluator] | None = None
+
+
+def _same(name: str, ident: ast.Ident) -> bool:
+    return name == ident.text or (not ident.quoted and name.casefold() == ident.text.casefold())
 
 
 @dataclass(frozen=True)
 class Scope:
-    """The columns a row holds, by position, and their types where known."""
+    """The columns a row holds, by position, and their types where known.
+
+    In a join each column also has its relation's name or alias (``tables``),
+    so ``c.relname`` finds it. A subquery's scope is its own columns then the
+    enclosing query's (``local`` counts its own): a name is looked up in the
+    innermost level that has it, and two matches in one level are ambiguous.
+    """
 
     names: tuple[str, ...]
     types: tuple[str | None, ...] = ()
+    tables: tuple[str | None, ...] = ()
+    local: int | None = None  # columns [0, local) are this query's; the rest enclose it
 
-    def index(self, ident: ast.Ident) -> int:
-        for i, name in enumerate(self.names):
-            if name == ident.text:
-                return i
-        if not ident.quoted:
-            for i, name in enumerate(self.names):
-                if name.casefold() == ident.text.casefold():
-                    return i
+    def index(self, ident: ast.Ident, table: ast.Ident | None = None) -> int:
+        levels = [range(len(self.names))]
+        if self.local is not None:
+            levels = [range(self.local), range(self.local, len(self.names))]
+        for level in levels:
+            found = [
+                i
+                for i in level
+                if _same(self.names[i], ident)
+                and (table is None or (i < len(self.tables) and _table_is(self.tables[i], table)))
+            ]
+            exact = [i for i in found if self.names[i] == ident.text]
+            if len(found) > 1 and len(exact) != 1:
+                raise AmbiguousColumn(f'column reference "{ident.text}" is ambiguous')
+            if found:
+                return exact[0] if exact else found[0]
+        shown = ident.text if table is None else f"{table.text}.{ident.text}"
+        if table is not None and not any(
+            t is not None and _table_is(t, table) for t in self.tables
+        ):
+            raise UndefinedColumn(
+                f'missing FROM-clause entry for table "{table.text}".'
+                + did_you_mean(table.text, {t for t in self.tables if t is not None}),
+                sqlstate="42P01",
+            )
+        return self._missing(ident, shown)
+
+    def _missing(self, ident: ast.Ident, shown: str) -> int:
         raise UndefinedColumn(
-            f"column {ident.text} does not exist; columns: {', '.join(self.names) or '(none)'}."
+            f"column {shown} does not exist; columns: {', '.join(self.names) or '(none)'}."
             + did_you_mean(ident.text, self.names)
         )
 
-    def column_type(self, ident: ast.Ident) -> str:
-        i = self.index(ident)
+    def column_type(self, ident: ast.Ident, table: ast.Ident | None = None) -> str:
+        i = self.index(ident, table)
         return (self.types[i] if i < len(self.types) else None) or UNKNOWN
+
+
+def _table_is(name: str | None, ref: ast.Ident) -> bool:
+    return name is not None and _same(name, ref)
 
 
 # ---- operators (operands already type-checked; None is NULL) -----------------------
@@ -134,7 +187,34 @@ BINARY: Final[dict[str, Callable[[Any, Any], Any]]] = {
     ">": lambda a, b: a > b,
     ">=": lambda a, b: a >= b,
     "like": lambda a, b: like_pattern(b).fullmatch(a) is not None,
+    "~": lambda a, b: regex_pattern(b).search(a) is not None,
+    "!~": lambda a, b: regex_pattern(b).search(a) is None,
+    "~*": lambda a, b: regex_pattern(b, re.IGNORECASE).search(a) is not None,
+    "!~*": lambda a, b: regex_pattern(b, re.IGNORECASE).search(a) is None,
 }
+
+
+@functools.lru_cache(maxsize=256)
+def regex_pattern(pattern: str, flags: int = 0) -> re.Pattern[str]:
+    """A POSIX regular expression as PostgreSQL's ARE basics read it, compiled by
+    Python's re: anchors, classes, groups, alternation, quantifiers and the
+    bracket classes [[:alpha:]] and the like. Not supported: ARE's word
+    boundaries \\m \\M \\y, back references and embedded options."""
+    for posix, python in _POSIX_CLASSES.items():
+        pattern = pattern.replace(posix, python)
+    try:
+        return re.compile(pattern, flags)
+    except re.error as exc:
+        raise InvalidRegularExpression(
+            f"invalid regular expression {pattern!r}: {exc}"
+        ) from None
+
+
+_POSIX_CLASSES: Final = {
+    "[:alpha:]": "a-zA-Z", "[:digit:]": "0-9", "[:alnum:]": "a-zA-Z0-9",
+    "[:upper:]": "A-Z", "[:lower:]": "a-z", "[:space:]": "\\s", "[:punct:]": "!-/:-@\\[-`{-~",
+    "[:xdigit:]": "0-9A-Fa-f",
+}  # fmt: skip
 
 
 # ---- functions --------------------------------------------------------------------
@@ -158,6 +238,23 @@ SCALAR_FUNCTIONS: Final[dict[str, tuple[Callable[..., Any], bool]]] = {
     "abs": (_abs, True),
     "round": (_round, True),
     "coalesce": (lambda *xs: next((x for x in xs if x is not None), None), False),
+}
+# the catalog's functions: answered by ``ctx.catalog``; what each gives without one
+CATALOG_FUNCTIONS: Final[dict[str, Any]] = {
+    "pg_table_is_visible": None,
+    "pg_function_is_visible": None,
+    "pg_type_is_visible": None,
+    "pg_get_userbyid": None,
+    "format_type": None,
+    "pg_get_function_result": None,
+    "pg_get_function_arguments": None,
+    "pg_get_function_identity_arguments": None,
+    "obj_description": None,
+    "col_description": None,
+    "shobj_description": None,
+    "pg_get_expr": None,
+    "pg_encoding_to_char": None,
+    "array_to_string": None,
 }
 CONTEXT_FUNCTIONS: Final[dict[str, Callable[[EvalContext], Any]]] = {
     "current_resource_group": lambda ctx: ctx.current_group,
@@ -203,8 +300,8 @@ def _compile(
     match expr:
         case ast.Literal(value=value):
             return lambda row: value
-        case ast.Column(name=name):
-            i = scope.index(name)
+        case ast.Column(name=name, table=table):
+            i = scope.index(name, table)
             return lambda row: row[i]
         case ast.Unary(op="-", operand=operand):
             inner = sub(operand)
@@ -226,6 +323,9 @@ def _compile(
             return negation
         case ast.Binary(op="and" | "or" as op, left=left, right=right):
             return _logic(op, sub(left), sub(right))
+        case ast.Binary(op="distinct" | "not distinct" as op, left=left, right=right):
+            lhs, rhs, same = sub(left), sub(right), op == "not distinct"
+            return lambda row: (lhs(row) == rhs(row)) == same  # NULL is not distinct from NULL
         case ast.Binary(op=op, left=left, right=right):
             fn, lhs, rhs = BINARY[op], sub(left), sub(right)
 
@@ -249,6 +349,27 @@ def _compile(
         case ast.Call(name=name) if name in CONTEXT_FUNCTIONS:
             value = CONTEXT_FUNCTIONS[name](ctx)
             return lambda row: value
+        case ast.Call(name=name, args=call_args) if name in CATALOG_FUNCTIONS:
+            catalog_args = [sub(a) for a in call_args]
+            catalog = ctx.catalog
+
+            def catalog_call(row: Row) -> Any:
+                values = [a(row) for a in catalog_args]
+                if catalog is None:
+                    return CATALOG_FUNCTIONS[name]
+                return catalog.call(name, values)
+
+            return catalog_call
+        case ast.Case(operand=operand, whens=whens, default=default):
+            return _case(
+                None if operand is None else sub(operand),
+                [(sub(w), sub(t)) for w, t in whens],
+                None if default is None else sub(default),
+            )
+        case ast.Subquery():
+            if ctx.subquery is None:
+                raise FeatureNotSupported("subqueries are answered over the catalog only")
+            return ctx.subquery(expr, scope, ctx)
         case ast.Call(name=name, args=call_args):
             fn, null_in_null_out = SCALAR_FUNCTIONS[name]
             args = [sub(a) for a in call_args]
@@ -261,6 +382,22 @@ def _compile(
 
             return apply
     raise TypeError(f"not an expression: {expr!r}")
+
+
+def _case(
+    operand: Evaluator | None,
+    whens: list[tuple[Evaluator, Evaluator]],
+    default: Evaluator | None,
+) -> Evaluator:
+    def case(row: Row) -> Any:
+        subject = None if operand is None else operand(row)
+        for when, then in whens:
+            w = when(row)
+            if (w is True) if operand is None else (w is not None and w == subject):
+                return then(row)
+        return None if default is None else default(row)
+
+    return case
 
 
 def _logic(op: str, lhs: Evaluator, rhs: Evaluator) -> Evaluator:

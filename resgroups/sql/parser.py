@@ -317,12 +317,13 @@ class _ToAst(Transformer[Token, Any]):
     def select(
         self,
         items: tuple[ast.SelectItem, ...] | None,
-        source: ast.TableFunction | ast.TableName | None,
+        source: ast.Source | None,
         where: ast.Expr | None,
         order_by: tuple[ast.OrderItem, ...] | None,
         limit: int | None,
+        offset: int | None,
     ) -> ast.Select:
-        return ast.Select(items, source, where, order_by or (), limit)
+        return ast.Select(items, source, where, order_by or (), limit, offset or 0)
 
     def select_star(self) -> None:
         return None
@@ -336,14 +337,39 @@ class _ToAst(Transformer[Token, Any]):
     def select_item_alias(self, expr: ast.Expr, *rest: ast.Ident | None) -> ast.SelectItem:
         return ast.SelectItem(expr, rest[-1])
 
-    def from_clause(self, source: ast.TableFunction | ast.TableName) -> Any:
+    def from_clause(self, first: ast.Source, *rest: ast.Source) -> ast.Source:
+        source = first
+        for item in rest:  # FROM a, b, c: cross joins, left to right
+            source = ast.Join(source, item, "cross")
         return source
 
-    def table_function(self, name: Token, *args: ast.Expr | None) -> ast.TableFunction:
-        return ast.TableFunction(name.lower(), tuple(a for a in args if a is not None))
+    def join(
+        self, left: ast.Source, kind: str, right: ast.Source, on: ast.Expr
+    ) -> ast.Join:
+        return ast.Join(left, right, kind, on)
 
-    def table_name(self, name: ast.Ident) -> ast.TableName:
-        return ast.TableName(name)
+    def inner_join(self, *_: object) -> str:
+        return "inner"
+
+    def left_join(self, *_: object) -> str:
+        return "left"
+
+    def alias(self, *parts: ast.Ident | None) -> ast.Ident:
+        name = parts[-1]
+        assert name is not None
+        return name
+
+    def table_function(self, name: Token, *rest: Any) -> ast.TableFunction:
+        *args, alias = rest
+        return ast.TableFunction(name.lower(), tuple(a for a in args if a is not None), alias)
+
+    def table_name(self, name: ast.Ident, alias: ast.Ident | None) -> ast.TableName:
+        return ast.TableName(name, None, alias)
+
+    def qualified_table(
+        self, schema: ast.Ident, name: ast.Ident, alias: ast.Ident | None
+    ) -> ast.TableName:
+        return ast.TableName(name, schema, alias)
 
     def where_clause(self, expr: ast.Expr) -> ast.Expr:
         return expr
@@ -364,6 +390,12 @@ class _ToAst(Transformer[Token, Any]):
         _check_literal(tok)
         if not tok.isdigit():
             raise _PositionedError(f"LIMIT takes a non-negative integer, not {tok}", tok)
+        return int(tok)
+
+    def offset_clause(self, tok: Token) -> int:
+        _check_literal(tok)
+        if not tok.isdigit():
+            raise _PositionedError(f"OFFSET takes a non-negative integer, not {tok}", tok)
         return int(tok)
 
     # ---- expressions
@@ -391,19 +423,61 @@ class _ToAst(Transformer[Token, Any]):
     def column(self, name: ast.Ident) -> ast.Column:
         return ast.Column(name)
 
+    def qualified_column(self, table: ast.Ident, name: ast.Ident) -> ast.Column:
+        return ast.Column(name, table)
+
+    def case(self, operand: ast.Expr | None, *rest: Any) -> ast.Case:
+        *whens, default = rest
+        return ast.Case(operand, tuple(whens), default)
+
+    def when(self, condition: ast.Expr, result: ast.Expr) -> tuple[ast.Expr, ast.Expr]:
+        return condition, result
+
+    def scalar_subquery(self, select: ast.Select) -> ast.Subquery:
+        return ast.Subquery("scalar", select)
+
+    def exists(self, select: ast.Select) -> ast.Subquery:
+        return ast.Subquery("exists", select)
+
+    def array_subquery(self, select: ast.Select) -> ast.Subquery:
+        return ast.Subquery("array", select)
+
+    def collate(self, operand: ast.Expr, *_: object) -> ast.Expr:
+        """COLLATE is accepted and ignored: text compares by code point here."""
+        return operand
+
+    def regex(self, left: ast.Expr, op: Token, right: ast.Expr) -> ast.Binary:
+        return ast.Binary(str(op), left, right)
+
+    def operator_regex(
+        self, left: ast.Expr, schema: Token, op: Token, right: ast.Expr
+    ) -> ast.Binary:
+        """``OPERATOR(pg_catalog.~)``: the operator by its qualified name."""
+        if schema.lower() != "pg_catalog":
+            raise _PositionedError(f"operator does not exist: {schema}.{op}", schema)
+        return ast.Binary(str(op), left, right)
+
+    def is_distinct(self, left: ast.Expr, right: ast.Expr) -> ast.Binary:
+        return ast.Binary("distinct", left, right)
+
+    def is_not_distinct(self, left: ast.Expr, right: ast.Expr) -> ast.Binary:
+        return ast.Binary("not distinct", left, right)
+
     def call_star(self, name: Token) -> ast.Call:
         return ast.Call(name.lower(), (), star=True)
 
     def call(self, name: Token, *args: ast.Expr | None) -> ast.Call:
         return ast.Call(name.lower(), tuple(a for a in args if a is not None))
 
-    def qualified_call(self, schema: Token, name: Token, *args: ast.Expr | None) -> ast.Call:
+    def qualified_call(
+        self, schema: ast.Ident, name: Token, *args: ast.Expr | None
+    ) -> ast.Call:
         """``pg_catalog.version()``: the functions PostgreSQL keeps in pg_catalog are
         resgroups' own functions of those names; there is no other schema."""
-        if schema.lower() != "pg_catalog":
+        if schema.text.lower() != "pg_catalog":
             raise UndefinedFunction(
-                f"function {schema}.{name}() does not exist: there is no schema "
-                f'"{schema}" (functions are unqualified, or in pg_catalog)'
+                f"function {schema.text}.{name}() does not exist: there is no schema "
+                f'"{schema.text}" (functions are unqualified, or in pg_catalog)'
             )
         return self.call(name, *args)
 
@@ -433,6 +507,11 @@ class _ToAst(Transformer[Token, Any]):
         return words
 
     def type_word(self, tok: Token) -> str:
+        return str(tok).lower()
+
+    def qualified_type_word(self, schema: Token, tok: Token) -> str:
+        if schema.lower() != "pg_catalog":
+            raise UndefinedType(f'type "{schema}.{tok}" does not exist')
         return str(tok).lower()
 
     def neg(self, operand: ast.Expr) -> ast.Unary:

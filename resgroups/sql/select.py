@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,8 @@ class Relation:
     columns: tuple[str, ...]
     rows: list[tuple[Any, ...]]
     types: tuple[str | None, ...] = ()  # declared types where known ("int", "text", ...)
+    tables: tuple[str | None, ...] = ()  # each column's relation name or alias (joins)
+    local: int | None = None  # a subquery's own columns, before the enclosing row's
 
 
 def output_name(item: ast.SelectItem) -> str:
@@ -49,7 +52,16 @@ def output_name(item: ast.SelectItem) -> str:
 def _items(select: ast.Select, scope: Scope) -> tuple[ast.SelectItem, ...]:
     if select.items is not None:
         return select.items
-    return tuple(ast.SelectItem(ast.Column(ast.Ident(n, quoted=True))) for n in scope.names)
+    count = len(scope.names) if scope.local is None else scope.local
+    return tuple(
+        ast.SelectItem(
+            ast.Column(
+                ast.Ident(n, quoted=True),
+                None if t is None else ast.Ident(t, quoted=True),
+            )
+        )
+        for n, t in itertools.zip_longest(scope.names[:count], scope.tables[:count])
+    )
 
 
 @dataclass(frozen=True)
@@ -92,7 +104,7 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
     Every expression is type-checked before any row is read, so an empty
     source gives typed columns and the same errors as a full one.
     """
-    scope = Scope(source.columns, source.types)
+    scope = Scope(source.columns, source.types, source.tables, source.local)
     shape = select_shape(select, scope)
     items, names = shape.items, shape.names
     rows = source.rows
@@ -123,6 +135,7 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
             keyed.sort(key=functools.cmp_to_key(functools.partial(_compare_keys, descending)))
             outputs = [out for _, out in keyed]
 
+    outputs = outputs[select.offset :]
     if select.limit is not None:
         outputs = outputs[: select.limit]
     return Relation(names, outputs, shape.types)
@@ -145,7 +158,7 @@ def _order_key(
                 f"ORDER BY position {position} is not in the select list (1..{len(names)})"
             )
         return lambda out, src: out[position - 1]
-    if isinstance(expr, ast.Column):
+    if isinstance(expr, ast.Column) and expr.table is None:
         with contextlib.suppress(UndefinedColumn):
             i = Scope(names).index(expr.name)
             return lambda out, src: out[i]

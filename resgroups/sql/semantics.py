@@ -118,6 +118,7 @@ def truncated_div(a: int, b: int) -> int:
 # ---- operator typing -------------------------------------------------------------------
 
 ARITHMETIC: Final = frozenset({"+", "-", "*", "/", "%"})
+REGEX: Final = frozenset({"~", "!~", "~*", "!~*"})  # POSIX regular expressions, as psql uses
 COMPARISON: Final = frozenset({"=", "<>", "<", "<=", ">", ">="})
 
 
@@ -148,9 +149,13 @@ def binary_type(op: str, a: str, b: str) -> str:
     if op in COMPARISON:
         comparable(op, a, b)
         return BOOL
-    if op == "like":
+    if op == "like" or op in REGEX:
         if a not in (TEXT, UNKNOWN) or b not in (TEXT, UNKNOWN):
-            raise DatatypeMismatch(f"LIKE needs text, got {shown(a)} LIKE {shown(b)}")
+            word = op.upper()
+            raise DatatypeMismatch(f"{word} needs text, got {shown(a)} {word} {shown(b)}")
+        return BOOL
+    if op in ("distinct", "not distinct"):
+        comparable(f"IS {op.upper()} FROM", a, b)
         return BOOL
     boolean_operand(op, a)
     boolean_operand(op, b)
@@ -184,6 +189,10 @@ def _same_number(name: str, args: Sequence[str]) -> str:
     return args[0]
 
 
+def _returns(result: str) -> Callable[[str, Sequence[str]], str]:
+    return lambda name, args: result
+
+
 def _coalesce(name: str, args: Sequence[str]) -> str:
     known = [t for t in args if t != UNKNOWN]
     for t in known[1:]:
@@ -209,6 +218,21 @@ FUNCTIONS: Final[Mapping[str, Function]] = {
     "abs": Function((1, 1), _same_number),
     "round": Function((1, 2), _same_number),
     "coalesce": Function((1, 255), _coalesce),
+    # the catalog's functions (statements/pg_catalog.py answers those over its rows)
+    "pg_table_is_visible": Function((1, 1), _returns(BOOL)),
+    "pg_function_is_visible": Function((1, 1), _returns(BOOL)),
+    "pg_type_is_visible": Function((1, 1), _returns(BOOL)),
+    "pg_get_userbyid": Function((1, 1), _returns(TEXT)),
+    "format_type": Function((2, 2), _returns(TEXT)),
+    "pg_get_function_result": Function((1, 1), _returns(TEXT)),
+    "pg_get_function_arguments": Function((1, 1), _returns(TEXT)),
+    "pg_get_function_identity_arguments": Function((1, 1), _returns(TEXT)),
+    "obj_description": Function((1, 2), _returns(TEXT)),
+    "col_description": Function((2, 2), _returns(TEXT)),
+    "shobj_description": Function((2, 2), _returns(TEXT)),
+    "pg_get_expr": Function((2, 3), _returns(TEXT)),
+    "pg_encoding_to_char": Function((1, 1), _returns(TEXT)),
+    "array_to_string": Function((2, 3), _returns(TEXT)),
 }
 # what the query running an expression knows (what drivers ask on connecting)
 CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {
@@ -281,7 +305,10 @@ def children(expr: ast.Expr) -> tuple[ast.Expr, ...]:
             return (operand, *items)
         case ast.Call(args=args):
             return args
-    return ()
+        case ast.Case(operand=operand, whens=whens, default=default):
+            parts = [operand, *(e for pair in whens for e in pair), default]
+            return tuple(e for e in parts if e is not None)
+    return ()  # a subquery's aggregates are its own
 
 
 def find_aggregates(expr: ast.Expr) -> list[ast.Call]:
@@ -300,7 +327,7 @@ def find_aggregates(expr: ast.Expr) -> list[ast.Call]:
 
 def infer(
     expr: ast.Expr,
-    column_type: Callable[[ast.Ident], str],
+    column_type: Callable[..., str],  # (name[, table]) -> type
     *,
     over_aggregates: bool = False,
     where: str = "here",
@@ -323,8 +350,8 @@ def infer(
     match expr:
         case ast.Literal(value=value):
             return value_type(value)
-        case ast.Column(name=name):
-            t = column_type(name)  # an unknown column fails first
+        case ast.Column(name=name, table=table):
+            t = column_type(name) if table is None else column_type(name, table)
             if over_aggregates:
                 raise GroupingError(
                     f"column {name.text} must appear inside an aggregate function "
@@ -360,6 +387,19 @@ def infer(
             return function_type(expr, [walk(a) for a in expr.args])
         case ast.Cast(operand=operand, type=target, written=written):
             return cast_type(walk(operand), target, written)
+        case ast.Case(operand=operand, whens=whens, default=default):
+            subject = None if operand is None else walk(operand)
+            for condition, _ in whens:
+                if subject is None:
+                    boolean_operand("case when", walk(condition))
+                else:
+                    comparable("CASE ... WHEN", subject, walk(condition))
+            results = [walk(r) for _, r in whens] + ([walk(default)] if default else [])
+            return _coalesce("CASE", results)
+        case ast.Subquery(kind=kind):
+            # typed when run (statements/pg_catalog.py); a scalar subquery's column
+            # is unknown here, an ARRAY(...) is sent as its text form
+            return {"exists": BOOL, "array": TEXT}.get(kind, UNKNOWN)
     raise TypeError(f"not an expression: {expr!r}")
 
 
@@ -373,6 +413,8 @@ CAST_TYPES: Final = {
     ),
     **dict.fromkeys(("text", "varchar", "character varying", "char", "name", "bpchar"), TEXT),
     **dict.fromkeys(("bool", "boolean"), BOOL),
+    # object identifiers are integers here (a cast to regclass gives the oid, not its name)
+    **dict.fromkeys(("oid", "regclass", "regtype", "regproc", "regnamespace", "regrole"), INT),
 }
 # types PostgreSQL has and the executor does not
 _ABSENT: Final = frozenset(
@@ -495,7 +537,7 @@ def cast_value(value: object, target: str, written: str) -> object:
 
 
 def check_select_list(
-    items: Sequence[ast.Expr], where: ast.Expr | None, column_type: Callable[[ast.Ident], str]
+    items: Sequence[ast.Expr], where: ast.Expr | None, column_type: Callable[..., str]
 ) -> list[str]:
     """The types of a select list (and a check of its WHERE), for both evaluators."""
     if where is not None:

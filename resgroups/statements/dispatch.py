@@ -7,20 +7,23 @@ raise FeatureNotSupported without it) and the permission it needs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final
 
 from resgroups.access import check_group_admin, check_use, find_runtime_group
-from resgroups.errors import FeatureNotSupported, PermissionDenied
+from resgroups.errors import FeatureNotSupported, PermissionDenied, UndefinedTable
 from resgroups.exec import executor
 from resgroups.result import Cursor, Result, RowsCursor
 from resgroups.sql import ast
-from resgroups.sql.expr import Scope, compile_expr
+from resgroups.sql.expr import CATALOG_FUNCTIONS, EvalContext, Scope, compile_expr
 from resgroups.sql.select import Relation, run_select, select_shape
+from resgroups.sql.relational import run_query
 from resgroups.statements import groups, principals
-from resgroups.statements.table_functions import relation, table_function
+from resgroups.statements.pg_catalog import CatalogRows, unknown_relation
+from resgroups.statements.table_functions import TABLE_FUNCTIONS, relation, table_function
 
 if TYPE_CHECKING:
     from resgroups.session import Session
@@ -65,10 +68,122 @@ def discard_all(session: Session, stmt: ast.DiscardAll) -> Result:
 # ---- queries -------------------------------------------------------------------
 
 
+def _in_executor(session: Session, stmt: ast.Select) -> bool:
+    """True: a scan of one executor table or long_sequence() with the executor's
+    expressions; else the row engine answers (catalog relations, joins, subqueries)."""
+    if not executor.is_executor_source(stmt):
+        return False
+    source = stmt.source
+    if isinstance(source, ast.TableName):
+        if source.schema is not None and source.schema.text.casefold() != "public":
+            return False
+        try:
+            session.engine.tables.get(source.name)
+        except UndefinedTable:
+            return False
+    return not _needs_rows(stmt)
+
+
+_ROW_ONLY: Final = (ast.Case, ast.Subquery)
+
+
+def _needs_rows(node: object) -> bool:
+    """Whether ``node`` holds an expression only the row evaluator has."""
+    if isinstance(node, _ROW_ONLY):
+        return True
+    if isinstance(node, ast.Binary) and node.op in ("~", "!~", "~*", "!~*", "distinct", "not distinct"):
+        return True
+    if isinstance(node, ast.Call) and node.name in CATALOG_FUNCTIONS:
+        return True
+    if isinstance(node, tuple):
+        return any(_needs_rows(x) for x in node)
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return any(_needs_rows(getattr(node, f.name)) for f in dataclasses.fields(node))
+    return False
+
+
+def _resolver(
+    session: Session, catalog: CatalogRows, ctx: EvalContext
+) -> tuple[Callable[[ast.TableName | ast.TableFunction], Relation], list[bool]]:
+    """Resolve FROM names: the catalog, a table function's view, an executor table;
+    and whether every relation read is the workload's (managed) rather than state."""
+    managed = [True]
+
+    def resolve(ref: ast.TableName | ast.TableFunction) -> Relation:
+        if isinstance(ref, ast.TableFunction):
+            fn = table_function(ref.name)
+            values = tuple(compile_expr(a, _NO_COLUMNS, ctx)(()) for a in ref.args)
+            managed[0] = managed[0] and not fn.engine_state
+            return relation(session, fn, values)
+        found = catalog.relation(ref)
+        if found is not None:
+            managed[0] = False
+            return found
+        public = ref.schema is None or ref.schema.text.casefold() == "public"
+        name = ref.name.text if ref.name.quoted else ref.name.text.casefold()
+        if public and name in TABLE_FUNCTIONS:
+            return resolve(ast.TableFunction(name))
+        if public:
+            try:
+                table = session.engine.tables.get(ref.name)
+            except UndefinedTable:
+                pass
+            else:
+                columns = [a.tolist() for a in table.arrays]
+                return Relation(table.names, list(zip(*columns, strict=True)), tuple(
+                    executor.dtype_type(a.dtype) for a in table.arrays
+                ))
+        raise unknown_relation(ref, catalog.names())
+
+    return resolve, managed
+
+
+def _run(session: Session, stmt: ast.Select, ctx: EvalContext) -> tuple[Relation, bool]:
+    catalog = CatalogRows(session)
+    resolve, managed = _resolver(session, catalog, ctx)
+    out = run_query(stmt, resolve, replace(ctx, catalog=catalog))
+    return out, managed[0]
+
+
 def select(session: Session, stmt: ast.Select) -> Result:
     """SELECT over engine state (unmanaged), the executor's sources, or no FROM."""
-    if executor.is_executor_source(stmt):
+    if _in_executor(session, stmt):
         return executor.select(session, stmt)
+    if stmt.source is None or (
+        isinstance(stmt.source, ast.TableFunction) and not _needs_rows(stmt)
+    ):
+        return _select_simple(session, stmt)
+    group = None
+    if _reads_tables(session, stmt):  # the workload's tables: a managed query
+        with session.query(kind="select") as q:
+            out, _ = _run(session, stmt, session.eval_context(q.group))
+            group = q.group
+    else:  # the catalog and engine state: unmanaged, like resource_groups()
+        out, _ = _run(session, stmt, session.eval_context())
+    return replace(Result.table(out.columns, out.rows, out.types), group=group)
+
+
+def _reads_tables(session: Session, node: object) -> bool:
+    """Whether ``node`` names an executor table (or long_sequence) anywhere."""
+    match node:
+        case ast.TableName(name=name, schema=schema) if schema is None or (
+            schema.text.casefold() == "public"
+        ):
+            try:
+                session.engine.tables.get(name)
+            except UndefinedTable:
+                return False
+            return True
+        case ast.TableFunction(name=name):
+            return name not in TABLE_FUNCTIONS
+    if isinstance(node, tuple):
+        return any(_reads_tables(session, x) for x in node)
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return any(_reads_tables(session, getattr(node, f.name)) for f in dataclasses.fields(node))
+    return False
+
+
+def _select_simple(session: Session, stmt: ast.Select) -> Result:
     match stmt.source:
         case None:
             source = Relation((), [()])
@@ -95,13 +210,17 @@ def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str
     """The columns and types ``stmt`` returns, without running it (None: not a SELECT)."""
     if not isinstance(stmt, ast.Select):
         return None
-    if executor.is_executor_source(stmt):
+    if _in_executor(session, stmt):
         source = executor.source_of(session, stmt)
         names, types = source.names, source.types
-    elif isinstance(stmt.source, ast.TableFunction):
+    elif isinstance(stmt.source, ast.TableFunction) and not _needs_rows(stmt):
         fn = table_function(stmt.source.name)
         names = tuple(name for name, _ in fn.columns)
         types = tuple(kind for _, kind in fn.columns)
+    elif stmt.source is not None:
+        # the catalog is small: its description is its answer's (read, not managed)
+        out, _ = _run(session, stmt, session.eval_context())
+        return list(out.columns), [t or "text" for t in out.types]
     else:
         names = types = ()
     shape = select_shape(stmt, Scope(names, types))
@@ -111,7 +230,7 @@ def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str
 def open_cursor(session: Session, stmt: ast.Statement, *, paging: bool = True) -> Cursor:
     """``stmt``'s result a page at a time: a scan of the executor's sources (its
     query suspended between pages when ``paging``), else the whole result now."""
-    if isinstance(stmt, ast.Select) and executor.is_executor_source(stmt):
+    if isinstance(stmt, ast.Select) and _in_executor(session, stmt):
         return executor.ScanCursor(session, stmt, paging=paging)
     return RowsCursor(execute_statement(session, stmt))
 

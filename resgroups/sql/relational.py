@@ -1,0 +1,196 @@
+"""A small relational engine over relations in memory: FROM lists and joins,
+subqueries, and PostgreSQL's reading of untyped literals.
+
+It answers the introspection queries clients send (psql's ``\\d`` family,
+SQLAlchemy's ``inspect()``) over the catalog's rows, with the one expression
+semantics of :mod:`resgroups.sql.semantics`; nothing here knows any client.
+
+What it does: ``FROM a x, b y`` (a cross product), ``[INNER] JOIN ... ON`` and
+``LEFT [OUTER] JOIN ... ON`` as nested loops (every relation is a catalog of a
+few hundred rows at most: O(|a|·|b|) per join is the design, not an
+accident); scalar subqueries, ``EXISTS`` and ``ARRAY(...)``, correlated or not
+(a subquery's relations are read once; its WHERE runs per enclosing row); a
+string literal compared with a number, or given to IN beside one, is read as
+that number, as PostgreSQL resolves an unknown-typed literal.
+
+Non-goals: GROUP BY, UNION, window functions, RIGHT and FULL joins, LATERAL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Final
+
+from resgroups.errors import CardinalityViolation
+from resgroups.sql import ast
+from resgroups.sql.expr import EvalContext, Evaluator, Scope, compile_expr
+from resgroups.sql.select import Relation, run_select
+from resgroups.sql.semantics import BOOL, COMPARISON, FLOAT, INT, TEXT, UNKNOWN, infer
+
+Resolve = Callable[[ast.TableName | ast.TableFunction], Relation]
+
+
+class PgArray(tuple[Any, ...]):
+    """An ARRAY(...) value: sent in PostgreSQL's text form ``{a,b}``."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return "{" + ",".join("NULL" if v is None else _array_item(v) for v in self) + "}"
+
+
+def _array_item(value: Any) -> str:
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if text == "" or any(c in text for c in ' ,{}"\\'):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
+def run_query(select: ast.Select, resolve: Resolve, ctx: EvalContext) -> Relation:
+    """Evaluate ``select``, its FROM resolved to relations by ``resolve``."""
+    ctx = dataclasses.replace(ctx, subquery=_subquery_compiler(resolve))
+    source = from_relation(select.source, resolve, ctx)
+    return run_select(coerce_literals(select, _scope(source)), source, ctx)
+
+
+def _scope(source: Relation) -> Scope:
+    return Scope(source.columns, source.types, source.tables, source.local)
+
+
+def from_relation(source: ast.Source | None, resolve: Resolve, ctx: EvalContext) -> Relation:
+    """The rows of a FROM clause, each column tagged with its relation's name."""
+    match source:
+        case None:
+            return Relation((), [()])
+        case ast.TableName(name=name, alias=alias) | ast.TableFunction(alias=alias, name=name):
+            rel = resolve(source)
+            label = alias.text if alias is not None else getattr(name, "text", name)
+            return Relation(rel.columns, rel.rows, rel.types, (label,) * len(rel.columns))
+        case ast.Join(left=left, right=right, kind=kind, on=on):
+            a = from_relation(left, resolve, ctx)
+            b = from_relation(right, resolve, ctx)
+            return _join(a, b, kind, on, ctx)
+    raise TypeError(f"not a FROM item: {source!r}")
+
+
+def _join(a: Relation, b: Relation, kind: str, on: ast.Expr | None, ctx: EvalContext) -> Relation:
+    joined = Relation(
+        a.columns + b.columns,
+        [],
+        _pad(a.types, len(a.columns)) + _pad(b.types, len(b.columns)),
+        a.tables + b.tables,
+    )
+    scope = _scope(joined)
+    if on is not None:
+        on = coerce_expr(on, scope)
+        infer(on, scope.column_type, where="in JOIN ... ON")
+    matches: Evaluator = (lambda row: True) if on is None else compile_expr(on, scope, ctx)
+    nulls = (None,) * len(b.columns)
+    rows = joined.rows
+    for x in a.rows:
+        found = False
+        for y in b.rows:
+            row = x + y
+            if matches(row) is True:
+                rows.append(row)
+                found = True
+        if kind == "left" and not found:
+            rows.append(x + nulls)
+    return joined
+
+
+def _pad(types: tuple[str | None, ...], n: int) -> tuple[str | None, ...]:
+    return types + (None,) * (n - len(types))
+
+
+# ---- subqueries ------------------------------------------------------------------------
+
+
+def _subquery_compiler(
+    resolve: Resolve,
+) -> Callable[[ast.Subquery, Scope, EvalContext], Evaluator]:
+    def compile_subquery(sub: ast.Subquery, outer: Scope, ctx: EvalContext) -> Evaluator:
+        inner = from_relation(sub.select.source, resolve, ctx)
+        width = len(inner.columns)
+        nested = Relation(
+            inner.columns + outer.names,
+            [],
+            _pad(inner.types, width) + _pad(outer.types, len(outer.names)),
+            _pad(inner.tables, width) + _pad(outer.tables, len(outer.names)),
+            local=width,
+        )
+        select = coerce_literals(sub.select, _scope(nested))
+        run_select(select, nested, ctx)  # type-checked now, with no rows
+
+        def evaluate(row: Any) -> Any:
+            rows = [r + tuple(row) for r in inner.rows]
+            out = run_select(select, dataclasses.replace(nested, rows=rows), ctx)
+            if sub.kind == "exists":
+                return bool(out.rows)
+            if sub.kind == "array":
+                return PgArray(r[0] for r in out.rows)
+            if len(out.rows) > 1:
+                raise CardinalityViolation(
+                    "more than one row returned by a subquery used as an expression"
+                )
+            return out.rows[0][0] if out.rows else None
+
+        return evaluate
+
+    return compile_subquery
+
+
+# ---- untyped literals ---------------------------------------------------------------------
+
+_NUMBERS: Final = {INT: int, FLOAT: float}
+
+
+def coerce_literals(select: ast.Select, scope: Scope) -> ast.Select:
+    """``select`` with each string literal compared with a number (or a boolean)
+    cast to that type: ``c.oid = '1259'`` compares integers, as in PostgreSQL."""
+    items = select.items
+    if items is not None:
+        items = tuple(dataclasses.replace(i, expr=coerce_expr(i.expr, scope)) for i in items)
+    where = None if select.where is None else coerce_expr(select.where, scope)
+    return dataclasses.replace(select, items=items, where=where)
+
+
+def coerce_expr(expr: ast.Expr, scope: Scope) -> ast.Expr:
+    def walk(e: Any) -> Any:
+        if isinstance(e, ast.Subquery):
+            return e  # coerced against its own scope when compiled
+        if dataclasses.is_dataclass(e) and not isinstance(e, type):
+            changes = {f.name: walk(getattr(e, f.name)) for f in dataclasses.fields(e)}
+            e = dataclasses.replace(e, **changes)
+        elif isinstance(e, tuple):
+            return tuple(walk(x) for x in e)
+        else:
+            return e
+        match e:
+            case ast.Binary(op=op, left=left, right=right) if op in COMPARISON:
+                return dataclasses.replace(
+                    e, left=_as_type_of(left, right, scope), right=_as_type_of(right, left, scope)
+                )
+            case ast.InList(operand=operand, items=items):
+                return dataclasses.replace(
+                    e, items=tuple(_as_type_of(i, operand, scope) for i in items)
+                )
+        return e
+
+    result: ast.Expr = walk(expr)
+    return result
+
+
+def _as_type_of(literal: ast.Expr, other: ast.Expr, scope: Scope) -> ast.Expr:
+    if not (isinstance(literal, ast.Literal) and isinstance(literal.value, str)):
+        return literal
+    if isinstance(other, ast.Literal):
+        return literal
+    try:
+        t = infer(other, scope.column_type)
+    except Exception:  # the comparison reports its own errors when it is checked
+        return literal
+    if t in (INT, FLOAT, BOOL):
+        return ast.Cast(literal, t, {INT: "bigint", FLOAT: "double precision"}.get(t, "boolean"))
+    return literal if t in (TEXT, UNKNOWN) else literal

@@ -67,6 +67,7 @@ class Call:
     name: str  # lower-cased function name
     args: tuple[Expr, ...] = ()
     star: bool = False  # count(*)
+    order_by: tuple[OrderItem, ...] = ()  # array_agg(x ORDER BY y)
 
 
 @dataclass(frozen=True)
@@ -322,7 +323,15 @@ class Join:
     on: Expr | None = None
 
 
-Source = TableFunction | TableName | Join
+@dataclass(frozen=True)
+class DerivedTable:
+    """``(SELECT ...) AS alias`` in FROM."""
+
+    select: Select
+    alias: Ident
+
+
+Source = TableFunction | TableName | Join | DerivedTable
 
 
 @dataclass(frozen=True)
@@ -333,6 +342,7 @@ class Select:
     order_by: tuple[OrderItem, ...] = ()
     limit: int | None = None
     offset: int = 0
+    group_by: tuple[Expr, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ aggregates.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,7 @@ from resgroups.errors import (
     AmbiguousColumn,
     DivisionByZero,
     FeatureNotSupported,
+    InvalidParameter,
     InvalidRegularExpression,
     UndefinedColumn,
     did_you_mean,
@@ -141,6 +143,22 @@ def _table_is(name: str | None, ref: ast.Ident) -> bool:
     return name is not None and _same(name, ref)
 
 
+class PgArray(tuple[Any, ...]):
+    """An array value (ARRAY(...), array_agg): sent in PostgreSQL's text form ``{a,b}``."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return "{" + ",".join("NULL" if v is None else _array_item(v) for v in self) + "}"
+
+
+def _array_item(value: Any) -> str:
+    text = ("t" if value else "f") if isinstance(value, bool) else str(value)
+    if text == "" or text.upper() == "NULL" or any(c in text for c in ' ,{}"\\'):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
 # ---- operators (operands already type-checked; None is NULL) -----------------------
 
 
@@ -169,9 +187,42 @@ def _exact(op: str, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 
 
 def like_pattern(pattern: str) -> re.Pattern[str]:
-    """SQL LIKE (% any run, _ one character) as an anchored regular expression."""
-    parts = [".*" if c == "%" else "." if c == "_" else re.escape(c) for c in pattern]
+    """SQL LIKE (% any run, _ one character, a backslash takes the next character
+    as itself, as PostgreSQL's default ESCAPE) as an anchored regular expression."""
+    parts = []
+    chars = iter(pattern)
+    for c in chars:
+        if c == "\\":
+            parts.append(re.escape(next(chars, "\\")))
+        else:
+            parts.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
     return re.compile("".join(parts), re.DOTALL)
+
+
+def like_escape(pattern: str, escape: str) -> str:
+    """``LIKE pattern ESCAPE escape`` as a pattern with PostgreSQL's default escape."""
+    if escape == "\\":
+        return pattern
+    if len(escape) > 1:
+        raise InvalidParameter(f"invalid escape string {escape!r}: it must be one character")
+    out = []
+    chars = iter(pattern)
+    for c in chars:
+        if escape and c == escape:
+            out.append("\\" + next(chars, ""))
+        else:
+            out.append("\\\\" if c == "\\" else c)
+    return "".join(out)
+
+
+def _concat(a: Any, b: Any) -> str:
+    return f"{cast_value(a, 'text', 'text')}{cast_value(b, 'text', 'text')}"
+
+
+def _json_build_object(*pairs: Any) -> str:
+    if len(pairs) % 2:
+        raise InvalidParameter("json_build_object() takes an even number of arguments")
+    return json.dumps({str(pairs[i]): pairs[i + 1] for i in range(0, len(pairs), 2)}, default=str)
 
 
 BINARY: Final[dict[str, Callable[[Any, Any], Any]]] = {
@@ -180,6 +231,7 @@ BINARY: Final[dict[str, Callable[[Any, Any], Any]]] = {
     "*": _exact("*", lambda a, b: a * b),
     "/": _divide,
     "%": _modulo,
+    "||": _concat,
     "=": lambda a, b: a == b,
     "<>": lambda a, b: a != b,
     "<": lambda a, b: a < b,
@@ -238,6 +290,8 @@ SCALAR_FUNCTIONS: Final[dict[str, tuple[Callable[..., Any], bool]]] = {
     "abs": (_abs, True),
     "round": (_round, True),
     "coalesce": (lambda *xs: next((x for x in xs if x is not None), None), False),
+    "like_escape": (like_escape, True),
+    "json_build_object": (_json_build_object, False),
 }
 # the catalog's functions: answered by ``ctx.catalog``; what each gives without one
 CATALOG_FUNCTIONS: Final[dict[str, Any]] = {
@@ -255,6 +309,10 @@ CATALOG_FUNCTIONS: Final[dict[str, Any]] = {
     "pg_get_expr": None,
     "pg_encoding_to_char": None,
     "array_to_string": None,
+    "pg_get_constraintdef": None,
+    "pg_get_serial_sequence": None,
+    "pg_collation_is_visible": None,
+    "regclass": None,  # 'name'::regclass, read in the catalog
 }
 CONTEXT_FUNCTIONS: Final[dict[str, Callable[[EvalContext], Any]]] = {
     "current_resource_group": lambda ctx: ctx.current_group,
@@ -339,6 +397,16 @@ def _compile(
             return lambda row: (inner(row) is None) != negated
         case ast.InList(operand=operand, items=items, negated=negated):
             return _in_list(sub(operand), [sub(i) for i in items], negated)
+        case ast.Cast(operand=operand, type=target, written="regclass" | "regtype" as written):
+            inner, catalog = sub(operand), ctx.catalog
+
+            def object_id(row: Row) -> Any:
+                value = inner(row)
+                if isinstance(value, str) and catalog is not None:
+                    return catalog.call(written, [value])
+                return cast_value(value, target, written)
+
+            return object_id
         case ast.Cast(operand=operand, type=target, written=written):
             inner = sub(operand)
             return lambda row: cast_value(inner(row), target, written)
@@ -444,6 +512,16 @@ def compile_aggregate(
         return len
     arg = _compile(call.args[0], scope, ctx, None)
     name = call.name
+    if name == "array_agg":
+        order = [(_compile(o.expr, scope, ctx, None), o.descending) for o in call.order_by]
+
+        def array_agg(rows: Sequence[Row]) -> Any:
+            ordered = list(rows)
+            for key, descending in reversed(order):  # stable sorts, last key first
+                ordered.sort(key=lambda r, k=key: (k(r) is None, k(r)), reverse=descending)
+            return PgArray(arg(r) for r in ordered) if ordered else None
+
+        return array_agg
 
     def aggregate(rows: Sequence[Row]) -> Any:
         values = [v for v in (arg(r) for r in rows) if v is not None]

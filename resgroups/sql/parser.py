@@ -319,11 +319,18 @@ class _ToAst(Transformer[Token, Any]):
         items: tuple[ast.SelectItem, ...] | None,
         source: ast.Source | None,
         where: ast.Expr | None,
+        group_by: tuple[ast.Expr, ...] | None,
         order_by: tuple[ast.OrderItem, ...] | None,
         limit: int | None,
         offset: int | None,
     ) -> ast.Select:
-        return ast.Select(items, source, where, order_by or (), limit, offset or 0)
+        return ast.Select(items, source, where, order_by or (), limit, offset or 0, group_by or ())
+
+    def group_clause(self, *exprs: ast.Expr) -> tuple[ast.Expr, ...]:
+        return exprs
+
+    def derived_table(self, select: ast.Select, alias: ast.Ident) -> ast.DerivedTable:
+        return ast.DerivedTable(select, alias)
 
     def select_star(self) -> None:
         return None
@@ -411,6 +418,11 @@ class _ToAst(Transformer[Token, Any]):
     def string(self, tok: Token) -> ast.Literal:
         return ast.Literal(_unquote(tok, "'"))
 
+    def escape_string(self, tok: Token) -> ast.Literal:
+        """``E'...'``: PostgreSQL's escape string (backslash escapes)."""
+        body = tok[2:-1].replace("''", "'")
+        return ast.Literal(_ESCAPES.sub(lambda m: _ESCAPED.get(m.group(1), m.group(1)), body))
+
     def null(self) -> ast.Literal:
         return ast.Literal(None)
 
@@ -425,6 +437,24 @@ class _ToAst(Transformer[Token, Any]):
 
     def qualified_column(self, table: ast.Ident, name: ast.Ident) -> ast.Column:
         return ast.Column(name, table)
+
+    def schema_column(self, schema: ast.Ident, table: ast.Ident, name: ast.Ident) -> ast.Column:
+        """``pg_catalog.pg_class.relname``: the relation is found by its name in FROM."""
+        return ast.Column(name, table)
+
+    def ordered_call(
+        self, name: Token, arg: ast.Expr, order_by: tuple[ast.OrderItem, ...]
+    ) -> ast.Call:
+        return ast.Call(name.lower(), (arg,), order_by=order_by)
+
+    def concat(self, left: ast.Expr, right: ast.Expr) -> ast.Binary:
+        return ast.Binary("||", left, right)
+
+    def like_escape(self, left: ast.Expr, pattern: ast.Expr, escape: ast.Expr) -> ast.Binary:
+        return ast.Binary("like", left, ast.Call("like_escape", (pattern, escape)))
+
+    def not_like_escape(self, left: ast.Expr, pattern: ast.Expr, escape: ast.Expr) -> ast.Unary:
+        return ast.Unary("not", self.like_escape(left, pattern, escape))
 
     def case(self, operand: ast.Expr | None, *rest: Any) -> ast.Case:
         *whens, default = rest
@@ -563,6 +593,10 @@ class _ToAst(Transformer[Token, Any]):
     # ---- the script
     def script(self, *statements: ast.Statement | None) -> list[ast.Statement]:
         return [s for s in statements if s is not None]
+
+
+_ESCAPES: Final = re.compile(r"\\(.)", re.DOTALL)
+_ESCAPED: Final = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}
 
 
 def _no_repeats(params: tuple[tuple[str, ast.ParamValue], ...]) -> tuple[Any, ...]:

@@ -9,11 +9,12 @@ What it does: ``FROM a x, b y`` (a cross product), ``[INNER] JOIN ... ON`` and
 ``LEFT [OUTER] JOIN ... ON`` as nested loops (every relation is a catalog of a
 few hundred rows at most: O(|a|·|b|) per join is the design, not an
 accident); scalar subqueries, ``EXISTS`` and ``ARRAY(...)``, correlated or not
-(a subquery's relations are read once; its WHERE runs per enclosing row); a
+(a subquery's relations are read once; its WHERE runs per enclosing row);
+derived tables ``(SELECT ...) AS x`` in FROM; a
 string literal compared with a number, or given to IN beside one, is read as
 that number, as PostgreSQL resolves an unknown-typed literal.
 
-Non-goals: GROUP BY, UNION, window functions, RIGHT and FULL joins, LATERAL.
+Non-goals: UNION, window functions, RIGHT and FULL joins, LATERAL.
 """
 
 from __future__ import annotations
@@ -24,27 +25,11 @@ from typing import Any, Final
 
 from resgroups.errors import CardinalityViolation
 from resgroups.sql import ast
-from resgroups.sql.expr import EvalContext, Evaluator, Scope, compile_expr
+from resgroups.sql.expr import EvalContext, Evaluator, PgArray, Scope, compile_expr
 from resgroups.sql.select import Relation, run_select
 from resgroups.sql.semantics import BOOL, COMPARISON, FLOAT, INT, TEXT, UNKNOWN, infer
 
 Resolve = Callable[[ast.TableName | ast.TableFunction], Relation]
-
-
-class PgArray(tuple[Any, ...]):
-    """An ARRAY(...) value: sent in PostgreSQL's text form ``{a,b}``."""
-
-    __slots__ = ()
-
-    def __str__(self) -> str:
-        return "{" + ",".join("NULL" if v is None else _array_item(v) for v in self) + "}"
-
-
-def _array_item(value: Any) -> str:
-    text = str(value).lower() if isinstance(value, bool) else str(value)
-    if text == "" or any(c in text for c in ' ,{}"\\'):
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return text
 
 
 def run_query(select: ast.Select, resolve: Resolve, ctx: EvalContext) -> Relation:
@@ -67,6 +52,10 @@ def from_relation(source: ast.Source | None, resolve: Resolve, ctx: EvalContext)
             rel = resolve(source)
             label = alias.text if alias is not None else getattr(name, "text", name)
             return Relation(rel.columns, rel.rows, rel.types, (label,) * len(rel.columns))
+        case ast.DerivedTable(select=inner, alias=alias):
+            rel = run_query(inner, resolve, ctx)
+            width = len(rel.columns)
+            return Relation(rel.columns, rel.rows, rel.types, (alias.text,) * width)
         case ast.Join(left=left, right=right, kind=kind, on=on):
             a = from_relation(left, resolve, ctx)
             b = from_relation(right, resolve, ctx)

@@ -1,4 +1,4 @@
-"""SELECT over rows: projection, WHERE, aggregates, ORDER BY and LIMIT.
+"""SELECT over rows: projection, WHERE, GROUP BY and aggregates, ORDER BY, LIMIT and OFFSET.
 
 The source is a relation in memory (column names plus rows of plain Python
 values), such as a table function over engine state. ORDER BY accepts an
@@ -10,6 +10,7 @@ descending, as in PostgreSQL.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from typing import Any
 from resgroups.errors import InvalidParameter, UndefinedColumn
 from resgroups.sql import ast
 from resgroups.sql.expr import (
+    AGGREGATES,
     EvalContext,
     Row,
     Scope,
@@ -105,6 +107,9 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
     source gives typed columns and the same errors as a full one.
     """
     scope = Scope(source.columns, source.types, source.tables, source.local)
+    if select.group_by:
+        items, order_by = _grouped(select, _items(select, scope))
+        select = dataclasses.replace(select, items=items, order_by=order_by)
     shape = select_shape(select, scope)
     items, names = shape.items, shape.names
     rows = source.rows
@@ -112,33 +117,87 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
         predicate = compile_expr(select.where, scope, ctx)
         rows = [r for r in rows if predicate(r) is True]
 
+    order_by = select.order_by
     aggregates = [call for item in items for call in find_aggregates(item.expr)]
-    if aggregates:
-        # no GROUP BY: one output row, which ORDER BY only has to make sense for
+    aggregates += [call for o in order_by for call in find_aggregates(o.expr)]
+    if aggregates or select.group_by:
+        # one output row per group (without GROUP BY, one group of every row)
         slots = {call: i for i, call in enumerate(dict.fromkeys(aggregates))}
-        values = tuple(compile_aggregate(call, scope, ctx)(rows) for call in slots)
-        outputs = [
-            tuple(compile_expr(i.expr, scope, ctx, aggregate_slots=slots)(values) for i in items)
-        ]
-        for o in select.order_by:
-            _order_key(o, names, scope, ctx, aggregate_slots=slots)
+        folds = [compile_aggregate(call, scope, ctx) for call in slots]
+        projections = [compile_expr(i.expr, scope, ctx, aggregate_slots=slots) for i in items]
+        sources = [tuple(f(group) for f in folds) for group in _groups(select, rows, scope, ctx)]
+        keys = [_order_key(o, names, scope, ctx, aggregate_slots=slots) for o in order_by]
     else:
         projections = [compile_expr(i.expr, scope, ctx) for i in items]
-        outputs = [tuple(p(r) for p in projections) for r in rows]
-        if select.order_by:
-            keys = [_order_key(o, names, scope, ctx) for o in select.order_by]
-            keyed: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = [
-                (tuple(k(out, src) for k in keys), out)
-                for out, src in zip(outputs, rows, strict=True)
-            ]
-            descending = [o.descending for o in select.order_by]
-            keyed.sort(key=functools.cmp_to_key(functools.partial(_compare_keys, descending)))
-            outputs = [out for _, out in keyed]
+        sources = list(rows)
+        keys = [_order_key(o, names, scope, ctx) for o in order_by]
+    outputs = [tuple(p(r) for p in projections) for r in sources]
+    if keys:
+        keyed: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = [
+            (tuple(k(out, src) for k in keys), out)
+            for out, src in zip(outputs, sources, strict=True)
+        ]
+        descending = [o.descending for o in order_by]
+        keyed.sort(key=functools.cmp_to_key(functools.partial(_compare_keys, descending)))
+        outputs = [out for _, out in keyed]
 
     outputs = outputs[select.offset :]
     if select.limit is not None:
         outputs = outputs[: select.limit]
     return Relation(names, outputs, shape.types)
+
+
+def _groups(
+    select: ast.Select, rows: list[tuple[Any, ...]], scope: Scope, ctx: EvalContext
+) -> list[list[tuple[Any, ...]]]:
+    """The rows by their GROUP BY key, groups in order of first appearance (no
+    GROUP BY: one group, empty or not, as an aggregate over no rows has a row)."""
+    if not select.group_by:
+        return [rows]
+    keys = [compile_expr(e, scope, ctx) for e in select.group_by]
+    groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(k(row) for k in keys), []).append(row)
+    return list(groups.values())
+
+
+def _grouped(
+    select: ast.Select, items: tuple[ast.SelectItem, ...]
+) -> tuple[tuple[ast.SelectItem, ...], tuple[ast.OrderItem, ...]]:
+    """Items and ORDER BY of a grouped query with each GROUP BY expression read
+    as min(expr): every row of a group has the same value of it, so its minimum
+    is that value (NULL for a NULL key), and the aggregate path computes it."""
+    keys = set(select.group_by)
+
+    def over_groups(expr: ast.Expr) -> ast.Expr:
+        if expr in keys:
+            return ast.Call("min", (expr,))
+        if isinstance(expr, ast.Call) and expr.name in AGGREGATES or isinstance(expr, ast.Subquery):
+            return expr
+        if dataclasses.is_dataclass(expr):
+            changes = {}
+            for f in dataclasses.fields(expr):
+                value = getattr(expr, f.name)
+                if isinstance(value, tuple):
+                    value = tuple(
+                        tuple(over_groups(x) for x in v) if isinstance(v, tuple)
+                        else over_groups(v) if _is_expr(v) else v
+                        for v in value
+                    )
+                elif _is_expr(value):
+                    value = over_groups(value)
+                changes[f.name] = value
+            return dataclasses.replace(expr, **changes)  # type: ignore[type-var]
+        return expr
+
+    return (
+        tuple(dataclasses.replace(i, expr=over_groups(i.expr)) for i in items),
+        tuple(dataclasses.replace(o, expr=over_groups(o.expr)) for o in select.order_by),
+    )
+
+
+def _is_expr(value: object) -> bool:
+    return isinstance(value, ast.Expr)  # type: ignore[arg-type,misc]
 
 
 def _order_key(

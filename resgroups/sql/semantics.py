@@ -144,6 +144,8 @@ def boolean_operand(op: str, t: str) -> None:
 
 
 def binary_type(op: str, a: str, b: str) -> str:
+    if op == "||":
+        return TEXT  # anything || text, as PostgreSQL's textanycat
     if op in ARITHMETIC:
         return arithmetic_type(op, a, b)
     if op in COMPARISON:
@@ -233,6 +235,11 @@ FUNCTIONS: Final[Mapping[str, Function]] = {
     "pg_get_expr": Function((2, 3), _returns(TEXT)),
     "pg_encoding_to_char": Function((1, 1), _returns(TEXT)),
     "array_to_string": Function((2, 3), _returns(TEXT)),
+    "pg_get_constraintdef": Function((1, 2), _returns(TEXT)),
+    "pg_get_serial_sequence": Function((2, 2), _returns(TEXT)),
+    "pg_collation_is_visible": Function((1, 1), _returns(BOOL)),
+    "like_escape": Function((2, 2), _returns(TEXT)),
+    "json_build_object": Function((0, 100), _returns(TEXT)),
 }
 # what the query running an expression knows (what drivers ask on connecting)
 CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {
@@ -243,7 +250,7 @@ CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {
     "current_schema": TEXT,
     "current_database": TEXT,
 }
-AGGREGATES: Final = ("count", "sum", "avg", "min", "max")
+AGGREGATES: Final = ("count", "sum", "avg", "min", "max", "array_agg")
 
 
 def all_function_names() -> list[str]:
@@ -282,6 +289,8 @@ def aggregate_type(call: ast.Call, arg: str | None) -> str:
         raise DatatypeMismatch(f"{call.name}() takes 1 argument, got {len(call.args)}")
     if call.name == "count":
         return INT
+    if call.name == "array_agg":
+        return TEXT  # an array, sent in its text form
     if call.name in ("sum", "avg"):
         if arg not in NUMERIC and arg != UNKNOWN:
             raise DatatypeMismatch(f"{call.name}() needs numbers, got {shown(arg)}")

@@ -84,7 +84,7 @@ def _in_executor(session: Session, stmt: ast.Select) -> bool:
     return not _needs_rows(stmt)
 
 
-_ROW_ONLY: Final = (ast.Case, ast.Subquery)
+_ROW_ONLY: Final = (ast.Case, ast.Subquery, ast.DerivedTable, ast.Join)
 
 
 def _needs_rows(node: object) -> bool:
@@ -93,7 +93,11 @@ def _needs_rows(node: object) -> bool:
         return True
     if isinstance(node, ast.Binary) and node.op in ("~", "!~", "~*", "!~*", "distinct", "not distinct"):
         return True
-    if isinstance(node, ast.Call) and node.name in CATALOG_FUNCTIONS:
+    if isinstance(node, ast.Call) and (
+        node.name in CATALOG_FUNCTIONS or node.name == "array_agg" or node.order_by
+    ):
+        return True
+    if isinstance(node, ast.Select) and node.group_by:
         return True
     if isinstance(node, tuple):
         return any(_needs_rows(x) for x in node)

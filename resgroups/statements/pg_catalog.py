@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from resgroups.catalog.names import Ident, PrincipalKind
-from resgroups.errors import UndefinedTable, did_you_mean
+from resgroups.errors import UndefinedTable, UndefinedType, did_you_mean
 from resgroups.exec.executor import dtype_type
 from resgroups.sql import ast
 from resgroups.sql.select import Relation
@@ -92,7 +92,7 @@ CATALOG_COLUMNS: Final[dict[tuple[int, str], tuple[int, tuple[tuple[str, str], .
         "prorettype:int pronargs:int proargtypes proargnames prosrc")),
     (PG_CATALOG, "pg_database"): (1262, _cols(
         "oid:int datname datdba:int encoding:int datcollate datctype datistemplate:bool "
-        "datallowconn:bool datconnlimit:int datacl")),
+        "datallowconn:bool datconnlimit:int datacl datlocprovider daticulocale")),
     (PG_CATALOG, "pg_roles"): (12_001, _cols(
         "oid:int rolname rolsuper:bool rolinherit:bool rolcreaterole:bool rolcreatedb:bool "
         "rolcanlogin:bool rolreplication:bool rolconnlimit:int rolpassword "
@@ -114,7 +114,11 @@ CATALOG_COLUMNS: Final[dict[tuple[int, str], tuple[int, tuple[tuple[str, str], .
         "indisclustered:bool indisvalid:bool indisreplident:bool indkey")),
     (PG_CATALOG, "pg_constraint"): (2606, _cols(
         "oid:int conname connamespace:int contype condeferrable:bool condeferred:bool "
-        "conrelid:int conindid:int confrelid:int conkey confkey")),
+        "conrelid:int conindid:int confrelid:int contypid:int conkey confkey")),
+    (PG_CATALOG, "pg_sequence"): (2224, _cols(
+        "seqrelid:int seqtypid:int seqstart:int seqincrement:int seqmax:int seqmin:int "
+        "seqcache:int seqcycle:bool")),
+    (PG_CATALOG, "pg_enum"): (3501, _cols("oid:int enumtypid:int enumsortorder:float enumlabel")),
     (PG_CATALOG, "pg_inherits"): (2611, _cols("inhrelid:int inhparent:int inhseqno:int")),
     (INFORMATION_SCHEMA, "tables"): (13_001, _cols(
         "table_catalog table_schema table_name table_type is_insertable_into")),
@@ -178,6 +182,23 @@ class CatalogRows:
 
     def names(self) -> list[str]:
         return [r.name for r in self.relations]
+
+    def regclass(self, text: str) -> int:
+        """``'pg_catalog.pg_class'::regclass``: the relation's oid, found as FROM would."""
+        parts = [Ident(p[1:-1], quoted=True) if p.startswith('"') else Ident(p) for p in text.split(".")]
+        ref = ast.TableName(parts[-1], parts[0] if len(parts) > 1 else None)
+        schema = None if ref.schema is None else _fold(ref.schema)
+        for r in self.relations:
+            if r.name == _fold(ref.name) and (schema is None or NAMESPACES[r.namespace] == schema):
+                return r.oid
+        raise unknown_relation(ref, self.names())
+
+    def regtype(self, text: str) -> int:
+        name = text.lower().removeprefix("pg_catalog.")
+        for oid, typname, shown, _, _ in TYPES:
+            if name in (typname, shown):
+                return oid
+        raise UndefinedType(f'type "{text}" does not exist')
 
     # ---- the functions (sql.expr.Catalog)
     def call(self, name: str, args: Sequence[Any]) -> Any:
@@ -245,7 +266,7 @@ def _settings(c: CatalogRows) -> list[tuple[Any, ...]]:
 
 
 def _database(c: CatalogRows) -> list[tuple[Any, ...]]:
-    return [(1, c.session.database, ADMIN_ROLE, 6, "C", "C", False, True, -1, None)]
+    return [(1, c.session.database, ADMIN_ROLE, 6, "C", "C", False, True, -1, None, "c", None)]
 
 
 def _tables(c: CatalogRows) -> list[tuple[Any, ...]]:
@@ -323,6 +344,11 @@ _FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
     "shobj_description": lambda c, *a: None,
     "pg_get_expr": lambda c, *a: None,  # no defaults, checks or partition bounds here
     "pg_encoding_to_char": lambda c, n: "UTF8" if n == 6 else "",
+    "pg_get_constraintdef": lambda c, *a: None,  # there are no constraints
+    "pg_get_serial_sequence": lambda c, *a: None,  # nor sequences
+    "pg_collation_is_visible": lambda c, oid: True,
+    "regclass": lambda c, name: c.regclass(name),
+    "regtype": lambda c, name: c.regtype(name),
     "array_to_string": lambda c, arr, sep, *null: None if arr is None else sep.join(
         str(v) if v is not None else (null[0] if null else "") for v in arr if v is not None or null
     ),

@@ -225,6 +225,27 @@ def _json_build_object(*pairs: Any) -> str:
     return json.dumps({str(pairs[i]): pairs[i + 1] for i in range(0, len(pairs), 2)}, default=str)
 
 
+@functools.lru_cache(maxsize=256)
+def regex_pattern(pattern: str, flags: int = 0) -> re.Pattern[str]:
+    """A POSIX regular expression as PostgreSQL's ARE basics read it, compiled by
+    Python's re: anchors, classes, groups, alternation, quantifiers and the
+    bracket classes [[:alpha:]] and the like. Not supported: ARE's word
+    boundaries \\m \\M \\y, back references and embedded options."""
+    for posix, python in _POSIX_CLASSES.items():
+        pattern = pattern.replace(posix, python)
+    try:
+        return re.compile(pattern, flags)
+    except re.error as exc:
+        raise InvalidRegularExpression(f"invalid regular expression {pattern!r}: {exc}") from None
+
+
+_POSIX_CLASSES: Final = {
+    "[:alpha:]": "a-zA-Z", "[:digit:]": "0-9", "[:alnum:]": "a-zA-Z0-9",
+    "[:upper:]": "A-Z", "[:lower:]": "a-z", "[:space:]": "\\s", "[:punct:]": "!-/:-@\\[-`{-~",
+    "[:xdigit:]": "0-9A-Fa-f",
+}  # fmt: skip
+
+
 BINARY: Final[dict[str, Callable[[Any, Any], Any]]] = {
     "+": _exact("+", lambda a, b: a + b),
     "-": _exact("-", lambda a, b: a - b),
@@ -244,29 +265,6 @@ BINARY: Final[dict[str, Callable[[Any, Any], Any]]] = {
     "~*": lambda a, b: regex_pattern(b, re.IGNORECASE).search(a) is not None,
     "!~*": lambda a, b: regex_pattern(b, re.IGNORECASE).search(a) is None,
 }
-
-
-@functools.lru_cache(maxsize=256)
-def regex_pattern(pattern: str, flags: int = 0) -> re.Pattern[str]:
-    """A POSIX regular expression as PostgreSQL's ARE basics read it, compiled by
-    Python's re: anchors, classes, groups, alternation, quantifiers and the
-    bracket classes [[:alpha:]] and the like. Not supported: ARE's word
-    boundaries \\m \\M \\y, back references and embedded options."""
-    for posix, python in _POSIX_CLASSES.items():
-        pattern = pattern.replace(posix, python)
-    try:
-        return re.compile(pattern, flags)
-    except re.error as exc:
-        raise InvalidRegularExpression(
-            f"invalid regular expression {pattern!r}: {exc}"
-        ) from None
-
-
-_POSIX_CLASSES: Final = {
-    "[:alpha:]": "a-zA-Z", "[:digit:]": "0-9", "[:alnum:]": "a-zA-Z0-9",
-    "[:upper:]": "A-Z", "[:lower:]": "a-z", "[:space:]": "\\s", "[:punct:]": "!-/:-@\\[-`{-~",
-    "[:xdigit:]": "0-9A-Fa-f",
-}  # fmt: skip
 
 
 # ---- functions --------------------------------------------------------------------
@@ -417,15 +415,15 @@ def _compile(
         case ast.Call(name=name) if name in CONTEXT_FUNCTIONS:
             value = CONTEXT_FUNCTIONS[name](ctx)
             return lambda row: value
-        case ast.Call(name=name, args=call_args) if name in CATALOG_FUNCTIONS:
+        case ast.Call(name=str() as function, args=call_args) if function in CATALOG_FUNCTIONS:
             catalog_args = [sub(a) for a in call_args]
             catalog = ctx.catalog
 
             def catalog_call(row: Row) -> Any:
                 values = [a(row) for a in catalog_args]
                 if catalog is None:
-                    return CATALOG_FUNCTIONS[name]
-                return catalog.call(name, values)
+                    return CATALOG_FUNCTIONS[function]
+                return catalog.call(function, values)
 
             return catalog_call
         case ast.Case(operand=operand, whens=whens, default=default):
@@ -503,6 +501,14 @@ def _in_list(operand: Evaluator, items: list[Evaluator], negated: bool) -> Evalu
 # ---- aggregates ---------------------------------------------------------------------
 
 
+def _nulls_last(key: Evaluator) -> Callable[[Row], tuple[bool, Any]]:
+    def sort_key(row: Row) -> tuple[bool, Any]:
+        value = key(row)
+        return value is None, value
+
+    return sort_key
+
+
 def compile_aggregate(
     call: ast.Call, scope: Scope, ctx: EvalContext
 ) -> Callable[[Sequence[Row]], Any]:
@@ -518,7 +524,7 @@ def compile_aggregate(
         def array_agg(rows: Sequence[Row]) -> Any:
             ordered = list(rows)
             for key, descending in reversed(order):  # stable sorts, last key first
-                ordered.sort(key=lambda r, k=key: (k(r) is None, k(r)), reverse=descending)
+                ordered.sort(key=_nulls_last(key), reverse=descending)
             return PgArray(arg(r) for r in ordered) if ordered else None
 
         return array_agg

@@ -350,9 +350,7 @@ class _ToAst(Transformer[Token, Any]):
             source = ast.Join(source, item, "cross")
         return source
 
-    def join(
-        self, left: ast.Source, kind: str, right: ast.Source, on: ast.Expr
-    ) -> ast.Join:
+    def join(self, left: ast.Source, kind: str, right: ast.Source, on: ast.Expr) -> ast.Join:
         return ast.Join(left, right, kind, on)
 
     def inner_join(self, *_: object) -> str:
@@ -499,9 +497,7 @@ class _ToAst(Transformer[Token, Any]):
     def call(self, name: Token, *args: ast.Expr | None) -> ast.Call:
         return ast.Call(name.lower(), tuple(a for a in args if a is not None))
 
-    def qualified_call(
-        self, schema: ast.Ident, name: Token, *args: ast.Expr | None
-    ) -> ast.Call:
+    def qualified_call(self, schema: ast.Ident, name: Token, *args: ast.Expr | None) -> ast.Call:
         """``pg_catalog.version()``: the functions PostgreSQL keeps in pg_catalog are
         resgroups' own functions of those names; there is no other schema."""
         if schema.text.lower() != "pg_catalog":

@@ -27,7 +27,7 @@ from resgroups.errors import CardinalityViolation
 from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext, Evaluator, PgArray, Scope, compile_expr
 from resgroups.sql.select import Relation, run_select
-from resgroups.sql.semantics import BOOL, COMPARISON, FLOAT, INT, TEXT, UNKNOWN, infer
+from resgroups.sql.semantics import BOOL, COMPARISON, FLOAT, INT, infer
 
 Resolve = Callable[[ast.TableName | ast.TableFunction], Relation]
 
@@ -48,10 +48,11 @@ def from_relation(source: ast.Source | None, resolve: Resolve, ctx: EvalContext)
     match source:
         case None:
             return Relation((), [()])
-        case ast.TableName(name=name, alias=alias) | ast.TableFunction(alias=alias, name=name):
+        case ast.TableName() | ast.TableFunction():
             rel = resolve(source)
-            label = alias.text if alias is not None else getattr(name, "text", name)
-            return Relation(rel.columns, rel.rows, rel.types, (label,) * len(rel.columns))
+            label = source.alias or source.name
+            text = label if isinstance(label, str) else label.text
+            return Relation(rel.columns, rel.rows, rel.types, (text,) * len(rel.columns))
         case ast.DerivedTable(select=inner, alias=alias):
             rel = run_query(inner, resolve, ctx)
             width = len(rel.columns)
@@ -182,4 +183,4 @@ def _as_type_of(literal: ast.Expr, other: ast.Expr, scope: Scope) -> ast.Expr:
         return literal
     if t in (INT, FLOAT, BOOL):
         return ast.Cast(literal, t, {INT: "bigint", FLOAT: "double precision"}.get(t, "boolean"))
-    return literal if t in (TEXT, UNKNOWN) else literal
+    return literal

@@ -13,9 +13,10 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from resgroups.errors import InvalidParameter, UndefinedColumn
 from resgroups.sql import ast
@@ -172,23 +173,25 @@ def _grouped(
     def over_groups(expr: ast.Expr) -> ast.Expr:
         if expr in keys:
             return ast.Call("min", (expr,))
-        if isinstance(expr, ast.Call) and expr.name in AGGREGATES or isinstance(expr, ast.Subquery):
+        aggregate = isinstance(expr, ast.Call) and expr.name in AGGREGATES
+        if aggregate or isinstance(expr, ast.Subquery):
             return expr
-        if dataclasses.is_dataclass(expr):
-            changes = {}
-            for f in dataclasses.fields(expr):
-                value = getattr(expr, f.name)
-                if isinstance(value, tuple):
-                    value = tuple(
-                        tuple(over_groups(x) for x in v) if isinstance(v, tuple)
-                        else over_groups(v) if _is_expr(v) else v
-                        for v in value
-                    )
-                elif _is_expr(value):
-                    value = over_groups(value)
-                changes[f.name] = value
-            return dataclasses.replace(expr, **changes)  # type: ignore[type-var]
-        return expr
+        changes = {}
+        for f in dataclasses.fields(expr):
+            value = getattr(expr, f.name)
+            if isinstance(value, tuple):  # arguments, IN lists, CASE's (when, then) pairs
+                value = tuple(
+                    tuple(over_groups(x) for x in v)
+                    if isinstance(v, tuple)
+                    else over_groups(v)
+                    if _is_expr(v)
+                    else v
+                    for v in value
+                )
+            elif _is_expr(value):
+                value = over_groups(value)
+            changes[f.name] = value
+        return dataclasses.replace(expr, **changes)
 
     return (
         tuple(dataclasses.replace(i, expr=over_groups(i.expr)) for i in items),
@@ -196,8 +199,11 @@ def _grouped(
     )
 
 
+_EXPR_TYPES: Final = typing.get_args(ast.Expr)
+
+
 def _is_expr(value: object) -> bool:
-    return isinstance(value, ast.Expr)  # type: ignore[arg-type,misc]
+    return isinstance(value, _EXPR_TYPES)
 
 
 def _order_key(

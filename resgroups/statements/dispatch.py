@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any, Final
 from resgroups.access import check_group_admin, check_use, find_runtime_group
 from resgroups.errors import FeatureNotSupported, PermissionDenied, UndefinedTable
 from resgroups.exec import executor
+from resgroups.exec.vector import dtype_type
 from resgroups.result import Cursor, Result, RowsCursor
 from resgroups.sql import ast
 from resgroups.sql.expr import CATALOG_FUNCTIONS, EvalContext, Scope, compile_expr
-from resgroups.sql.select import Relation, run_select, select_shape
 from resgroups.sql.relational import run_query
+from resgroups.sql.select import Relation, run_select, select_shape
 from resgroups.statements import groups, principals
 from resgroups.statements.pg_catalog import CatalogRows, unknown_relation
 from resgroups.statements.table_functions import TABLE_FUNCTIONS, relation, table_function
@@ -91,7 +92,14 @@ def _needs_rows(node: object) -> bool:
     """Whether ``node`` holds an expression only the row evaluator has."""
     if isinstance(node, _ROW_ONLY):
         return True
-    if isinstance(node, ast.Binary) and node.op in ("~", "!~", "~*", "!~*", "distinct", "not distinct"):
+    if isinstance(node, ast.Binary) and node.op in (
+        "~",
+        "!~",
+        "~*",
+        "!~*",
+        "distinct",
+        "not distinct",
+    ):
         return True
     if isinstance(node, ast.Call) and (
         node.name in CATALOG_FUNCTIONS or node.name == "array_agg" or node.order_by
@@ -134,9 +142,11 @@ def _resolver(
                 pass
             else:
                 columns = [a.tolist() for a in table.arrays]
-                return Relation(table.names, list(zip(*columns, strict=True)), tuple(
-                    executor.dtype_type(a.dtype) for a in table.arrays
-                ))
+                return Relation(
+                    table.names,
+                    list(zip(*columns, strict=True)),
+                    tuple(dtype_type(a.dtype) for a in table.arrays),
+                )
         raise unknown_relation(ref, catalog.names())
 
     return resolve, managed

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from resgroups.catalog.names import Ident, PrincipalKind
 from resgroups.errors import UndefinedTable, UndefinedType, did_you_mean
-from resgroups.exec.executor import dtype_type
+from resgroups.exec.vector import dtype_type
 from resgroups.sql import ast
 from resgroups.sql.select import Relation
 from resgroups.statements.table_functions import TABLE_FUNCTIONS
@@ -37,18 +37,32 @@ PG_CATALOG: Final = 11
 PUBLIC: Final = 2200
 INFORMATION_SCHEMA: Final = 13_000
 ADMIN_ROLE: Final = 10
-NAMESPACES: Final = {PG_CATALOG: "pg_catalog", PUBLIC: "public", INFORMATION_SCHEMA: "information_schema"}
+NAMESPACES: Final = {
+    PG_CATALOG: "pg_catalog",
+    PUBLIC: "public",
+    INFORMATION_SCHEMA: "information_schema",
+}
 
 # (oid, typname, PostgreSQL's display name, typlen, typcategory)
 TYPES: Final = (
-    (16, "bool", "boolean", 1, "B"), (18, "char", '"char"', 1, "S"), (19, "name", "name", 64, "S"),
-    (20, "int8", "bigint", 8, "N"), (21, "int2", "smallint", 2, "N"), (23, "int4", "integer", 4, "N"),
+    (16, "bool", "boolean", 1, "B"), (18, "char", '"char"', 1, "S"),
+    (19, "name", "name", 64, "S"), (20, "int8", "bigint", 8, "N"),
+    (21, "int2", "smallint", 2, "N"), (23, "int4", "integer", 4, "N"),
     (25, "text", "text", -1, "S"), (26, "oid", "oid", 4, "N"), (700, "float4", "real", 4, "N"),
-    (701, "float8", "double precision", 8, "N"), (1043, "varchar", "character varying", -1, "S"),
-    (1184, "timestamptz", "timestamp with time zone", 8, "D"), (1700, "numeric", "numeric", -1, "N"),
+    (701, "float8", "double precision", 8, "N"),
+    (1043, "varchar", "character varying", -1, "S"),
+    (1184, "timestamptz", "timestamp with time zone", 8, "D"),
+    (1700, "numeric", "numeric", -1, "N"),
 )  # fmt: skip
 # the executor's types (semantics) -> pg_type oid
-TYPE_OIDS: Final = {"int": 20, "float": 701, "text": 25, "bool": 16, "timestamptz": 1184, "numeric": 1700}
+TYPE_OIDS: Final = {
+    "int": 20,
+    "float": 701,
+    "text": 25,
+    "bool": 16,
+    "timestamptz": 1184,
+    "numeric": 1700,
+}
 DISPLAY: Final = {oid: shown for oid, _, shown, _, _ in TYPES}
 
 
@@ -65,7 +79,7 @@ class Rel:
 
 def _cols(spec: str) -> tuple[tuple[str, str], ...]:
     """``"oid:int relname"``: columns with types (text when none is written)."""
-    return tuple((c.split(":")[0], (c.split(":") + ["text"])[1]) for c in spec.split())
+    return tuple((c.split(":")[0], [*c.split(":"), "text"][1]) for c in spec.split())
 
 
 CATALOG_COLUMNS: Final[dict[tuple[int, str], tuple[int, tuple[tuple[str, str], ...]]]] = {
@@ -128,6 +142,7 @@ CATALOG_COLUMNS: Final[dict[tuple[int, str], tuple[int, tuple[tuple[str, str], .
 }  # fmt: skip
 
 FUNCTION_OID_BASE: Final = 16_000  # + the table function's position
+LONG_SEQUENCE: Final = FUNCTION_OID_BASE + 99
 
 
 def table_oid(name: str) -> int:
@@ -141,12 +156,16 @@ class CatalogRows:
     def __init__(self, session: Session) -> None:
         self.session = session
         engine = session.engine
-        rels = [Rel(oid, ns, name, "r", cols) for (ns, name), (oid, cols) in CATALOG_COLUMNS.items()]
+        rels = [
+            Rel(oid, ns, name, "r", cols) for (ns, name), (oid, cols) in CATALOG_COLUMNS.items()
+        ]
         for i, fn in enumerate(TABLE_FUNCTIONS.values()):
             rels.append(Rel(FUNCTION_OID_BASE + i, PUBLIC, fn.name, "v", fn.columns))
         for name, table in engine.tables.items():
             types = tuple(dtype_type(a.dtype) for a in table.arrays)
-            rels.append(Rel(table_oid(name), PUBLIC, name, "r", tuple(zip(table.names, types, strict=True))))
+            rels.append(
+                Rel(table_oid(name), PUBLIC, name, "r", tuple(zip(table.names, types, strict=True)))
+            )
         self.relations = rels
         self.by_oid = {r.oid: r for r in rels}
         who = session.identity
@@ -156,10 +175,14 @@ class CatalogRows:
             for p in snap.principals_of(kind):
                 if who.is_admin or p.name == who.login_name:
                     roles.append((16_384 + p.id, p.name, False, kind is not PrincipalKind.GROUP))
-        if not who.is_admin and who.login_name != "admin" and all(r[1] != who.login_name for r in roles):
+        if (
+            not who.is_admin
+            and who.login_name != "admin"
+            and all(r[1] != who.login_name for r in roles)
+        ):
             roles.append((16_383, who.login_name, False, True))
         self.roles = roles
-        self.members = [
+        self.members: list[tuple[Any, ...]] = [
             (16_384 + acl, 16_384 + user, ADMIN_ROLE, False)
             for user, acl in snap.memberships
             if who.is_admin
@@ -169,14 +192,17 @@ class CatalogRows:
     def relation(self, ref: ast.TableName) -> Relation | None:
         schema = None if ref.schema is None else _fold(ref.schema)
         name = _fold(ref.name)
-        search = [PUBLIC, PG_CATALOG] if schema is None else [
-            ns for ns, n in NAMESPACES.items() if n == schema
-        ]
+        search = (
+            [PUBLIC, PG_CATALOG]
+            if schema is None
+            else [ns for ns, n in NAMESPACES.items() if n == schema]
+        )
         for ns in search:
             key = (ns, name)
             if key in CATALOG_COLUMNS:
                 _, cols = CATALOG_COLUMNS[key]
-                rows = _ROWS.get(name, lambda c: [])(self) if ns == PG_CATALOG or name in _ROWS else []
+                produce = _ROWS.get(name)
+                rows = [] if produce is None else produce(self)
                 return Relation(tuple(c for c, _ in cols), rows, tuple(t for _, t in cols))
         return None
 
@@ -185,7 +211,9 @@ class CatalogRows:
 
     def regclass(self, text: str) -> int:
         """``'pg_catalog.pg_class'::regclass``: the relation's oid, found as FROM would."""
-        parts = [Ident(p[1:-1], quoted=True) if p.startswith('"') else Ident(p) for p in text.split(".")]
+        parts = [
+            Ident(p[1:-1], quoted=True) if p.startswith('"') else Ident(p) for p in text.split(".")
+        ]
         ref = ast.TableName(parts[-1], parts[0] if len(parts) > 1 else None)
         schema = None if ref.schema is None else _fold(ref.schema)
         for r in self.relations:
@@ -228,8 +256,9 @@ def _attributes(c: CatalogRows) -> list[tuple[Any, ...]]:
         for n, (name, kind) in enumerate(r.columns, 1):
             oid = TYPE_OIDS.get(kind, 25)
             length = next(t[3] for t in TYPES if t[0] == oid)
+            coll = 100 if oid == 25 else 0
             rows.append((r.oid, name, oid, -1, length, n, 0, -1, length > 0, "d", "p", "", False,
-                         False, False, "", "", False, True, 0, 100 if oid == 25 else 0, None, None, None))  # fmt: skip
+                         False, False, "", "", False, True, 0, coll, None, None, None))  # fmt: skip
     return rows
 
 
@@ -242,9 +271,11 @@ def _types(c: CatalogRows) -> list[tuple[Any, ...]]:
 
 
 def _procs(c: CatalogRows) -> list[tuple[Any, ...]]:
-    rows = [(FUNCTION_OID_BASE + i, fn.name, PUBLIC, ADMIN_ROLE, 12, "f", True, 2249, 0, "", None, fn.name)
-            for i, fn in enumerate(TABLE_FUNCTIONS.values())]  # fmt: skip
-    rows.append((FUNCTION_OID_BASE + 99, "long_sequence", PUBLIC, ADMIN_ROLE, 12, "f", True, 2249, 1, "20", None, "long_sequence"))  # fmt: skip
+    # prorettype 2249 is PostgreSQL's record: each returns a table (RETURNS TABLE)
+    rows = [(FUNCTION_OID_BASE + i, fn.name, PUBLIC, ADMIN_ROLE, 12, "f", True, 2249, 0, "",
+             None, fn.name) for i, fn in enumerate(TABLE_FUNCTIONS.values())]  # fmt: skip
+    rows.append((LONG_SEQUENCE, "long_sequence", PUBLIC, ADMIN_ROLE, 12, "f", True, 2249, 1,
+                 "20", None, "long_sequence"))  # fmt: skip
     return rows
 
 
@@ -262,7 +293,9 @@ def _settings(c: CatalogRows) -> list[tuple[Any, ...]]:
     values = {"server_version": "15.0", "server_encoding": "UTF8", "client_encoding": "UTF8",
               "search_path": '"$user", public', "standard_conforming_strings": "on",
               "TimeZone": "UTC", "DateStyle": "ISO, MDY", "integer_datetimes": "on"}  # fmt: skip
-    return [(k, v, None, "resgroups", k, "user", "string", "default", v, v) for k, v in values.items()]
+    return [
+        (k, v, None, "resgroups", k, "user", "string", "default", v, v) for k, v in values.items()
+    ]
 
 
 def _database(c: CatalogRows) -> list[tuple[Any, ...]]:
@@ -323,15 +356,17 @@ def _function_result(c: CatalogRows, oid: Any) -> Any:
     if 0 <= i < len(fns):
         cols = ", ".join(f"{n} {DISPLAY[TYPE_OIDS.get(t, 25)]}" for n, t in fns[i].columns)
         return f"TABLE({cols})"
-    return "TABLE(x bigint)" if i == 99 else None
+    return "TABLE(x bigint)" if oid == LONG_SEQUENCE else None
 
 
 def _function_arguments(c: CatalogRows, oid: Any) -> Any:
-    return "n bigint" if oid == FUNCTION_OID_BASE + 99 else ""
+    return "n bigint" if oid == LONG_SEQUENCE else ""
 
 
 _FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
-    "pg_table_is_visible": lambda c, oid: oid in c.by_oid and c.by_oid[oid].namespace != INFORMATION_SCHEMA,
+    "pg_table_is_visible": lambda c, oid: (
+        oid in c.by_oid and c.by_oid[oid].namespace != INFORMATION_SCHEMA
+    ),
     "pg_function_is_visible": lambda c, oid: True,
     "pg_type_is_visible": lambda c, oid: True,
     "pg_get_userbyid": _role_name,
@@ -362,4 +397,6 @@ def is_catalog_relation(name: str) -> bool:
 def unknown_relation(ref: ast.TableName, known: list[str]) -> UndefinedTable:
     shown = ref.name.text if ref.schema is None else f"{ref.schema.text}.{ref.name.text}"
     candidates = known + [n for _, n in CATALOG_COLUMNS]
-    return UndefinedTable(f'relation "{shown}" does not exist.' + did_you_mean(ref.name.text, candidates))
+    return UndefinedTable(
+        f'relation "{shown}" does not exist.' + did_you_mean(ref.name.text, candidates)
+    )

@@ -109,8 +109,10 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
     """
     scope = Scope(source.columns, source.types, source.tables, source.local)
     if select.group_by:
-        items, order_by = _grouped(select, _items(select, scope))
-        select = dataclasses.replace(select, items=items, order_by=order_by)
+        listed = _items(select, scope)
+        items, order_by = _grouped(select, listed)
+        keys = tuple(_position(e, listed) for e in select.group_by)
+        select = dataclasses.replace(select, items=items, order_by=order_by, group_by=keys)
     shape = select_shape(select, scope)
     items, names = shape.items, shape.names
     rows = source.rows
@@ -168,7 +170,7 @@ def _grouped(
     """Items and ORDER BY of a grouped query with each GROUP BY expression read
     as min(expr): every row of a group has the same value of it, so its minimum
     is that value (NULL for a NULL key), and the aggregate path computes it."""
-    keys = set(select.group_by)
+    keys = {_position(e, items) for e in select.group_by}
 
     def over_groups(expr: ast.Expr) -> ast.Expr:
         if expr in keys:
@@ -200,6 +202,17 @@ def _grouped(
 
 
 _EXPR_TYPES: Final = typing.get_args(ast.Expr)
+
+
+def _position(expr: ast.Expr, items: tuple[ast.SelectItem, ...]) -> ast.Expr:
+    """``GROUP BY 2``: the second select item's expression."""
+    if isinstance(expr, ast.Literal) and type(expr.value) is int:
+        if not 1 <= expr.value <= len(items):
+            raise InvalidParameter(
+                f"GROUP BY position {expr.value} is not in the select list (1..{len(items)})"
+            )
+        return items[expr.value - 1].expr
+    return expr
 
 
 def _is_expr(value: object) -> bool:

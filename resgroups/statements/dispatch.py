@@ -107,6 +107,8 @@ def _needs_rows(node: object) -> bool:
         return True
     if isinstance(node, ast.Select) and node.group_by:
         return True
+    if isinstance(node, ast.Cast) and node.written in ("regclass", "regtype"):
+        return True
     if isinstance(node, tuple):
         return any(_needs_rows(x) for x in node)
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
@@ -163,8 +165,8 @@ def select(session: Session, stmt: ast.Select) -> Result:
     """SELECT over engine state (unmanaged), the executor's sources, or no FROM."""
     if _in_executor(session, stmt):
         return executor.select(session, stmt)
-    if stmt.source is None or (
-        isinstance(stmt.source, ast.TableFunction) and not _needs_rows(stmt)
+    if (stmt.source is None or isinstance(stmt.source, ast.TableFunction)) and not _needs_rows(
+        stmt
     ):
         return _select_simple(session, stmt)
     group = None
@@ -231,7 +233,7 @@ def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str
         fn = table_function(stmt.source.name)
         names = tuple(name for name, _ in fn.columns)
         types = tuple(kind for _, kind in fn.columns)
-    elif stmt.source is not None:
+    elif stmt.source is not None or _needs_rows(stmt):
         # the catalog is small: its description is its answer's (read, not managed)
         out, _ = _run(session, stmt, session.eval_context())
         return list(out.columns), [t or "text" for t in out.types]

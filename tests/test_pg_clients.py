@@ -32,7 +32,8 @@ def psql(server: ServerProcess, command: str) -> str:
          "-d", "resgroups", "-c", command],
         capture_output=True, text=True, timeout=60, env={"PGCONNECT_TIMEOUT": "10"},
     )  # fmt: skip
-    assert done.returncode == 0 and not done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr
+    assert not done.stderr
     return done.stdout
 
 

@@ -111,8 +111,8 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
     if select.group_by:
         listed = _items(select, scope)
         items, order_by = _grouped(select, listed)
-        keys = tuple(_position(e, listed) for e in select.group_by)
-        select = dataclasses.replace(select, items=items, order_by=order_by, group_by=keys)
+        grouping = tuple(_position(e, listed) for e in select.group_by)
+        select = dataclasses.replace(select, items=items, order_by=order_by, group_by=grouping)
     shape = select_shape(select, scope)
     items, names = shape.items, shape.names
     rows = source.rows

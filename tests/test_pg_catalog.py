@@ -259,7 +259,7 @@ def test_joins_equal_a_nested_loop(
         sql = f"SELECT l.k, l.v, r.k, r.v FROM l {kind} JOIN r ON l.k = r.k AND l.v <= r.v"
     select = parse_one(sql)
     assert isinstance(select, ast.Select)
-    out = run_query(select, lambda ref: tables[ref.name.text], EvalContext())  # type: ignore[union-attr]
+    out = run_query(select, lambda ref, args: tables[ref.name.text], EvalContext())  # type: ignore[union-attr]
     expected: list[tuple[Any, ...]] = []
     for a in left:
         matched = False

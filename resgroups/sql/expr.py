@@ -39,6 +39,7 @@ from resgroups.sql.semantics import (
     AGGREGATES,
     INT,
     UNKNOWN,
+    PgArray,
     cast_value,
     check_int64,
     find_aggregates,
@@ -52,6 +53,7 @@ __all__ = [
     "AGGREGATES",
     "EvalContext",
     "Evaluator",
+    "PgArray",
     "Row",
     "Scope",
     "compile_aggregate",
@@ -141,22 +143,6 @@ class Scope:
 
 def _table_is(name: str | None, ref: ast.Ident) -> bool:
     return name is not None and _same(name, ref)
-
-
-class PgArray(tuple[Any, ...]):
-    """An array value (ARRAY(...), array_agg): sent in PostgreSQL's text form ``{a,b}``."""
-
-    __slots__ = ()
-
-    def __str__(self) -> str:
-        return "{" + ",".join("NULL" if v is None else _array_item(v) for v in self) + "}"
-
-
-def _array_item(value: Any) -> str:
-    text = ("t" if value else "f") if isinstance(value, bool) else str(value)
-    if text == "" or text.upper() == "NULL" or any(c in text for c in ' ,{}"\\'):
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return text
 
 
 # ---- operators (operands already type-checked; None is NULL) -----------------------
@@ -280,6 +266,10 @@ def _abs(x: Any) -> Any:
     return check_int64(abs(x), "abs") if isinstance(x, int) else abs(x)
 
 
+def _element(array: Any, index: Any) -> Any:
+    return array[index - 1] if 1 <= index <= len(array) else None
+
+
 # name -> (implementation, NULL in gives NULL out); signatures: semantics.FUNCTIONS
 SCALAR_FUNCTIONS: Final[dict[str, tuple[Callable[..., Any], bool]]] = {
     "lower": (str.lower, True),
@@ -289,6 +279,9 @@ SCALAR_FUNCTIONS: Final[dict[str, tuple[Callable[..., Any], bool]]] = {
     "round": (_round, True),
     "coalesce": (lambda *xs: next((x for x in xs if x is not None), None), False),
     "like_escape": (like_escape, True),
+    "array_element": (_element, True),
+    "array_upper": (lambda array, dim: len(array) if dim == 1 and array else None, True),
+    "array_length": (lambda array, dim: len(array) if dim == 1 and array else None, True),
     "json_build_object": (_json_build_object, False),
 }
 # the catalog's functions: answered by ``ctx.catalog``; what each gives without one
@@ -311,6 +304,9 @@ CATALOG_FUNCTIONS: Final[dict[str, Any]] = {
     "pg_get_serial_sequence": None,
     "pg_collation_is_visible": None,
     "regclass": None,  # 'name'::regclass, read in the catalog
+    "pg_relation_is_publishable": None,
+    "pg_get_statisticsobjdef_columns": None,
+    "pg_get_indexdef": None,
 }
 CONTEXT_FUNCTIONS: Final[dict[str, Callable[[EvalContext], Any]]] = {
     "current_resource_group": lambda ctx: ctx.current_group,
@@ -379,6 +375,8 @@ def _compile(
             return negation
         case ast.Binary(op="and" | "or" as op, left=left, right=right):
             return _logic(op, sub(left), sub(right))
+        case ast.Binary(op="= any", left=left, right=right):
+            return _any(sub(left), sub(right))
         case ast.Binary(op="distinct" | "not distinct" as op, left=left, right=right):
             lhs, rhs, same = sub(left), sub(right), op == "not distinct"
             return lambda row: (lhs(row) == rhs(row)) == same  # NULL is not distinct from NULL
@@ -466,6 +464,20 @@ def _case(
     return case
 
 
+def _any(operand: Evaluator, array: Evaluator) -> Evaluator:
+    """``x = ANY (array)``: three-valued, as IN over the array's elements."""
+
+    def any_equal(row: Row) -> Any:
+        value, items = operand(row), array(row)
+        if value is None or items is None:
+            return None
+        if any(item == value for item in items if item is not None):
+            return True
+        return None if None in items else False
+
+    return any_equal
+
+
 def _logic(op: str, lhs: Evaluator, rhs: Evaluator) -> Evaluator:
     stop = op == "or"  # OR stops at TRUE, AND at FALSE
 
@@ -518,6 +530,20 @@ def compile_aggregate(
         return len
     arg = _compile(call.args[0], scope, ctx, None)
     name = call.name
+    if name == "string_agg":
+        separator = _compile(call.args[1], scope, ctx, None)
+
+        def string_agg(rows: Sequence[Row]) -> Any:
+            pairs = [(arg(r), separator(r)) for r in rows]
+            pairs = [(v, sep) for v, sep in pairs if v is not None]
+            if not pairs:
+                return None
+            text = str(pairs[0][0])
+            for v, sep in pairs[1:]:
+                text += ("" if sep is None else str(sep)) + str(v)
+            return text
+
+        return string_agg
     if name == "array_agg":
         order = [(_compile(o.expr, scope, ctx, None), o.descending) for o in call.order_by]
 

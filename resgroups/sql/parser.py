@@ -32,7 +32,7 @@ from resgroups.errors import (
     UndefinedType,
 )
 from resgroups.sql import ast
-from resgroups.sql.semantics import cast_target
+from resgroups.sql.semantics import ARRAY, cast_target
 
 __all__ = [
     "MAX_DEPTH",
@@ -444,6 +444,23 @@ class _ToAst(Transformer[Token, Any]):
         self, name: Token, arg: ast.Expr, order_by: tuple[ast.OrderItem, ...]
     ) -> ast.Call:
         return ast.Call(name.lower(), (arg,), order_by=order_by)
+
+    def any_eq(self, left: ast.Expr, array: ast.Expr) -> ast.Binary:
+        return ast.Binary("= any", left, array)
+
+    def subscript(self, array: ast.Expr, index: ast.Expr) -> ast.Call:
+        """``a[i]``: the i-th element (1-based), NULL outside the array."""
+        return ast.Call("array_element", (array, index))
+
+    def array_type(self, words: str, brackets: Token) -> tuple[str, str]:
+        return ARRAY, f"{words}[]"
+
+    def qualified_table_function(
+        self, schema: ast.Ident, name: Token, *rest: Any
+    ) -> ast.TableFunction:
+        if schema.text.lower() != "pg_catalog":
+            raise UndefinedFunction(f"function {schema.text}.{name}() does not exist")
+        return self.table_function(name, *rest)
 
     def concat(self, left: ast.Expr, right: ast.Expr) -> ast.Binary:
         return ast.Binary("||", left, right)

@@ -23,13 +23,35 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Final
 
-from resgroups.errors import CardinalityViolation
+from resgroups.errors import (
+    CardinalityViolation,
+    DatatypeMismatch,
+    InvalidParameter,
+    UndefinedColumn,
+)
 from resgroups.sql import ast
-from resgroups.sql.expr import EvalContext, Evaluator, PgArray, Scope, compile_expr
+from resgroups.sql.expr import EvalContext, Evaluator, Row, Scope, compile_expr
 from resgroups.sql.select import Relation, run_select
-from resgroups.sql.semantics import BOOL, COMPARISON, FLOAT, INT, infer
+from resgroups.sql.semantics import ARRAY, BOOL, COMPARISON, FLOAT, INT, PgArray, infer
 
-Resolve = Callable[[ast.TableName | ast.TableFunction], Relation]
+# a relation by its name, or a table function's rows for its argument values
+Resolve = Callable[[ast.TableName | ast.TableFunction, tuple[Any, ...]], Relation]
+Outer = tuple[Scope, Row] | None  # the enclosing query's scope and row (correlated FROM)
+
+
+def _generate_series(args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    if len(args) not in (2, 3) or any(type(a) is not int for a in args if a is not None):
+        raise DatatypeMismatch("generate_series() takes 2 or 3 integers")
+    if None in args:
+        return []
+    start, stop, step = (*args, 1)[:3]
+    if step == 0:
+        raise InvalidParameter("step size cannot equal zero")
+    return [(i,) for i in range(start, stop + (1 if step > 0 else -1), step)]
+
+
+# set-returning functions of the SQL layer itself: name -> (column type, rows)
+SERIES: Final = {"generate_series": ("int", _generate_series)}
 
 
 def run_query(select: ast.Select, resolve: Resolve, ctx: EvalContext) -> Relation:
@@ -43,23 +65,38 @@ def _scope(source: Relation) -> Scope:
     return Scope(source.columns, source.types, source.tables, source.local)
 
 
-def from_relation(source: ast.Source | None, resolve: Resolve, ctx: EvalContext) -> Relation:
-    """The rows of a FROM clause, each column tagged with its relation's name."""
+def from_relation(
+    source: ast.Source | None, resolve: Resolve, ctx: EvalContext, outer: Outer = None
+) -> Relation:
+    """The rows of a FROM clause, each column tagged with its relation's name.
+    A function's arguments may name the enclosing query's columns (``outer``)."""
     match source:
         case None:
             return Relation((), [()])
-        case ast.TableName() | ast.TableFunction():
-            rel = resolve(source)
-            label = source.alias or source.name
-            text = label if isinstance(label, str) else label.text
-            return Relation(rel.columns, rel.rows, rel.types, (text,) * len(rel.columns))
+        case ast.TableFunction(name=name, args=args, alias=alias):
+            scope, row = outer if outer is not None else (Scope(()), ())
+            values = tuple(compile_expr(a, scope, ctx)(row) for a in args)
+            if name in SERIES:
+                kind, produce = SERIES[name]
+                rel = Relation((name,), produce(values), (kind,))
+            else:
+                rel = resolve(source, values)
+            label = name if alias is None else alias.text
+            columns = rel.columns
+            if alias is not None and columns == (name,):  # FROM f(...) s: its one column is s
+                columns = (alias.text,)
+            return Relation(columns, rel.rows, rel.types, (label,) * len(columns))
+        case ast.TableName(name=name, alias=alias):
+            rel = resolve(source, ())
+            label = (alias or name).text
+            return Relation(rel.columns, rel.rows, rel.types, (label,) * len(rel.columns))
         case ast.DerivedTable(select=inner, alias=alias):
             rel = run_query(inner, resolve, ctx)
             width = len(rel.columns)
             return Relation(rel.columns, rel.rows, rel.types, (alias.text,) * width)
         case ast.Join(left=left, right=right, kind=kind, on=on):
-            a = from_relation(left, resolve, ctx)
-            b = from_relation(right, resolve, ctx)
+            a = from_relation(left, resolve, ctx, outer)
+            b = from_relation(right, resolve, ctx, outer)
             return _join(a, b, kind, on, ctx)
     raise TypeError(f"not a FROM item: {source!r}")
 
@@ -101,7 +138,13 @@ def _subquery_compiler(
     resolve: Resolve,
 ) -> Callable[[ast.Subquery, Scope, EvalContext], Evaluator]:
     def compile_subquery(sub: ast.Subquery, outer: Scope, ctx: EvalContext) -> Evaluator:
-        inner = from_relation(sub.select.source, resolve, ctx)
+        source = sub.select.source
+        try:
+            inner = from_relation(source, resolve, ctx)
+            correlated = False
+        except UndefinedColumn:  # FROM f(outer.x): read per enclosing row
+            inner = from_relation(source, resolve, ctx, (outer, (None,) * len(outer.names)))
+            correlated = True
         width = len(inner.columns)
         nested = Relation(
             inner.columns + outer.names,
@@ -114,7 +157,8 @@ def _subquery_compiler(
         run_select(select, nested, ctx)  # type-checked now, with no rows
 
         def evaluate(row: Any) -> Any:
-            rows = [r + tuple(row) for r in inner.rows]
+            rel = from_relation(source, resolve, ctx, (outer, row)) if correlated else inner
+            rows = [r + tuple(row) for r in rel.rows]
             out = run_select(select, dataclasses.replace(nested, rows=rows), ctx)
             if sub.kind == "exists":
                 return bool(out.rows)
@@ -181,6 +225,7 @@ def _as_type_of(literal: ast.Expr, other: ast.Expr, scope: Scope) -> ast.Expr:
         t = infer(other, scope.column_type)
     except Exception:  # the comparison reports its own errors when it is checked
         return literal
-    if t in (INT, FLOAT, BOOL):
-        return ast.Cast(literal, t, {INT: "bigint", FLOAT: "double precision"}.get(t, "boolean"))
+    if t in (INT, FLOAT, BOOL, ARRAY):
+        written = {INT: "bigint", FLOAT: "double precision", ARRAY: "text[]"}.get(t, "boolean")
+        return ast.Cast(literal, t, written)
     return literal

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from resgroups.errors import (
     DatatypeMismatch,
@@ -57,6 +57,7 @@ FLOAT: Final = "float"
 TEXT: Final = "text"
 BOOL: Final = "bool"
 UNKNOWN: Final = "unknown"  # the NULL literal
+ARRAY: Final = "array"  # ARRAY(...), array_agg, the catalog's array columns: sent as text
 NUMERIC: Final = frozenset({INT, FLOAT})
 
 INT64_MIN: Final = -(2**63)
@@ -135,6 +136,8 @@ def arithmetic_type(op: str, a: str, b: str) -> str:
 def comparable(op: str, a: str, b: str) -> None:
     if UNKNOWN in (a, b) or a == b or (a in NUMERIC and b in NUMERIC):
         return
+    if op == "= ANY" and b in (ARRAY, TEXT):
+        return
     raise DatatypeMismatch(f"cannot compare {shown(a)} {op} {shown(b)}")
 
 
@@ -155,6 +158,10 @@ def binary_type(op: str, a: str, b: str) -> str:
         if a not in (TEXT, UNKNOWN) or b not in (TEXT, UNKNOWN):
             word = op.upper()
             raise DatatypeMismatch(f"{word} needs text, got {shown(a)} {word} {shown(b)}")
+        return BOOL
+    if op == "= any":
+        if b not in (ARRAY, UNKNOWN):
+            raise DatatypeMismatch(f"op ANY (array) needs an array, got {shown(b)}")
         return BOOL
     if op in ("distinct", "not distinct"):
         comparable(f"IS {op.upper()} FROM", a, b)
@@ -240,6 +247,12 @@ FUNCTIONS: Final[Mapping[str, Function]] = {
     "pg_collation_is_visible": Function((1, 1), _returns(BOOL)),
     "like_escape": Function((2, 2), _returns(TEXT)),
     "json_build_object": Function((0, 100), _returns(TEXT)),
+    "array_element": Function((2, 2), _returns(UNKNOWN)),
+    "array_upper": Function((2, 2), _returns(INT)),
+    "array_length": Function((2, 2), _returns(INT)),
+    "pg_relation_is_publishable": Function((1, 1), _returns(BOOL)),
+    "pg_get_statisticsobjdef_columns": Function((1, 1), _returns(TEXT)),
+    "pg_get_indexdef": Function((1, 3), _returns(TEXT)),
 }
 # what the query running an expression knows (what drivers ask on connecting)
 CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {
@@ -250,7 +263,7 @@ CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {
     "current_schema": TEXT,
     "current_database": TEXT,
 }
-AGGREGATES: Final = ("count", "sum", "avg", "min", "max", "array_agg")
+AGGREGATES: Final = ("count", "sum", "avg", "min", "max", "array_agg", "string_agg")
 
 
 def all_function_names() -> list[str]:
@@ -285,12 +298,16 @@ def aggregate_type(call: ast.Call, arg: str | None) -> str:
         if call.name != "count":
             raise DatatypeMismatch(f"{call.name}(*) is not allowed; only count(*) takes *")
         return INT
+    if call.name == "string_agg":
+        if len(call.args) != 2:
+            raise DatatypeMismatch(f"string_agg() takes 2 arguments, got {len(call.args)}")
+        return TEXT
     if len(call.args) != 1 or arg is None:
         raise DatatypeMismatch(f"{call.name}() takes 1 argument, got {len(call.args)}")
     if call.name == "count":
         return INT
     if call.name == "array_agg":
-        return TEXT  # an array, sent in its text form
+        return ARRAY
     if call.name in ("sum", "avg"):
         if arg not in NUMERIC and arg != UNKNOWN:
             raise DatatypeMismatch(f"{call.name}() needs numbers, got {shown(arg)}")
@@ -391,7 +408,7 @@ def infer(
                 if find_aggregates(arg):
                     raise GroupingError(f"aggregate calls cannot be nested inside {name}()")
             args = [infer(a, column_type) for a in expr.args]
-            return aggregate_type(expr, args[0] if len(args) == 1 else None)
+            return aggregate_type(expr, args[0] if args else None)
         case ast.Call():
             return function_type(expr, [walk(a) for a in expr.args])
         case ast.Cast(operand=operand, type=target, written=written):
@@ -408,8 +425,52 @@ def infer(
         case ast.Subquery(kind=kind):
             # typed when run (statements/pg_catalog.py); a scalar subquery's column
             # is unknown here, an ARRAY(...) is sent as its text form
-            return {"exists": BOOL, "array": TEXT}.get(kind, UNKNOWN)
+            return {"exists": BOOL, "array": ARRAY}.get(kind, UNKNOWN)
     raise TypeError(f"not an expression: {expr!r}")
+
+
+# ---- arrays ----------------------------------------------------------------------------
+
+
+class PgArray(tuple[Any, ...]):
+    """An array value (ARRAY(...), array_agg): sent in PostgreSQL's text form ``{a,b}``."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return "{" + ",".join("NULL" if v is None else _array_item(v) for v in self) + "}"
+
+
+def _array_item(value: Any) -> str:
+    text = ("t" if value else "f") if isinstance(value, bool) else str(value)
+    if text == "" or text.upper() == "NULL" or any(c in text for c in ' ,{}"\\'):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
+def parse_array(text: str) -> PgArray:
+    """An array's text form ``{a,"b c",NULL}`` read back (elements are text)."""
+    if not (text.startswith("{") and text.endswith("}")):
+        raise InvalidTextRepresentation(f'malformed array literal: "{text}"')
+    items: list[str | None] = []
+    body, i = text[1:-1], 0
+    while i < len(body):
+        if body[i] == '"':
+            chars, i = [], i + 1
+            while i < len(body) and body[i] != '"':
+                if body[i] == "\\":
+                    i += 1
+                chars.append(body[i : i + 1])
+                i += 1
+            items.append("".join(chars))
+            i += 2  # the closing quote and the comma
+        else:
+            end = body.find(",", i)
+            end = len(body) if end < 0 else end
+            bare = body[i:end].strip()
+            items.append(None if bare.upper() == "NULL" else bare)
+            i = end + 1
+    return PgArray(items)
 
 
 # ---- casts ---------------------------------------------------------------------------
@@ -486,6 +547,8 @@ def cast_value(value: object, target: str, written: str) -> object:
     """``value::target`` (NULL stays NULL)."""
     if value is None:
         return None
+    if target == ARRAY:
+        return value if isinstance(value, tuple) else parse_array(str(value))
     if target == TEXT:
         if isinstance(value, bool):
             text = "true" if value else "false"

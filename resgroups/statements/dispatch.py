@@ -20,7 +20,7 @@ from resgroups.exec.vector import dtype_type
 from resgroups.result import Cursor, Result, RowsCursor
 from resgroups.sql import ast
 from resgroups.sql.expr import CATALOG_FUNCTIONS, EvalContext, Scope, compile_expr
-from resgroups.sql.relational import run_query
+from resgroups.sql.relational import SERIES, run_query
 from resgroups.sql.select import Relation, run_select, select_shape
 from resgroups.statements import groups, principals
 from resgroups.statements.pg_catalog import CatalogRows, unknown_relation
@@ -118,15 +118,14 @@ def _needs_rows(node: object) -> bool:
 
 def _resolver(
     session: Session, catalog: CatalogRows, ctx: EvalContext
-) -> tuple[Callable[[ast.TableName | ast.TableFunction], Relation], list[bool]]:
+) -> tuple[Callable[[ast.TableName | ast.TableFunction, tuple[Any, ...]], Relation], list[bool]]:
     """Resolve FROM names: the catalog, a table function's view, an executor table;
     and whether every relation read is the workload's (managed) rather than state."""
     managed = [True]
 
-    def resolve(ref: ast.TableName | ast.TableFunction) -> Relation:
+    def resolve(ref: ast.TableName | ast.TableFunction, values: tuple[Any, ...]) -> Relation:
         if isinstance(ref, ast.TableFunction):
             fn = table_function(ref.name)
-            values = tuple(compile_expr(a, _NO_COLUMNS, ctx)(()) for a in ref.args)
             managed[0] = managed[0] and not fn.engine_state
             return relation(session, fn, values)
         found = catalog.relation(ref)
@@ -136,7 +135,7 @@ def _resolver(
         public = ref.schema is None or ref.schema.text.casefold() == "public"
         name = ref.name.text if ref.name.quoted else ref.name.text.casefold()
         if public and name in TABLE_FUNCTIONS:
-            return resolve(ast.TableFunction(name))
+            return resolve(ast.TableFunction(name), ())
         if public:
             try:
                 table = session.engine.tables.get(ref.name)
@@ -191,7 +190,7 @@ def _reads_tables(session: Session, node: object) -> bool:
                 return False
             return True
         case ast.TableFunction(name=name):
-            return name not in TABLE_FUNCTIONS
+            return name not in TABLE_FUNCTIONS and name not in SERIES
     if isinstance(node, tuple):
         return any(_reads_tables(session, x) for x in node)
     if dataclasses.is_dataclass(node) and not isinstance(node, type):

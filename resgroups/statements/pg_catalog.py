@@ -125,15 +125,29 @@ CATALOG_COLUMNS: Final[dict[tuple[int, str], tuple[int, tuple[tuple[str, str], .
         "objoid:int classoid:int objsubid:int description")),
     (PG_CATALOG, "pg_index"): (2610, _cols(
         "indexrelid:int indrelid:int indnatts:int indisunique:bool indisprimary:bool "
-        "indisclustered:bool indisvalid:bool indisreplident:bool indkey")),
+        "indisclustered:bool indisvalid:bool indisreplident:bool indkey:array")),
     (PG_CATALOG, "pg_constraint"): (2606, _cols(
         "oid:int conname connamespace:int contype condeferrable:bool condeferred:bool "
-        "conrelid:int conindid:int confrelid:int contypid:int conkey confkey")),
+        "conrelid:int conindid:int confrelid:int contypid:int conkey:array confkey:array")),
     (PG_CATALOG, "pg_sequence"): (2224, _cols(
         "seqrelid:int seqtypid:int seqstart:int seqincrement:int seqmax:int seqmin:int "
         "seqcache:int seqcycle:bool")),
     (PG_CATALOG, "pg_enum"): (3501, _cols("oid:int enumtypid:int enumsortorder:float enumlabel")),
-    (PG_CATALOG, "pg_inherits"): (2611, _cols("inhrelid:int inhparent:int inhseqno:int")),
+    (PG_CATALOG, "pg_inherits"): (2611, _cols(
+        "inhrelid:int inhparent:int inhseqno:int inhdetachpending:bool")),
+    (PG_CATALOG, "pg_policy"): (3256, _cols(
+        "oid:int polname polrelid:int polcmd polpermissive:bool polroles:array polqual "
+        "polwithcheck")),
+    (PG_CATALOG, "pg_statistic_ext"): (3381, _cols(
+        "oid:int stxrelid:int stxname stxnamespace:int stxowner:int stxstattarget:int "
+        "stxkeys:array stxkind:array")),
+    (PG_CATALOG, "pg_publication"): (6104, _cols(
+        "oid:int pubname pubowner:int puballtables:bool pubinsert:bool pubupdate:bool "
+        "pubdelete:bool pubtruncate:bool pubviaroot:bool")),
+    (PG_CATALOG, "pg_publication_namespace"): (6237, _cols(
+        "oid:int pnpubid:int pnnspid:int")),
+    (PG_CATALOG, "pg_publication_rel"): (6106, _cols(
+        "oid:int prpubid:int prrelid:int prqual prattrs:array")),
     (INFORMATION_SCHEMA, "tables"): (13_001, _cols(
         "table_catalog table_schema table_name table_type is_insertable_into")),
     (INFORMATION_SCHEMA, "columns"): (13_002, _cols(
@@ -382,6 +396,9 @@ _FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
     "pg_get_constraintdef": lambda c, *a: None,  # there are no constraints
     "pg_get_serial_sequence": lambda c, *a: None,  # nor sequences
     "pg_collation_is_visible": lambda c, oid: True,
+    "pg_relation_is_publishable": lambda c, oid: False,  # there are no publications
+    "pg_get_statisticsobjdef_columns": lambda c, oid: None,
+    "pg_get_indexdef": lambda c, *a: None,
     "regclass": lambda c, name: c.regclass(name),
     "regtype": lambda c, name: c.regtype(name),
     "array_to_string": lambda c, arr, sep, *null: None if arr is None else sep.join(

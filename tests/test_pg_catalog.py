@@ -238,6 +238,34 @@ def test_joins_over_executor_tables_are_managed(engine: resgroups.Engine) -> Non
     assert result.group is not None  # the workload's tables: a managed query
 
 
+def test_union_and_arrays(engine: resgroups.Engine) -> None:
+    s = engine.connect()
+    assert rows(s, "SELECT 1 AS a UNION SELECT 1 UNION ALL SELECT 2 ORDER BY 1 DESC") == [
+        (2,),
+        (1,),
+    ]
+    assert rows(s, "SELECT 'b', NULL UNION SELECT 'a', NULL ORDER BY 1 LIMIT 1") == [("a", None)]
+    with pytest.raises(resgroups.DatatypeMismatch, match="same number of columns"):
+        s.execute("SELECT 1 UNION SELECT 1, 2")
+    got = rows(
+        s,
+        "SELECT s, (ARRAY(SELECT nspname FROM pg_namespace ORDER BY 1))[s] "
+        "FROM pg_catalog.generate_series(1, 4) s",
+    )
+    assert got == [(1, "information_schema"), (2, "pg_catalog"), (3, "public"), (4, None)]
+    assert rows(s, "SELECT 'd' = ANY ('{a,d}'::text[]), 'x' = ANY ('{a,NULL}'::text[])") == [
+        (True, None)
+    ]
+    assert rows(s, "SELECT string_agg(nspname, ', ') FROM pg_namespace WHERE oid < 3000") == [
+        ("pg_catalog, public",)
+    ]
+    # a subquery's FROM function may read the enclosing row
+    assert rows(
+        s,
+        "SELECT n, (SELECT count(*) FROM generate_series(1, n) g) FROM (SELECT 2 AS n) AS d",
+    ) == [(2, 2)]
+
+
 # ---- joins equal nested loops over Python lists -------------------------------------------
 
 _ROWS = st.lists(st.tuples(st.integers(0, 4), st.integers(-3, 3)), max_size=6)

@@ -89,6 +89,16 @@ def test_psql_d_resource_groups_describes_its_columns(server: ServerProcess) -> 
 
 
 @needs_psql
+def test_psql_d_of_a_table(server: ServerProcess) -> None:
+    """psql's \\d of a table also asks policies, statistics, publications (a UNION
+    with generate_series and array subscripts) and inheritance: all answered."""
+    out = psql(server, r"\d readings")
+    assert 'Table "public.readings"' in out, psql_version()
+    assert " x      | bigint           |" in out
+    assert " ratio  | double precision |" in out
+
+
+@needs_psql
 def test_psql_l_and_dn(server: ServerProcess) -> None:
     assert " resgroups | admin | UTF8" in psql(server, r"\l"), psql_version()
     assert " public | admin" in psql(server, r"\dn")

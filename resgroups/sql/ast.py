@@ -367,6 +367,18 @@ class DropTable:
     if_exists: bool = False
 
 
+@dataclass(frozen=True)
+class Union:
+    """``SELECT ... UNION [ALL] SELECT ...``: ``all[i]`` joins ``selects[i + 1]``
+    to what comes before it; the ORDER BY, LIMIT and OFFSET are the union's."""
+
+    selects: tuple[Select, ...]
+    all: tuple[bool, ...]
+    order_by: tuple[OrderItem, ...] = ()
+    limit: int | None = None
+    offset: int = 0
+
+
 Statement = (
     CreateResourceGroup
     | AlterResourceGroupSet
@@ -396,6 +408,7 @@ Statement = (
     | Show
     | ExplainResourceGroup
     | Select
+    | Union
     | CreateTableAs
     | InsertSelect
     | DropTable

@@ -127,6 +127,14 @@ def _select(s: ast.Select) -> str:
     return " ".join(parts)
 
 
+def _union(u: ast.Union) -> str:
+    parts = [_select(u.selects[0])]
+    for every, select in zip(u.all, u.selects[1:], strict=True):
+        parts.append(("UNION ALL " if every else "UNION ") + _select(select))
+    tail = ast.Select(None, None, None, u.order_by, u.limit, u.offset)
+    return " ".join(parts) + _select(tail).removeprefix("SELECT *")
+
+
 def _with(params: tuple[tuple[str, ast.ParamValue], ...]) -> str:
     return f" WITH ({_params(params)})" if params else ""
 
@@ -223,6 +231,7 @@ _FORMATTERS: Final[dict[type, Callable[[Any], str]]] = {
         else "SHOW SERVICE ACCOUNTS"
     ),
     ast.Select: _select,
+    ast.Union: lambda u: _union(u),
     ast.CreateTableAs: lambda s: f"CREATE TABLE {quote_ident(s.name)} AS ({_select(s.query)})",
     ast.InsertSelect: lambda s: f"INSERT INTO {quote_ident(s.name)} {_select(s.query)}",
     ast.DropTable: lambda s: (

@@ -326,6 +326,18 @@ class _ToAst(Transformer[Token, Any]):
     ) -> ast.Select:
         return ast.Select(items, source, where, order_by or (), limit, offset or 0, group_by or ())
 
+    def union(self, first: ast.Select, *rest: Any) -> ast.Union:
+        selects = [first, *rest[1::2]]
+        last = selects[-1]
+        selects[-1] = dataclasses.replace(last, order_by=(), limit=None, offset=0)
+        return ast.Union(tuple(selects), tuple(rest[0::2]), last.order_by, last.limit, last.offset)
+
+    def union_distinct(self) -> bool:
+        return False
+
+    def union_all(self) -> bool:
+        return True
+
     def group_clause(self, *exprs: ast.Expr) -> tuple[ast.Expr, ...]:
         return exprs
 

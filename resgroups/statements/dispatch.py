@@ -14,7 +14,12 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Final
 
 from resgroups.access import check_group_admin, check_use, find_runtime_group
-from resgroups.errors import FeatureNotSupported, PermissionDenied, UndefinedTable
+from resgroups.errors import (
+    DatatypeMismatch,
+    FeatureNotSupported,
+    PermissionDenied,
+    UndefinedTable,
+)
 from resgroups.exec import executor
 from resgroups.exec.vector import dtype_type
 from resgroups.result import Cursor, Result, RowsCursor
@@ -178,6 +183,43 @@ def select(session: Session, stmt: ast.Select) -> Result:
     return replace(Result.table(out.columns, out.rows, out.types), group=group)
 
 
+def union(session: Session, stmt: ast.Union) -> Result:
+    """``SELECT ... UNION [ALL] SELECT ...`` over the catalog (unmanaged) or, when
+    a branch reads the workload's tables, as one managed query."""
+    if _reads_tables(session, stmt):
+        with session.query(kind="select") as q:
+            out = _union(session, stmt, session.eval_context(q.group))
+        return replace(Result.table(out.columns, out.rows, out.types), group=q.group)
+    out = _union(session, stmt, session.eval_context())
+    return Result.table(out.columns, out.rows, out.types)
+
+
+def _union(session: Session, stmt: ast.Union, ctx: EvalContext) -> Relation:
+    parts = [_run(session, s, ctx)[0] for s in stmt.selects]
+    first = parts[0]
+    rows = list(first.rows)
+    for every, part in zip(stmt.all, parts[1:], strict=True):
+        if len(part.columns) != len(first.columns):
+            raise DatatypeMismatch(
+                f"each UNION query must have the same number of columns "
+                f"({len(first.columns)} and {len(part.columns)})",
+                sqlstate="42601",
+            )
+        rows += part.rows
+        if not every:  # UNION: distinct rows, in order of first appearance
+            rows = list(dict.fromkeys(rows))
+    tail = ast.Select(None, None, None, stmt.order_by, stmt.limit, stmt.offset)
+    # a name the union's columns repeat (NULL, NULL: ?column? twice) is told apart
+    # while sorting, so ORDER BY takes its position; the result keeps the names
+    seen: dict[str, int] = {}
+    inner = []
+    for name in first.columns:
+        seen[name] = seen.get(name, 0) + 1
+        inner.append(name if seen[name] == 1 else f"{name}\x00{seen[name]}")
+    out = run_select(tail, Relation(tuple(inner), rows, first.types), ctx)
+    return replace(out, columns=first.columns)
+
+
 def _reads_tables(session: Session, node: object) -> bool:
     """Whether ``node`` names an executor table (or long_sequence) anywhere."""
     match node:
@@ -223,6 +265,9 @@ _NO_COLUMNS: Final = Scope(())
 
 def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str]] | None:
     """The columns and types ``stmt`` returns, without running it (None: not a SELECT)."""
+    if isinstance(stmt, ast.Union):
+        out = _union(session, stmt, session.eval_context())
+        return list(out.columns), [t or "text" for t in out.types]
     if not isinstance(stmt, ast.Select):
         return None
     if _in_executor(session, stmt):
@@ -280,6 +325,7 @@ RULES: Final[dict[type, Rule]] = {
     ast.ResetAll: Rule(reset_resource_group),
     ast.DiscardAll: Rule(discard_all),
     ast.Select: Rule(select),
+    ast.Union: Rule(union),
     ast.CreateTableAs: Rule(executor.create_table_as),
     ast.InsertSelect: Rule(executor.insert_select),
     ast.DropTable: Rule(executor.drop_table),

@@ -135,7 +135,7 @@ def test_search_path_and_schemas(engine: resgroups.Engine) -> None:
         ),
         (
             "SELECT x.relname FROM pg_class c",
-            resgroups.UndefinedColumn,
+            resgroups.UndefinedTable,
             "42P01",
             'missing FROM-clause entry for table "x"',
         ),
@@ -231,6 +231,11 @@ def test_group_by_array_agg_derived_tables_and_offset(engine: resgroups.Engine) 
 
 def test_joins_over_executor_tables_are_managed(engine: resgroups.Engine) -> None:
     s = engine.connect()
+    s.execute("CREATE TABLE c AS SELECT x FROM long_sequence(3)")
+    # one table with its own qualifiers stays in the executor
+    assert rows(s, "SELECT t.x FROM c AS t WHERE t.x > 2") == [(3,)]
+    with pytest.raises(resgroups.UndefinedTable, match="missing FROM-clause entry"):
+        s.execute("SELECT z.x FROM c")
     s.execute("CREATE TABLE a AS SELECT x FROM long_sequence(3)")
     s.execute("CREATE TABLE b AS SELECT x, x * 10 AS y FROM long_sequence(2)")
     result = s.execute("SELECT a.x, b.y FROM a LEFT JOIN b ON a.x = b.x ORDER BY a.x")

@@ -32,6 +32,7 @@ from resgroups.errors import (
     InvalidParameter,
     InvalidRegularExpression,
     UndefinedColumn,
+    UndefinedTable,
     did_you_mean,
 )
 from resgroups.sql import ast
@@ -123,10 +124,9 @@ class Scope:
         if table is not None and not any(
             t is not None and _table_is(t, table) for t in self.tables
         ):
-            raise UndefinedColumn(
+            raise UndefinedTable(
                 f'missing FROM-clause entry for table "{table.text}".'
-                + did_you_mean(table.text, {t for t in self.tables if t is not None}),
-                sqlstate="42P01",
+                + did_you_mean(table.text, {t for t in self.tables if t is not None})
             )
         return self._missing(ident, shown)
 

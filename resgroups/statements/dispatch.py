@@ -87,7 +87,43 @@ def _in_executor(session: Session, stmt: ast.Select) -> bool:
             session.engine.tables.get(source.name)
         except UndefinedTable:
             return False
+    assert isinstance(source, ast.TableName | ast.TableFunction)
+    label = source.alias or source.name
+    named = label if isinstance(label, str) else label.text
+    # a qualifier other than the table's name or alias: the row engine's error
+    if any(q.casefold() != named.casefold() for q in _qualifiers(stmt)):
+        return False
     return not _needs_rows(stmt)
+
+
+def _unqualified(stmt: ast.Select) -> ast.Select:
+    """``stmt`` with its columns' qualifiers dropped: they name its one source,
+    as :func:`_in_executor` checked, and the executor's scope is that source."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, ast.Column):
+            return replace(node, table=None)
+        if isinstance(node, tuple):
+            return tuple(walk(x) for x in node)
+        if dataclasses.is_dataclass(node) and not isinstance(node, type):
+            return replace(
+                node, **{f.name: walk(getattr(node, f.name)) for f in dataclasses.fields(node)}
+            )
+        return node
+
+    result: ast.Select = walk(stmt)
+    return result
+
+
+def _qualifiers(node: object) -> set[str]:
+    """The table qualifiers of every column ``node`` names (``t`` of ``t.x``)."""
+    if isinstance(node, ast.Column):
+        return set() if node.table is None else {node.table.text}
+    if isinstance(node, tuple):
+        return set().union(*(_qualifiers(x) for x in node))
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return set().union(*(_qualifiers(getattr(node, f.name)) for f in dataclasses.fields(node)))
+    return set()
 
 
 _ROW_ONLY: Final = (ast.Case, ast.Subquery, ast.DerivedTable, ast.Join)
@@ -168,7 +204,7 @@ def _run(session: Session, stmt: ast.Select, ctx: EvalContext) -> tuple[Relation
 def select(session: Session, stmt: ast.Select) -> Result:
     """SELECT over engine state (unmanaged), the executor's sources, or no FROM."""
     if _in_executor(session, stmt):
-        return executor.select(session, stmt)
+        return executor.select(session, _unqualified(stmt))
     if (stmt.source is None or isinstance(stmt.source, ast.TableFunction)) and not _needs_rows(
         stmt
     ):
@@ -271,6 +307,7 @@ def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str
     if not isinstance(stmt, ast.Select):
         return None
     if _in_executor(session, stmt):
+        stmt = _unqualified(stmt)
         source = executor.source_of(session, stmt)
         names, types = source.names, source.types
     elif isinstance(stmt.source, ast.TableFunction) and not _needs_rows(stmt):
@@ -291,7 +328,7 @@ def open_cursor(session: Session, stmt: ast.Statement, *, paging: bool = True) -
     """``stmt``'s result a page at a time: a scan of the executor's sources (its
     query suspended between pages when ``paging``), else the whole result now."""
     if isinstance(stmt, ast.Select) and _in_executor(session, stmt):
-        return executor.ScanCursor(session, stmt, paging=paging)
+        return executor.ScanCursor(session, _unqualified(stmt), paging=paging)
     return RowsCursor(execute_statement(session, stmt))
 
 

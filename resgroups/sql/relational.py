@@ -28,6 +28,7 @@ from resgroups.errors import (
     DatatypeMismatch,
     InvalidParameter,
     UndefinedColumn,
+    UndefinedTable,
 )
 from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext, Evaluator, Row, Scope, compile_expr
@@ -142,7 +143,7 @@ def _subquery_compiler(
         try:
             inner = from_relation(source, resolve, ctx)
             correlated = False
-        except UndefinedColumn:  # FROM f(outer.x): read per enclosing row
+        except (UndefinedColumn, UndefinedTable):  # FROM f(outer.x): read per enclosing row
             inner = from_relation(source, resolve, ctx, (outer, (None,) * len(outer.names)))
             correlated = True
         width = len(inner.columns)

@@ -46,6 +46,7 @@ from resgroups.sql.semantics import (
     find_aggregates,
     infer,
     int_literal,
+    parse_array,
     truncated_div,
 )
 from resgroups.version import VERSION_STRING
@@ -307,6 +308,11 @@ CATALOG_FUNCTIONS: Final[dict[str, Any]] = {
     "pg_relation_is_publishable": None,
     "pg_get_statisticsobjdef_columns": None,
     "pg_get_indexdef": None,
+    "current_schemas": None,
+    # the text of an oid cast to regtype, regclass or regnamespace: its name
+    "regtype_name": None,
+    "regclass_name": None,
+    "regnamespace_name": None,
 }
 CONTEXT_FUNCTIONS: Final[dict[str, Callable[[EvalContext], Any]]] = {
     "current_resource_group": lambda ctx: ctx.current_group,
@@ -403,6 +409,12 @@ def _compile(
                 return cast_value(value, target, written)
 
             return object_id
+        case ast.Cast(
+            operand=ast.Cast(written="regtype" | "regclass" | "regnamespace" as reg),
+            type="text",
+        ):
+            # an object identifier's text is its name, as PostgreSQL's reg* output
+            return sub(ast.Call(f"{reg}_name", (expr.operand,)))
         case ast.Cast(operand=operand, type=target, written=written):
             inner = sub(operand)
             return lambda row: cast_value(inner(row), target, written)
@@ -471,6 +483,8 @@ def _any(operand: Evaluator, array: Evaluator) -> Evaluator:
         value, items = operand(row), array(row)
         if value is None or items is None:
             return None
+        if isinstance(items, str):
+            items = parse_array(items)
         if any(item == value for item in items if item is not None):
             return True
         return None if None in items else False

@@ -356,6 +356,9 @@ class _ToAst(Transformer[Token, Any]):
     def select_item_alias(self, expr: ast.Expr, *rest: ast.Ident | None) -> ast.SelectItem:
         return ast.SelectItem(expr, rest[-1])
 
+    def select_item_default(self, expr: ast.Expr) -> ast.SelectItem:
+        return ast.SelectItem(expr, ast.Ident("default"))
+
     def from_clause(self, first: ast.Source, *rest: ast.Source) -> ast.Source:
         source = first
         for item in rest:  # FROM a, b, c: cross joins, left to right

@@ -33,7 +33,16 @@ from resgroups.errors import (
 from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext, Evaluator, Row, Scope, compile_expr
 from resgroups.sql.select import Relation, run_select
-from resgroups.sql.semantics import ARRAY, BOOL, COMPARISON, FLOAT, INT, PgArray, infer
+from resgroups.sql.semantics import (
+    ARRAY,
+    BOOL,
+    COMPARISON,
+    FLOAT,
+    INT,
+    PgArray,
+    infer,
+    parse_array,
+)
 
 # a relation by its name, or a table function's rows for its argument values
 Resolve = Callable[[ast.TableName | ast.TableFunction, tuple[Any, ...]], Relation]
@@ -51,8 +60,20 @@ def _generate_series(args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     return [(i,) for i in range(start, stop + (1 if step > 0 else -1), step)]
 
 
+def _unnest(args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    if len(args) != 1:
+        raise DatatypeMismatch(f"unnest() takes 1 array, got {len(args)} arguments")
+    (array,) = args
+    if isinstance(array, str):
+        array = parse_array(array)
+    return [] if array is None else [(v,) for v in array]
+
+
 # set-returning functions of the SQL layer itself: name -> (column type, rows)
-SERIES: Final = {"generate_series": ("int", _generate_series)}
+SERIES: Final = {
+    "generate_series": ("int", _generate_series),
+    "unnest": ("unknown", _unnest),
+}
 
 
 def run_query(select: ast.Select, resolve: Resolve, ctx: EvalContext) -> Relation:

@@ -160,7 +160,7 @@ def binary_type(op: str, a: str, b: str) -> str:
             raise DatatypeMismatch(f"{word} needs text, got {shown(a)} {word} {shown(b)}")
         return BOOL
     if op == "= any":
-        if b not in (ARRAY, UNKNOWN):
+        if b not in (ARRAY, UNKNOWN, TEXT):  # text: an array's text form, as a parameter
             raise DatatypeMismatch(f"op ANY (array) needs an array, got {shown(b)}")
         return BOOL
     if op in ("distinct", "not distinct"):
@@ -253,6 +253,10 @@ FUNCTIONS: Final[Mapping[str, Function]] = {
     "pg_relation_is_publishable": Function((1, 1), _returns(BOOL)),
     "pg_get_statisticsobjdef_columns": Function((1, 1), _returns(TEXT)),
     "pg_get_indexdef": Function((1, 3), _returns(TEXT)),
+    "current_schemas": Function((1, 1), _returns(ARRAY)),
+    "regtype_name": Function((1, 1), _returns(TEXT)),
+    "regclass_name": Function((1, 1), _returns(TEXT)),
+    "regnamespace_name": Function((1, 1), _returns(TEXT)),
 }
 # what the query running an expression knows (what drivers ask on connecting)
 CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {

@@ -28,6 +28,7 @@ from resgroups.errors import UndefinedTable, UndefinedType, did_you_mean
 from resgroups.exec.vector import dtype_type
 from resgroups.sql import ast
 from resgroups.sql.select import Relation
+from resgroups.sql.semantics import PgArray
 from resgroups.statements.table_functions import TABLE_FUNCTIONS
 
 if TYPE_CHECKING:
@@ -53,6 +54,8 @@ TYPES: Final = (
     (1043, "varchar", "character varying", -1, "S"),
     (1184, "timestamptz", "timestamp with time zone", 8, "D"),
     (1700, "numeric", "numeric", -1, "N"),
+    (2249, "record", "record", -1, "P"), (2278, "void", "void", 4, "P"),
+    (2279, "trigger", "trigger", 4, "P"),
 )  # fmt: skip
 # the executor's types (semantics) -> pg_type oid
 TYPE_OIDS: Final = {
@@ -103,7 +106,11 @@ CATALOG_COLUMNS: Final[dict[tuple[int, str], tuple[int, tuple[tuple[str, str], .
         "typcollation:int typdefault")),
     (PG_CATALOG, "pg_proc"): (1255, _cols(
         "oid:int proname pronamespace:int proowner:int prolang:int prokind proretset:bool "
-        "prorettype:int pronargs:int proargtypes proargnames prosrc")),
+        "prorettype:int pronargs:int proargtypes:array proallargtypes:array proargmodes:array "
+        "proargnames:array proargdefaults prosrc")),
+    (PG_CATALOG, "pg_depend"): (2608, _cols(
+        "classid:int objid:int objsubid:int refclassid:int refobjid:int refobjsubid:int "
+        "deptype")),
     (PG_CATALOG, "pg_database"): (1262, _cols(
         "oid:int datname datdba:int encoding:int datcollate datctype datistemplate:bool "
         "datallowconn:bool datconnlimit:int datacl datlocprovider daticulocale")),
@@ -286,10 +293,13 @@ def _types(c: CatalogRows) -> list[tuple[Any, ...]]:
 
 def _procs(c: CatalogRows) -> list[tuple[Any, ...]]:
     # prorettype 2249 is PostgreSQL's record: each returns a table (RETURNS TABLE)
-    rows = [(FUNCTION_OID_BASE + i, fn.name, PUBLIC, ADMIN_ROLE, 12, "f", True, 2249, 0, "",
-             None, fn.name) for i, fn in enumerate(TABLE_FUNCTIONS.values())]  # fmt: skip
+    rows: list[tuple[Any, ...]] = [
+        (FUNCTION_OID_BASE + i, fn.name, PUBLIC, ADMIN_ROLE, 12, "f", True, 2249, 0,
+         PgArray(), None, None, None, None, fn.name)
+        for i, fn in enumerate(TABLE_FUNCTIONS.values())
+    ]  # fmt: skip
     rows.append((LONG_SEQUENCE, "long_sequence", PUBLIC, ADMIN_ROLE, 12, "f", True, 2249, 1,
-                 "20", None, "long_sequence"))  # fmt: skip
+                 PgArray([20]), None, None, PgArray(["n"]), None, "long_sequence"))  # fmt: skip
     return rows
 
 
@@ -401,6 +411,16 @@ _FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
     "pg_get_indexdef": lambda c, *a: None,
     "regclass": lambda c, name: c.regclass(name),
     "regtype": lambda c, name: c.regtype(name),
+    "regtype_name": lambda c, oid: None if oid is None else next(
+        (t[2] for t in TYPES if t[0] == oid), str(oid)
+    ),
+    "regclass_name": lambda c, oid: None if oid is None else (
+        c.by_oid[oid].name if oid in c.by_oid else str(oid)
+    ),
+    "regnamespace_name": lambda c, oid: None if oid is None else NAMESPACES.get(oid, str(oid)),
+    "current_schemas": lambda c, implicit: PgArray(
+        ["pg_catalog", "public"] if implicit else ["public"]
+    ),
     "array_to_string": lambda c, arr, sep, *null: None if arr is None else sep.join(
         str(v) if v is not None else (null[0] if null else "") for v in arr if v is not None or null
     ),

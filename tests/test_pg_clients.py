@@ -165,3 +165,29 @@ def test_sqlalchemy_get_columns(inspector: Any) -> None:
     assert inspector.get_foreign_keys("readings") == []
     assert inspector.get_check_constraints("readings") == []
     assert inspector.get_table_comment("readings") == {"text": None}
+
+
+# ---- pgcli's completion queries ------------------------------------------------------
+
+
+def test_pgcli_completion_metadata(server: ServerProcess) -> None:
+    """pgcli's own PGExecute runs the queries its completer refreshes from."""
+    pgcli = pytest.importorskip("pgcli")
+    from pgcli.pgexecute import PGExecute
+
+    version = f"pgcli {pgcli.__version__}"
+    ex = PGExecute("resgroups", "admin", None, server.host, server.pg_port, None)
+    try:
+        assert ex.search_path() == ["pg_catalog", "public"], version
+        assert "public" in ex.schemata()
+        assert ("public", "readings") in list(ex.tables())
+        assert ("public", "resource_groups") in list(ex.views())
+        columns = {(t, c): kind for _, t, c, kind, _, _ in ex.table_columns()}
+        assert columns[("readings", "x")] == "bigint"
+        assert columns[("readings", "ratio")] == "double precision"
+        assert ex.databases() == ["resgroups"]
+        names = {f.func_name for f in ex.functions()}
+        assert {"long_sequence", "resource_groups"} <= names
+        assert list(ex.datatypes()) == []  # no types outside pg_catalog
+    finally:
+        ex.conn.close()

@@ -309,6 +309,7 @@ CATALOG_FUNCTIONS: Final[dict[str, Any]] = {
     "pg_get_statisticsobjdef_columns": None,
     "pg_get_indexdef": None,
     "current_schemas": None,
+    "pg_get_viewdef": None,
     # the text of an oid cast to regtype, regclass or regnamespace: its name
     "regtype_name": None,
     "regclass_name": None,

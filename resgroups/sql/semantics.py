@@ -254,6 +254,7 @@ FUNCTIONS: Final[Mapping[str, Function]] = {
     "pg_get_statisticsobjdef_columns": Function((1, 1), _returns(TEXT)),
     "pg_get_indexdef": Function((1, 3), _returns(TEXT)),
     "current_schemas": Function((1, 1), _returns(ARRAY)),
+    "pg_get_viewdef": Function((1, 2), _returns(TEXT)),
     "regtype_name": Function((1, 1), _returns(TEXT)),
     "regclass_name": Function((1, 1), _returns(TEXT)),
     "regnamespace_name": Function((1, 1), _returns(TEXT)),

@@ -242,6 +242,11 @@ class CatalogRows:
                 return r.oid
         raise unknown_relation(ref, self.names())
 
+    def view_definition(self, oid: Any) -> str | None:
+        """A table function's view is the function's rows, all its columns."""
+        r = self.by_oid.get(oid)
+        return None if r is None or r.kind != "v" else f" SELECT * FROM {r.name}();"
+
     def regtype(self, text: str) -> int:
         name = text.lower().removeprefix("pg_catalog.")
         for oid, typname, shown, _, _ in TYPES:
@@ -418,6 +423,7 @@ _FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
         c.by_oid[oid].name if oid in c.by_oid else str(oid)
     ),
     "regnamespace_name": lambda c, oid: None if oid is None else NAMESPACES.get(oid, str(oid)),
+    "pg_get_viewdef": lambda c, oid, *pretty: c.view_definition(oid),
     "current_schemas": lambda c, implicit: PgArray(
         ["pg_catalog", "public"] if implicit else ["public"]
     ),

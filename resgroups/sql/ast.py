@@ -97,7 +97,16 @@ class Subquery:
     select: Select
 
 
-Expr = Literal | Column | Unary | Binary | IsNull | InList | Call | Cast | Case | Subquery
+@dataclass(frozen=True)
+class Window:
+    """``row_number() OVER (PARTITION BY ... ORDER BY ...)``."""
+
+    name: str
+    partition_by: tuple[Expr, ...] = ()
+    order_by: tuple[OrderItem, ...] = ()
+
+
+Expr = Literal | Column | Unary | Binary | IsNull | InList | Call | Cast | Case | Subquery | Window
 
 
 # --------------------------------------------------------------------------

@@ -281,6 +281,8 @@ SCALAR_FUNCTIONS: Final[dict[str, tuple[Callable[..., Any], bool]]] = {
     "coalesce": (lambda *xs: next((x for x in xs if x is not None), None), False),
     "like_escape": (like_escape, True),
     "array_element": (_element, True),
+    "nullif": (lambda a, b: None if a is not None and a == b else a, False),
+    "replace": (str.replace, True),
     "array_upper": (lambda array, dim: len(array) if dim == 1 and array else None, True),
     "array_length": (lambda array, dim: len(array) if dim == 1 and array else None, True),
     "json_build_object": (_json_build_object, False),
@@ -443,6 +445,8 @@ def _compile(
                 [(sub(w), sub(t)) for w, t in whens],
                 None if default is None else sub(default),
             )
+        case ast.Window():
+            raise FeatureNotSupported("window functions are answered in SELECT lists over FROM")
         case ast.Subquery():
             if ctx.subquery is None:
                 raise FeatureNotSupported("subqueries are answered over the catalog only")

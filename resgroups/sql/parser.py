@@ -477,6 +477,24 @@ class _ToAst(Transformer[Token, Any]):
             raise UndefinedFunction(f"function {schema.text}.{name}() does not exist")
         return self.table_function(name, *rest)
 
+    def window_call(
+        self,
+        name: Token,
+        partition: tuple[ast.Expr, ...] | None,
+        order_by: tuple[ast.OrderItem, ...] | None,
+    ) -> ast.Window:
+        if name.lower() != "row_number":
+            raise _PositionedError(
+                f"window function {name}() is not supported (row_number is)", name
+            )
+        return ast.Window("row_number", partition or (), order_by or ())
+
+    def partition_clause(self, *exprs: ast.Expr) -> tuple[ast.Expr, ...]:
+        return exprs
+
+    def current_catalog(self) -> ast.Call:
+        return ast.Call("current_database")
+
     def concat(self, left: ast.Expr, right: ast.Expr) -> ast.Binary:
         return ast.Binary("||", left, right)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from resgroups.errors import InvalidParameter, UndefinedColumn
+from resgroups.errors import FeatureNotSupported, InvalidParameter, UndefinedColumn
 from resgroups.sql import ast
 from resgroups.sql.expr import (
     AGGREGATES,
@@ -29,7 +29,7 @@ from resgroups.sql.expr import (
     compile_expr,
     find_aggregates,
 )
-from resgroups.sql.semantics import check_select_list, result_type
+from resgroups.sql.semantics import check_select_list, children, result_type
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,9 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
     if select.where is not None:
         predicate = compile_expr(select.where, scope, ctx)
         rows = [r for r in rows if predicate(r) is True]
+    windows = [w for i in items for w in _windows(i.expr)]
+    if windows:  # each window's value becomes a column of every row
+        items, scope, rows = _with_windows(items, windows, scope, rows, ctx)
 
     order_by = select.order_by
     aggregates = [call for item in items for call in find_aggregates(item.expr)]
@@ -150,6 +153,59 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
     return Relation(names, outputs, shape.types)
 
 
+def _windows(expr: ast.Expr) -> list[ast.Window]:
+    if isinstance(expr, ast.Window):
+        return [expr]
+    return [w for child in children(expr) for w in _windows(child)]
+
+
+def _with_windows(
+    items: tuple[ast.SelectItem, ...],
+    windows: list[ast.Window],
+    scope: Scope,
+    rows: list[tuple[Any, ...]],
+    ctx: EvalContext,
+) -> tuple[tuple[ast.SelectItem, ...], Scope, list[tuple[Any, ...]]]:
+    """``row_number() OVER (PARTITION BY p ORDER BY o)`` over the rows WHERE kept:
+    each window's numbers as a new column, the items reading that column."""
+    if scope.local is not None:  # a correlated subquery's columns end with the outer row's
+        raise FeatureNotSupported("window functions in a subquery are not supported")
+    columns: dict[ast.Window, str] = {}
+    extra: list[list[int]] = []
+    for w in dict.fromkeys(windows):
+        columns[w] = f"\x00window{len(columns)}"
+        parts = [compile_expr(e, scope, ctx) for e in w.partition_by]
+        keys = [compile_expr(o.expr, scope, ctx) for o in w.order_by]
+        descending = [o.descending for o in w.order_by]
+        numbers = [0] * len(rows)
+        partitions: dict[tuple[Any, ...], list[int]] = {}
+        for i, row in enumerate(rows):
+            partitions.setdefault(tuple(p(row) for p in parts), []).append(i)
+        for members in partitions.values():
+            keyed = [(tuple(k(rows[i]) for k in keys), i) for i in members]
+            keyed.sort(key=functools.cmp_to_key(functools.partial(_compare_keys, descending)))
+            for n, (_, i) in enumerate(keyed, 1):
+                numbers[i] = n
+        extra.append(numbers)
+    rows = [(*row, *(e[i] for e in extra)) for i, row in enumerate(rows)]
+    names = (*scope.names, *columns.values())
+    types = (*_padded(scope.types, len(scope.names)), *(["int"] * len(columns)))
+    tables = (*_padded(scope.tables, len(scope.names)), *([None] * len(columns)))
+    local = None
+
+    def replaced(expr: ast.Expr) -> ast.Expr:
+        if isinstance(expr, ast.Window):
+            return ast.Column(ast.Ident(columns[expr], quoted=True))
+        return _map_children(expr, replaced)
+
+    new_items = tuple(dataclasses.replace(i, expr=replaced(i.expr)) for i in items)
+    return new_items, Scope(names, types, tables, local), rows
+
+
+def _padded(values: tuple[Any, ...], n: int) -> tuple[Any, ...]:
+    return values + (None,) * (n - len(values))
+
+
 def _groups(
     select: ast.Select, rows: list[tuple[Any, ...]], scope: Scope, ctx: EvalContext
 ) -> list[list[tuple[Any, ...]]]:
@@ -178,22 +234,7 @@ def _grouped(
         aggregate = isinstance(expr, ast.Call) and expr.name in AGGREGATES
         if aggregate or isinstance(expr, ast.Subquery):
             return expr
-        changes = {}
-        for f in dataclasses.fields(expr):
-            value = getattr(expr, f.name)
-            if isinstance(value, tuple):  # arguments, IN lists, CASE's (when, then) pairs
-                value = tuple(
-                    tuple(over_groups(x) for x in v)
-                    if isinstance(v, tuple)
-                    else over_groups(v)
-                    if _is_expr(v)
-                    else v
-                    for v in value
-                )
-            elif _is_expr(value):
-                value = over_groups(value)
-            changes[f.name] = value
-        return dataclasses.replace(expr, **changes)
+        return _map_children(expr, over_groups)
 
     return (
         tuple(dataclasses.replace(i, expr=over_groups(i.expr)) for i in items),
@@ -202,6 +243,22 @@ def _grouped(
 
 
 _EXPR_TYPES: Final = typing.get_args(ast.Expr)
+
+
+def _map_children(expr: ast.Expr, fn: Callable[[ast.Expr], ast.Expr]) -> ast.Expr:
+    """``expr`` with ``fn`` applied to each expression directly inside it."""
+    changes = {}
+    for f in dataclasses.fields(expr):
+        value = getattr(expr, f.name)
+        if isinstance(value, tuple):  # arguments, IN lists, CASE's (when, then) pairs
+            value = tuple(
+                tuple(fn(x) for x in v) if isinstance(v, tuple) else fn(v) if _is_expr(v) else v
+                for v in value
+            )
+        elif _is_expr(value):
+            value = fn(value)
+        changes[f.name] = value
+    return dataclasses.replace(expr, **changes)
 
 
 def _position(expr: ast.Expr, items: tuple[ast.SelectItem, ...]) -> ast.Expr:

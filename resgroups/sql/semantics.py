@@ -255,6 +255,8 @@ FUNCTIONS: Final[Mapping[str, Function]] = {
     "pg_get_indexdef": Function((1, 3), _returns(TEXT)),
     "current_schemas": Function((1, 1), _returns(ARRAY)),
     "pg_get_viewdef": Function((1, 2), _returns(TEXT)),
+    "nullif": Function((2, 2), lambda name, args: _coalesce(name, args)),
+    "replace": Function((3, 3), _returns(TEXT)),
     "regtype_name": Function((1, 1), _returns(TEXT)),
     "regclass_name": Function((1, 1), _returns(TEXT)),
     "regnamespace_name": Function((1, 1), _returns(TEXT)),
@@ -427,6 +429,14 @@ def infer(
                     comparable("CASE ... WHEN", subject, walk(condition))
             results = [walk(r) for _, r in whens] + ([walk(default)] if default else [])
             return _coalesce("CASE", results)
+        case ast.Window():
+            if over_aggregates:
+                raise GroupingError("a window function over an aggregate query is not supported")
+            for e in expr.partition_by:
+                walk(e)
+            for o in expr.order_by:
+                walk(o.expr)
+            return INT  # row_number
         case ast.Subquery(kind=kind):
             # typed when run (statements/pg_catalog.py); a scalar subquery's column
             # is unknown here, an ARRAY(...) is sent as its text form

@@ -191,6 +191,11 @@ def test_bad_names_get_clear_errors(
         ("EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'public')", True),
         ("(SELECT nspname FROM pg_namespace WHERE oid = '2200')", "public"),
         ("pg_catalog.pg_encoding_to_char(6)", "UTF8"),
+        ("nullif('', '')", None),
+        ("nullif('a', '')", "a"),
+        ("replace('pg_temp_1', 'pg_temp_', 'pg_toast_temp_')", "pg_toast_temp_1"),
+        ("current_catalog", "resgroups"),
+        ("20::regtype::text", "bigint"),
         (
             "array_to_string(ARRAY(SELECT nspname FROM pg_namespace ORDER BY 1), ',')",
             "information_schema,pg_catalog,public",
@@ -241,6 +246,28 @@ def test_joins_over_executor_tables_are_managed(engine: resgroups.Engine) -> Non
     result = s.execute("SELECT a.x, b.y FROM a LEFT JOIN b ON a.x = b.x ORDER BY a.x")
     assert [tuple(r) for r in result.rows] == [(1, 10), (2, 20), (3, None)]
     assert result.group is not None  # the workload's tables: a managed query
+
+
+def test_row_number_over_partitions(engine: resgroups.Engine) -> None:
+    s = engine.connect()
+    got = rows(
+        s,
+        "SELECT relname, row_number() OVER (PARTITION BY attrelid ORDER BY attnum DESC) AS n "
+        "FROM pg_attribute a JOIN pg_class c ON a.attrelid = c.oid "
+        "WHERE c.relname = 'pg_namespace' ORDER BY n",
+    )
+    assert got == [
+        ("pg_namespace", 1),
+        ("pg_namespace", 2),
+        ("pg_namespace", 3),
+        ("pg_namespace", 4),
+    ]
+    names = rows(
+        s,
+        "SELECT attname FROM (SELECT attname, row_number() OVER (ORDER BY attnum DESC) AS n "
+        "FROM pg_attribute WHERE attrelid = 2615) AS d WHERE n = 1",
+    )
+    assert names == [("nspacl",)]  # the last column of pg_namespace
 
 
 def test_union_and_arrays(engine: resgroups.Engine) -> None:

@@ -1,11 +1,13 @@
 """Real clients introspecting ``resgroups serve`` through pg_catalog: psql's
-``\\d`` family and SQLAlchemy 2's ``inspect()`` (with psycopg 3)."""
+``\\d`` family, SQLAlchemy 2's ``inspect()`` (with psycopg 3), pgcli's
+completion queries and JDBC's DatabaseMetaData."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -191,3 +193,31 @@ def test_pgcli_completion_metadata(server: ServerProcess) -> None:
         assert list(ex.datatypes()) == []  # no types outside pg_catalog
     finally:
         ex.conn.close()
+
+
+# ---- JDBC -----------------------------------------------------------------------------
+
+JAVA = shutil.which("java")
+PGJDBC = sorted(Path.home().glob(".m2/repository/org/postgresql/postgresql/*/postgresql-*.jar"))
+
+
+@pytest.mark.skipif(
+    JAVA is None or not PGJDBC, reason="java or the PostgreSQL JDBC driver is missing"
+)
+def test_jdbc_get_tables_and_columns(server: ServerProcess) -> None:
+    assert JAVA is not None
+    done = subprocess.run(
+        [JAVA, "-cp", str(PGJDBC[-1]), str(Path(__file__).parent / "jdbc" / "Meta.java"),
+         str(server.pg_port)],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    version = lines[0]  # "driver 42.7.13"
+    assert "table public.readings TABLE" in lines, version
+    assert "table public.resource_groups VIEW" in lines
+    assert [line for line in lines if line.startswith("column ")] == [
+        "column x int8 -5",
+        "column ratio float8 8",
+    ]  # java.sql.Types.BIGINT, DOUBLE
+    assert "schema public" in lines

@@ -2,19 +2,26 @@
 subqueries, and PostgreSQL's reading of untyped literals.
 
 It answers the introspection queries clients send (psql's ``\\d`` family,
-SQLAlchemy's ``inspect()``) over the catalog's rows, with the one expression
-semantics of :mod:`resgroups.sql.semantics`; nothing here knows any client.
+SQLAlchemy's ``inspect()``, pgcli's completion, JDBC's metadata) over the
+catalog's rows, with the one expression semantics of
+:mod:`resgroups.sql.semantics`; nothing here knows any client. GROUP BY,
+row_number() and ORDER BY are :mod:`resgroups.sql.select`'s; UNION is
+``statements.dispatch.union`` over two of these.
 
 What it does: ``FROM a x, b y`` (a cross product), ``[INNER] JOIN ... ON`` and
 ``LEFT [OUTER] JOIN ... ON`` as nested loops (every relation is a catalog of a
 few hundred rows at most: O(|a|·|b|) per join is the design, not an
 accident); scalar subqueries, ``EXISTS`` and ``ARRAY(...)``, correlated or not
-(a subquery's relations are read once; its WHERE runs per enclosing row);
-derived tables ``(SELECT ...) AS x`` in FROM; a
-string literal compared with a number, or given to IN beside one, is read as
-that number, as PostgreSQL resolves an unknown-typed literal.
+(a subquery's relations are read once; its WHERE runs per enclosing row,
+and a FROM function whose arguments name the enclosing row is read per
+row); derived tables ``(SELECT ...) AS x``; ``generate_series`` and
+``unnest`` in FROM; a string literal compared with a number, a boolean or an
+array, or given to IN beside one, is read as that type, as PostgreSQL
+resolves an unknown-typed literal.
 
-Non-goals: UNION, window functions, RIGHT and FULL joins, LATERAL.
+Non-goals: RIGHT and FULL joins, LATERAL, JOIN ... USING, WITH, hash or
+merge joins (the relations are small; a join over large executor tables is
+slow, not wrong).
 """
 
 from __future__ import annotations

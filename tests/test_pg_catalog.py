@@ -330,3 +330,26 @@ def test_joins_equal_a_nested_loop(
         if kind == "LEFT" and not matched:
             expected.append((*a, None, None))
     assert out.rows == expected
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT c.relname, CASE c.relkind WHEN 'r' THEN 'table' ELSE 'x' END AS t "
+        "FROM pg_catalog.pg_class c LEFT JOIN pg_namespace n ON n.oid = c.relnamespace, pg_am "
+        "WHERE c.relname OPERATOR(pg_catalog.~) '^x$' AND n.nspname IS NOT DISTINCT FROM 'a' "
+        "AND EXISTS (SELECT 1) GROUP BY 1 ORDER BY 1 LIMIT 2 OFFSET 1",
+        "SELECT array_agg(x ORDER BY y DESC), (SELECT 1), ARRAY(SELECT 2) "
+        "FROM (SELECT 1 AS x, 2 AS y) AS d",
+        "SELECT 'a' LIKE 'b' ESCAPE '/', E'\\n' || 'x'",
+        "SELECT row_number() OVER (PARTITION BY a.x ORDER BY a.y DESC) AS n FROM t a",
+        "SELECT 1 UNION ALL SELECT 2 UNION SELECT 3 ORDER BY 1 LIMIT 2",
+        "SELECT x::int2[], a[1], 'd' = ANY (k) FROM unnest('{1}'::text[]) u, "
+        "pg_catalog.generate_series(1, 2) s",
+    ],
+)
+def test_new_forms_round_trip_through_format_sql(sql: str) -> None:
+    from resgroups.sql.format import format_sql
+
+    tree = parse_one(sql)
+    assert parse_one(format_sql(tree)) == tree

@@ -48,6 +48,13 @@ def format_expr(expr: ast.Expr) -> str:
             parts += [f"WHEN {format_expr(w)} THEN {format_expr(t)}" for w, t in whens]
             parts += [f"ELSE {format_expr(default)}"] if default is not None else []
             return " ".join([*parts, "END"])
+        case ast.Window(name=name, partition_by=partition, order_by=order_by):
+            over = []
+            if partition:
+                over.append("PARTITION BY " + ", ".join(format_expr(e) for e in partition))
+            if order_by:
+                over.append(_order_by(order_by))
+            return f"{name}() OVER ({' '.join(over)})"
         case ast.Subquery(kind=kind, select=select):
             prefix = {"scalar": "", "exists": "EXISTS ", "array": "ARRAY"}[kind]
             return f"{prefix}({_select(select)})"
@@ -57,6 +64,8 @@ def format_expr(expr: ast.Expr) -> str:
             return f"(-{format_expr(operand)})"
         case ast.Unary(op=op, operand=operand):
             return f"({op.upper()} {format_expr(operand)})"
+        case ast.Binary(op="= any", left=left, right=right):
+            return f"({format_expr(left)} = ANY ({format_expr(right)}))"
         case ast.Binary(op="distinct" | "not distinct" as op, left=left, right=right):
             return f"({format_expr(left)} IS {op.upper()} FROM {format_expr(right)})"
         case ast.Binary(op=op, left=left, right=right):

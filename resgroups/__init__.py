@@ -17,7 +17,9 @@ from __future__ import annotations
 from resgroups.engine import Engine
 from resgroups.errors import (
     AdmissionRejected,
+    AmbiguousColumn,
     AuthenticationFailed,
+    CardinalityViolation,
     CatalogError,
     CatalogLagError,
     CatalogLocked,
@@ -31,6 +33,7 @@ from resgroups.errors import (
     GroupingError,
     InternalError,
     InvalidParameter,
+    InvalidRegularExpression,
     InvalidTextRepresentation,
     MemoryLimitExceeded,
     NumericOverflow,
@@ -52,7 +55,9 @@ from resgroups.version import __version__
 
 __all__ = [
     "AdmissionRejected",
+    "AmbiguousColumn",
     "AuthenticationFailed",
+    "CardinalityViolation",
     "CatalogError",
     "CatalogLagError",
     "CatalogLocked",
@@ -67,6 +72,7 @@ __all__ = [
     "GroupingError",
     "InternalError",
     "InvalidParameter",
+    "InvalidRegularExpression",
     "InvalidTextRepresentation",
     "MemoryLimitExceeded",
     "NumericOverflow",

@@ -13,7 +13,9 @@ from typing import ClassVar
 
 __all__ = [
     "AdmissionRejected",
+    "AmbiguousColumn",
     "AuthenticationFailed",
+    "CardinalityViolation",
     "CatalogError",
     "CatalogLagError",
     "CatalogLocked",
@@ -27,6 +29,7 @@ __all__ = [
     "GroupingError",
     "InternalError",
     "InvalidParameter",
+    "InvalidRegularExpression",
     "InvalidTextRepresentation",
     "MemoryLimitExceeded",
     "NumericOverflow",
@@ -140,6 +143,22 @@ class UndefinedTable(Error):
 
 class UndefinedColumn(Error):
     sqlstate = "42703"
+
+
+class AmbiguousColumn(Error):
+    """A column name that more than one relation of a FROM clause has (42702)."""
+
+    sqlstate = "42702"
+
+
+class InvalidRegularExpression(Error):
+    sqlstate = "2201B"
+
+
+class CardinalityViolation(Error):
+    """A scalar subquery that returned more than one row (21000)."""
+
+    sqlstate = "21000"
 
 
 class DatatypeMismatch(Error):

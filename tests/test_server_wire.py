@@ -159,10 +159,11 @@ def test_errors_map_to_psycopg_classes_by_sqlstate(server: ServerProcess) -> Non
     with connect(server, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.SyntaxError) as syntax:
             conn.execute("SELECT x FROM long_sequence(3) WHER x > 1")
-        assert syntax.value.diag.statement_position == "32"  # WHER, 1-based
+        # WHER is the function's alias, as in PostgreSQL: the error is at x (1-based)
+        assert syntax.value.diag.statement_position == "37"
         with pytest.raises(psycopg.errors.SyntaxError) as bound:  # offsets map back past $1
             conn.execute("SELECT %s, x FROM long_sequence(3) WHER x > 1", ["a long text value"])
-        assert bound.value.diag.statement_position == "36"
+        assert bound.value.diag.statement_position == "41"
         with pytest.raises(psycopg.errors.UndefinedColumn):
             conn.execute("SELECT y FROM long_sequence(%s)", [3])
         with pytest.raises(psycopg.errors.UndefinedObject):

@@ -44,6 +44,11 @@ class TableStore:
             )
         return table
 
+    def items(self) -> list[tuple[str, Table]]:
+        """Every table (its stored name, its current value), sorted by name."""
+        with self._lock:
+            return sorted(self._tables.items())
+
     def check_new(self, name: Ident) -> None:
         with self._lock:
             if _key(name) in self._tables:

@@ -33,6 +33,7 @@ class Literal:
 @dataclass(frozen=True)
 class Column:
     name: Ident
+    table: Ident | None = None  # c.relname: the relation's name or alias
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Unary:
 
 @dataclass(frozen=True)
 class Binary:
-    op: str  # + - * / % = <> < <= > >= and or like
+    op: str  # + - * / % = <> < <= > >= and or like, ~ !~ ~* !~*, distinct, not distinct
     left: Expr
     right: Expr
 
@@ -66,6 +67,7 @@ class Call:
     name: str  # lower-cased function name
     args: tuple[Expr, ...] = ()
     star: bool = False  # count(*)
+    order_by: tuple[OrderItem, ...] = ()  # array_agg(x ORDER BY y)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,33 @@ class Cast:
     written: str
 
 
-Expr = Literal | Column | Unary | Binary | IsNull | InList | Call | Cast
+@dataclass(frozen=True)
+class Case:
+    """``CASE [operand] WHEN w THEN t ... [ELSE e] END``."""
+
+    operand: Expr | None
+    whens: tuple[tuple[Expr, Expr], ...]
+    default: Expr | None = None
+
+
+@dataclass(frozen=True)
+class Subquery:
+    """``(SELECT ...)`` (kind "scalar"), ``EXISTS (SELECT ...)`` or ``ARRAY(SELECT ...)``."""
+
+    kind: str
+    select: Select
+
+
+@dataclass(frozen=True)
+class Window:
+    """``row_number() OVER (PARTITION BY ... ORDER BY ...)``."""
+
+    name: str
+    partition_by: tuple[Expr, ...] = ()
+    order_by: tuple[OrderItem, ...] = ()
+
+
+Expr = Literal | Column | Unary | Binary | IsNull | InList | Call | Cast | Case | Subquery | Window
 
 
 # --------------------------------------------------------------------------
@@ -284,20 +312,46 @@ class OrderItem:
 class TableFunction:
     name: str  # lower-cased
     args: tuple[Expr, ...] = ()
+    alias: Ident | None = None
 
 
 @dataclass(frozen=True)
 class TableName:
     name: Ident
+    schema: Ident | None = None  # pg_catalog.pg_class
+    alias: Ident | None = None
+
+
+@dataclass(frozen=True)
+class Join:
+    """``left [INNER|LEFT] JOIN right ON on``; a comma in FROM is kind "cross"."""
+
+    left: Source
+    right: Source
+    kind: str  # "inner", "left" or "cross"
+    on: Expr | None = None
+
+
+@dataclass(frozen=True)
+class DerivedTable:
+    """``(SELECT ...) AS alias`` in FROM."""
+
+    select: Select
+    alias: Ident
+
+
+Source = TableFunction | TableName | Join | DerivedTable
 
 
 @dataclass(frozen=True)
 class Select:
     items: tuple[SelectItem, ...] | None  # None: SELECT *
-    source: TableFunction | TableName | None = None
+    source: Source | None = None
     where: Expr | None = None
     order_by: tuple[OrderItem, ...] = ()
     limit: int | None = None
+    offset: int = 0
+    group_by: tuple[Expr, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -320,6 +374,18 @@ class InsertSelect:
 class DropTable:
     name: Ident
     if_exists: bool = False
+
+
+@dataclass(frozen=True)
+class Union:
+    """``SELECT ... UNION [ALL] SELECT ...``: ``all[i]`` joins ``selects[i + 1]``
+    to what comes before it; the ORDER BY, LIMIT and OFFSET are the union's."""
+
+    selects: tuple[Select, ...]
+    all: tuple[bool, ...]
+    order_by: tuple[OrderItem, ...] = ()
+    limit: int | None = None
+    offset: int = 0
 
 
 Statement = (
@@ -351,6 +417,7 @@ Statement = (
     | Show
     | ExplainResourceGroup
     | Select
+    | Union
     | CreateTableAs
     | InsertSelect
     | DropTable

@@ -17,23 +17,36 @@ aggregates.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from resgroups.errors import DivisionByZero, UndefinedColumn, did_you_mean
+from resgroups.errors import (
+    AmbiguousColumn,
+    DivisionByZero,
+    FeatureNotSupported,
+    InvalidParameter,
+    InvalidRegularExpression,
+    UndefinedColumn,
+    UndefinedTable,
+    did_you_mean,
+)
 from resgroups.sql import ast
 from resgroups.sql.semantics import (
     AGGREGATES,
     INT,
     UNKNOWN,
+    PgArray,
     cast_value,
     check_int64,
     find_aggregates,
     infer,
     int_literal,
+    parse_array,
     truncated_div,
 )
 from resgroups.version import VERSION_STRING
@@ -42,6 +55,7 @@ __all__ = [
     "AGGREGATES",
     "EvalContext",
     "Evaluator",
+    "PgArray",
     "Row",
     "Scope",
     "compile_aggregate",
@@ -54,6 +68,12 @@ Row = Sequence[Any]
 Evaluator = Callable[[Row], Any]
 
 
+class Catalog(Protocol):
+    """What the catalog's functions (pg_get_userbyid, format_type, ...) read."""
+
+    def call(self, name: str, args: Sequence[Any]) -> Any: ...
+
+
 @dataclass(frozen=True)
 class EvalContext:
     """What an expression may ask of the query running it."""
@@ -61,31 +81,69 @@ class EvalContext:
     current_group: str | None = None
     user: str | None = None  # the session's principal (current_user, session_user)
     database: str = "resgroups"  # what a wire client named at startup (current_database)
+    catalog: Catalog | None = None  # answers the catalog's functions (None: none here)
+    # compiles a subquery against the scope around it (None: no subqueries here)
+    subquery: Callable[[ast.Subquery, Scope, EvalContext], Evaluator] | None = None
+
+
+def _same(name: str, ident: ast.Ident) -> bool:
+    return name == ident.text or (not ident.quoted and name.casefold() == ident.text.casefold())
 
 
 @dataclass(frozen=True)
 class Scope:
-    """The columns a row holds, by position, and their types where known."""
+    """The columns a row holds, by position, and their types where known.
+
+    In a join each column also has its relation's name or alias (``tables``),
+    so ``c.relname`` finds it. A subquery's scope is its own columns then the
+    enclosing query's (``local`` counts its own): a name is looked up in the
+    innermost level that has it, and two matches in one level are ambiguous.
+    """
 
     names: tuple[str, ...]
     types: tuple[str | None, ...] = ()
+    tables: tuple[str | None, ...] = ()
+    local: int | None = None  # columns [0, local) are this query's; the rest enclose it
 
-    def index(self, ident: ast.Ident) -> int:
-        for i, name in enumerate(self.names):
-            if name == ident.text:
-                return i
-        if not ident.quoted:
-            for i, name in enumerate(self.names):
-                if name.casefold() == ident.text.casefold():
-                    return i
+    def index(self, ident: ast.Ident, table: ast.Ident | None = None) -> int:
+        levels = [range(len(self.names))]
+        if self.local is not None:
+            levels = [range(self.local), range(self.local, len(self.names))]
+        for level in levels:
+            found = [
+                i
+                for i in level
+                if _same(self.names[i], ident)
+                and (table is None or (i < len(self.tables) and _table_is(self.tables[i], table)))
+            ]
+            exact = [i for i in found if self.names[i] == ident.text]
+            if len(found) > 1 and len(exact) != 1:
+                raise AmbiguousColumn(f'column reference "{ident.text}" is ambiguous')
+            if found:
+                return exact[0] if exact else found[0]
+        shown = ident.text if table is None else f"{table.text}.{ident.text}"
+        if table is not None and not any(
+            t is not None and _table_is(t, table) for t in self.tables
+        ):
+            raise UndefinedTable(
+                f'missing FROM-clause entry for table "{table.text}".'
+                + did_you_mean(table.text, {t for t in self.tables if t is not None})
+            )
+        return self._missing(ident, shown)
+
+    def _missing(self, ident: ast.Ident, shown: str) -> int:
         raise UndefinedColumn(
-            f"column {ident.text} does not exist; columns: {', '.join(self.names) or '(none)'}."
+            f"column {shown} does not exist; columns: {', '.join(self.names) or '(none)'}."
             + did_you_mean(ident.text, self.names)
         )
 
-    def column_type(self, ident: ast.Ident) -> str:
-        i = self.index(ident)
+    def column_type(self, ident: ast.Ident, table: ast.Ident | None = None) -> str:
+        i = self.index(ident, table)
         return (self.types[i] if i < len(self.types) else None) or UNKNOWN
+
+
+def _table_is(name: str | None, ref: ast.Ident) -> bool:
+    return name is not None and _same(name, ref)
 
 
 # ---- operators (operands already type-checked; None is NULL) -----------------------
@@ -116,9 +174,63 @@ def _exact(op: str, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 
 
 def like_pattern(pattern: str) -> re.Pattern[str]:
-    """SQL LIKE (% any run, _ one character) as an anchored regular expression."""
-    parts = [".*" if c == "%" else "." if c == "_" else re.escape(c) for c in pattern]
+    """SQL LIKE (% any run, _ one character, a backslash takes the next character
+    as itself, as PostgreSQL's default ESCAPE) as an anchored regular expression."""
+    parts = []
+    chars = iter(pattern)
+    for c in chars:
+        if c == "\\":
+            parts.append(re.escape(next(chars, "\\")))
+        else:
+            parts.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
     return re.compile("".join(parts), re.DOTALL)
+
+
+def like_escape(pattern: str, escape: str) -> str:
+    """``LIKE pattern ESCAPE escape`` as a pattern with PostgreSQL's default escape."""
+    if escape == "\\":
+        return pattern
+    if len(escape) > 1:
+        raise InvalidParameter(f"invalid escape string {escape!r}: it must be one character")
+    out = []
+    chars = iter(pattern)
+    for c in chars:
+        if escape and c == escape:
+            out.append("\\" + next(chars, ""))
+        else:
+            out.append("\\\\" if c == "\\" else c)
+    return "".join(out)
+
+
+def _concat(a: Any, b: Any) -> str:
+    return f"{cast_value(a, 'text', 'text')}{cast_value(b, 'text', 'text')}"
+
+
+def _json_build_object(*pairs: Any) -> str:
+    if len(pairs) % 2:
+        raise InvalidParameter("json_build_object() takes an even number of arguments")
+    return json.dumps({str(pairs[i]): pairs[i + 1] for i in range(0, len(pairs), 2)}, default=str)
+
+
+@functools.lru_cache(maxsize=256)
+def regex_pattern(pattern: str, flags: int = 0) -> re.Pattern[str]:
+    """A POSIX regular expression as PostgreSQL's ARE basics read it, compiled by
+    Python's re: anchors, classes, groups, alternation, quantifiers and the
+    bracket classes [[:alpha:]] and the like. Not supported: ARE's word
+    boundaries \\m \\M \\y, back references and embedded options."""
+    for posix, python in _POSIX_CLASSES.items():
+        pattern = pattern.replace(posix, python)
+    try:
+        return re.compile(pattern, flags)
+    except re.error as exc:
+        raise InvalidRegularExpression(f"invalid regular expression {pattern!r}: {exc}") from None
+
+
+_POSIX_CLASSES: Final = {
+    "[:alpha:]": "a-zA-Z", "[:digit:]": "0-9", "[:alnum:]": "a-zA-Z0-9",
+    "[:upper:]": "A-Z", "[:lower:]": "a-z", "[:space:]": "\\s", "[:punct:]": "!-/:-@\\[-`{-~",
+    "[:xdigit:]": "0-9A-Fa-f",
+}  # fmt: skip
 
 
 BINARY: Final[dict[str, Callable[[Any, Any], Any]]] = {
@@ -127,6 +239,7 @@ BINARY: Final[dict[str, Callable[[Any, Any], Any]]] = {
     "*": _exact("*", lambda a, b: a * b),
     "/": _divide,
     "%": _modulo,
+    "||": _concat,
     "=": lambda a, b: a == b,
     "<>": lambda a, b: a != b,
     "<": lambda a, b: a < b,
@@ -134,6 +247,10 @@ BINARY: Final[dict[str, Callable[[Any, Any], Any]]] = {
     ">": lambda a, b: a > b,
     ">=": lambda a, b: a >= b,
     "like": lambda a, b: like_pattern(b).fullmatch(a) is not None,
+    "~": lambda a, b: regex_pattern(b).search(a) is not None,
+    "!~": lambda a, b: regex_pattern(b).search(a) is None,
+    "~*": lambda a, b: regex_pattern(b, re.IGNORECASE).search(a) is not None,
+    "!~*": lambda a, b: regex_pattern(b, re.IGNORECASE).search(a) is None,
 }
 
 
@@ -150,6 +267,10 @@ def _abs(x: Any) -> Any:
     return check_int64(abs(x), "abs") if isinstance(x, int) else abs(x)
 
 
+def _element(array: Any, index: Any) -> Any:
+    return array[index - 1] if 1 <= index <= len(array) else None
+
+
 # name -> (implementation, NULL in gives NULL out); signatures: semantics.FUNCTIONS
 SCALAR_FUNCTIONS: Final[dict[str, tuple[Callable[..., Any], bool]]] = {
     "lower": (str.lower, True),
@@ -158,6 +279,43 @@ SCALAR_FUNCTIONS: Final[dict[str, tuple[Callable[..., Any], bool]]] = {
     "abs": (_abs, True),
     "round": (_round, True),
     "coalesce": (lambda *xs: next((x for x in xs if x is not None), None), False),
+    "like_escape": (like_escape, True),
+    "array_element": (_element, True),
+    "nullif": (lambda a, b: None if a is not None and a == b else a, False),
+    "replace": (str.replace, True),
+    "array_upper": (lambda array, dim: len(array) if dim == 1 and array else None, True),
+    "array_length": (lambda array, dim: len(array) if dim == 1 and array else None, True),
+    "json_build_object": (_json_build_object, False),
+}
+# the catalog's functions: answered by ``ctx.catalog``; what each gives without one
+CATALOG_FUNCTIONS: Final[dict[str, Any]] = {
+    "pg_table_is_visible": None,
+    "pg_function_is_visible": None,
+    "pg_type_is_visible": None,
+    "pg_get_userbyid": None,
+    "format_type": None,
+    "pg_get_function_result": None,
+    "pg_get_function_arguments": None,
+    "pg_get_function_identity_arguments": None,
+    "obj_description": None,
+    "col_description": None,
+    "shobj_description": None,
+    "pg_get_expr": None,
+    "pg_encoding_to_char": None,
+    "array_to_string": None,
+    "pg_get_constraintdef": None,
+    "pg_get_serial_sequence": None,
+    "pg_collation_is_visible": None,
+    "regclass": None,  # 'name'::regclass, read in the catalog
+    "pg_relation_is_publishable": None,
+    "pg_get_statisticsobjdef_columns": None,
+    "pg_get_indexdef": None,
+    "current_schemas": None,
+    "pg_get_viewdef": None,
+    # the text of an oid cast to regtype, regclass or regnamespace: its name
+    "regtype_name": None,
+    "regclass_name": None,
+    "regnamespace_name": None,
 }
 CONTEXT_FUNCTIONS: Final[dict[str, Callable[[EvalContext], Any]]] = {
     "current_resource_group": lambda ctx: ctx.current_group,
@@ -203,8 +361,8 @@ def _compile(
     match expr:
         case ast.Literal(value=value):
             return lambda row: value
-        case ast.Column(name=name):
-            i = scope.index(name)
+        case ast.Column(name=name, table=table):
+            i = scope.index(name, table)
             return lambda row: row[i]
         case ast.Unary(op="-", operand=operand):
             inner = sub(operand)
@@ -226,6 +384,11 @@ def _compile(
             return negation
         case ast.Binary(op="and" | "or" as op, left=left, right=right):
             return _logic(op, sub(left), sub(right))
+        case ast.Binary(op="= any", left=left, right=right):
+            return _any(sub(left), sub(right))
+        case ast.Binary(op="distinct" | "not distinct" as op, left=left, right=right):
+            lhs, rhs, same = sub(left), sub(right), op == "not distinct"
+            return lambda row: (lhs(row) == rhs(row)) == same  # NULL is not distinct from NULL
         case ast.Binary(op=op, left=left, right=right):
             fn, lhs, rhs = BINARY[op], sub(left), sub(right)
 
@@ -239,6 +402,22 @@ def _compile(
             return lambda row: (inner(row) is None) != negated
         case ast.InList(operand=operand, items=items, negated=negated):
             return _in_list(sub(operand), [sub(i) for i in items], negated)
+        case ast.Cast(operand=operand, type=target, written="regclass" | "regtype" as written):
+            inner, catalog = sub(operand), ctx.catalog
+
+            def object_id(row: Row) -> Any:
+                value = inner(row)
+                if isinstance(value, str) and catalog is not None:
+                    return catalog.call(written, [value])
+                return cast_value(value, target, written)
+
+            return object_id
+        case ast.Cast(
+            operand=ast.Cast(written="regtype" | "regclass" | "regnamespace" as reg),
+            type="text",
+        ):
+            # an object identifier's text is its name, as PostgreSQL's reg* output
+            return sub(ast.Call(f"{reg}_name", (expr.operand,)))
         case ast.Cast(operand=operand, type=target, written=written):
             inner = sub(operand)
             return lambda row: cast_value(inner(row), target, written)
@@ -249,6 +428,29 @@ def _compile(
         case ast.Call(name=name) if name in CONTEXT_FUNCTIONS:
             value = CONTEXT_FUNCTIONS[name](ctx)
             return lambda row: value
+        case ast.Call(name=str() as function, args=call_args) if function in CATALOG_FUNCTIONS:
+            catalog_args = [sub(a) for a in call_args]
+            catalog = ctx.catalog
+
+            def catalog_call(row: Row) -> Any:
+                values = [a(row) for a in catalog_args]
+                if catalog is None:
+                    return CATALOG_FUNCTIONS[function]
+                return catalog.call(function, values)
+
+            return catalog_call
+        case ast.Case(operand=operand, whens=whens, default=default):
+            return _case(
+                None if operand is None else sub(operand),
+                [(sub(w), sub(t)) for w, t in whens],
+                None if default is None else sub(default),
+            )
+        case ast.Window():
+            raise FeatureNotSupported("window functions are answered in SELECT lists over FROM")
+        case ast.Subquery():
+            if ctx.subquery is None:
+                raise FeatureNotSupported("subqueries are answered over the catalog only")
+            return ctx.subquery(expr, scope, ctx)
         case ast.Call(name=name, args=call_args):
             fn, null_in_null_out = SCALAR_FUNCTIONS[name]
             args = [sub(a) for a in call_args]
@@ -261,6 +463,38 @@ def _compile(
 
             return apply
     raise TypeError(f"not an expression: {expr!r}")
+
+
+def _case(
+    operand: Evaluator | None,
+    whens: list[tuple[Evaluator, Evaluator]],
+    default: Evaluator | None,
+) -> Evaluator:
+    def case(row: Row) -> Any:
+        subject = None if operand is None else operand(row)
+        for when, then in whens:
+            w = when(row)
+            if (w is True) if operand is None else (w is not None and w == subject):
+                return then(row)
+        return None if default is None else default(row)
+
+    return case
+
+
+def _any(operand: Evaluator, array: Evaluator) -> Evaluator:
+    """``x = ANY (array)``: three-valued, as IN over the array's elements."""
+
+    def any_equal(row: Row) -> Any:
+        value, items = operand(row), array(row)
+        if value is None or items is None:
+            return None
+        if isinstance(items, str):
+            items = parse_array(items)
+        if any(item == value for item in items if item is not None):
+            return True
+        return None if None in items else False
+
+    return any_equal
 
 
 def _logic(op: str, lhs: Evaluator, rhs: Evaluator) -> Evaluator:
@@ -298,6 +532,14 @@ def _in_list(operand: Evaluator, items: list[Evaluator], negated: bool) -> Evalu
 # ---- aggregates ---------------------------------------------------------------------
 
 
+def _nulls_last(key: Evaluator) -> Callable[[Row], tuple[bool, Any]]:
+    def sort_key(row: Row) -> tuple[bool, Any]:
+        value = key(row)
+        return value is None, value
+
+    return sort_key
+
+
 def compile_aggregate(
     call: ast.Call, scope: Scope, ctx: EvalContext
 ) -> Callable[[Sequence[Row]], Any]:
@@ -307,6 +549,30 @@ def compile_aggregate(
         return len
     arg = _compile(call.args[0], scope, ctx, None)
     name = call.name
+    if name == "string_agg":
+        separator = _compile(call.args[1], scope, ctx, None)
+
+        def string_agg(rows: Sequence[Row]) -> Any:
+            pairs = [(arg(r), separator(r)) for r in rows]
+            pairs = [(v, sep) for v, sep in pairs if v is not None]
+            if not pairs:
+                return None
+            text = str(pairs[0][0])
+            for v, sep in pairs[1:]:
+                text += ("" if sep is None else str(sep)) + str(v)
+            return text
+
+        return string_agg
+    if name == "array_agg":
+        order = [(_compile(o.expr, scope, ctx, None), o.descending) for o in call.order_by]
+
+        def array_agg(rows: Sequence[Row]) -> Any:
+            ordered = list(rows)
+            for key, descending in reversed(order):  # stable sorts, last key first
+                ordered.sort(key=_nulls_last(key), reverse=descending)
+            return PgArray(arg(r) for r in ordered) if ordered else None
+
+        return array_agg
 
     def aggregate(rows: Sequence[Row]) -> Any:
         values = [v for v in (arg(r) for r in rows) if v is not None]

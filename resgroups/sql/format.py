@@ -39,14 +39,35 @@ def format_expr(expr: ast.Expr) -> str:
             return quote_string(text)
         case ast.Literal(value=value):
             return repr(value)
-        case ast.Column(name=name):
+        case ast.Column(name=name, table=None):
             return quote_ident(name)
+        case ast.Column(name=name, table=ast.Ident() as table):
+            return f"{quote_ident(table)}.{quote_ident(name)}"
+        case ast.Case(operand=operand, whens=whens, default=default):
+            parts = ["CASE"] + ([format_expr(operand)] if operand is not None else [])
+            parts += [f"WHEN {format_expr(w)} THEN {format_expr(t)}" for w, t in whens]
+            parts += [f"ELSE {format_expr(default)}"] if default is not None else []
+            return " ".join([*parts, "END"])
+        case ast.Window(name=name, partition_by=partition, order_by=order_by):
+            over = []
+            if partition:
+                over.append("PARTITION BY " + ", ".join(format_expr(e) for e in partition))
+            if order_by:
+                over.append(_order_by(order_by))
+            return f"{name}() OVER ({' '.join(over)})"
+        case ast.Subquery(kind=kind, select=select):
+            prefix = {"scalar": "", "exists": "EXISTS ", "array": "ARRAY"}[kind]
+            return f"{prefix}({_select(select)})"
         case ast.Cast(operand=operand, written=written):
             return f"CAST({format_expr(operand)} AS {written})"
         case ast.Unary(op="-", operand=operand):
             return f"(-{format_expr(operand)})"
         case ast.Unary(op=op, operand=operand):
             return f"({op.upper()} {format_expr(operand)})"
+        case ast.Binary(op="= any", left=left, right=right):
+            return f"({format_expr(left)} = ANY ({format_expr(right)}))"
+        case ast.Binary(op="distinct" | "not distinct" as op, left=left, right=right):
+            return f"({format_expr(left)} IS {op.upper()} FROM {format_expr(right)})"
         case ast.Binary(op=op, left=left, right=right):
             return f"({format_expr(left)} {op.upper()} {format_expr(right)})"
         case ast.IsNull(operand=operand, negated=negated):
@@ -56,9 +77,37 @@ def format_expr(expr: ast.Expr) -> str:
             return f"({format_expr(operand)} {'NOT ' if negated else ''}IN ({inner}))"
         case ast.Call(name=name, star=True):
             return f"{name}(*)"
+        case ast.Call(name=name, args=(arg,), order_by=order_by) if order_by:
+            return f"{name}({format_expr(arg)} {_order_by(order_by)})"
         case ast.Call(name=name, args=args):
             return f"{name}({', '.join(format_expr(a) for a in args)})"
     raise TypeError(f"not an expression: {expr!r}")
+
+
+def _order_by(items: tuple[ast.OrderItem, ...]) -> str:
+    return "ORDER BY " + ", ".join(
+        format_expr(o.expr) + (" DESC" if o.descending else "") for o in items
+    )
+
+
+def _source(source: ast.Source) -> str:
+    match source:
+        case ast.TableFunction(name=name, args=args, alias=alias):
+            text = f"{name}({', '.join(format_expr(a) for a in args)})"
+        case ast.TableName(name=name, schema=schema, alias=alias):
+            text = (
+                quote_ident(name)
+                if schema is None
+                else f"{quote_ident(schema)}.{quote_ident(name)}"
+            )
+        case ast.DerivedTable(select=select, alias=alias):
+            text = f"({_select(select)})"
+        case ast.Join(left=left, right=right, kind="cross"):
+            return f"{_source(left)}, {_source(right)}"
+        case ast.Join(left=left, right=right, kind=kind, on=on):
+            assert on is not None
+            return f"({_source(left)} {kind.upper()} JOIN {_source(right)} ON {format_expr(on)})"
+    return text if alias is None else f"{text} AS {quote_ident(alias)}"
 
 
 def _select(s: ast.Select) -> str:
@@ -72,21 +121,27 @@ def _select(s: ast.Select) -> str:
                 for i in s.items
             )
         )
-    match s.source:
-        case ast.TableFunction(name=name, args=args):
-            parts.append(f"FROM {name}({', '.join(format_expr(a) for a in args)})")
-        case ast.TableName(name=name):
-            parts.append(f"FROM {quote_ident(name)}")
+    if s.source is not None:
+        parts.append(f"FROM {_source(s.source)}")
     if s.where is not None:
         parts.append(f"WHERE {format_expr(s.where)}")
+    if s.group_by:
+        parts.append("GROUP BY " + ", ".join(format_expr(e) for e in s.group_by))
     if s.order_by:
-        parts.append(
-            "ORDER BY "
-            + ", ".join(format_expr(o.expr) + (" DESC" if o.descending else "") for o in s.order_by)
-        )
+        parts.append(_order_by(s.order_by))
     if s.limit is not None:
         parts.append(f"LIMIT {s.limit}")
+    if s.offset:
+        parts.append(f"OFFSET {s.offset}")
     return " ".join(parts)
+
+
+def _union(u: ast.Union) -> str:
+    parts = [_select(u.selects[0])]
+    for every, select in zip(u.all, u.selects[1:], strict=True):
+        parts.append(("UNION ALL " if every else "UNION ") + _select(select))
+    tail = ast.Select(None, None, None, u.order_by, u.limit, u.offset)
+    return " ".join(parts) + _select(tail).removeprefix("SELECT *")
 
 
 def _with(params: tuple[tuple[str, ast.ParamValue], ...]) -> str:
@@ -185,6 +240,7 @@ _FORMATTERS: Final[dict[type, Callable[[Any], str]]] = {
         else "SHOW SERVICE ACCOUNTS"
     ),
     ast.Select: _select,
+    ast.Union: lambda u: _union(u),
     ast.CreateTableAs: lambda s: f"CREATE TABLE {quote_ident(s.name)} AS ({_select(s.query)})",
     ast.InsertSelect: lambda s: f"INSERT INTO {quote_ident(s.name)} {_select(s.query)}",
     ast.DropTable: lambda s: (

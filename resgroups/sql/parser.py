@@ -35,7 +35,7 @@ from resgroups.errors import (
     UndefinedType,
 )
 from resgroups.sql import ast
-from resgroups.sql.semantics import cast_target
+from resgroups.sql.semantics import ARRAY, cast_target
 
 __all__ = [
     "MAX_DEPTH",
@@ -353,12 +353,32 @@ class _ToAst(Transformer[Token, Any]):
     def select(
         self,
         items: tuple[ast.SelectItem, ...] | None,
-        source: ast.TableFunction | ast.TableName | None,
+        source: ast.Source | None,
         where: ast.Expr | None,
+        group_by: tuple[ast.Expr, ...] | None,
         order_by: tuple[ast.OrderItem, ...] | None,
         limit: int | None,
+        offset: int | None,
     ) -> ast.Select:
-        return ast.Select(items, source, where, order_by or (), limit)
+        return ast.Select(items, source, where, order_by or (), limit, offset or 0, group_by or ())
+
+    def union(self, first: ast.Select, *rest: Any) -> ast.Union:
+        selects = [first, *rest[1::2]]
+        last = selects[-1]
+        selects[-1] = dataclasses.replace(last, order_by=(), limit=None, offset=0)
+        return ast.Union(tuple(selects), tuple(rest[0::2]), last.order_by, last.limit, last.offset)
+
+    def union_distinct(self) -> bool:
+        return False
+
+    def union_all(self) -> bool:
+        return True
+
+    def group_clause(self, *exprs: ast.Expr) -> tuple[ast.Expr, ...]:
+        return exprs
+
+    def derived_table(self, select: ast.Select, alias: ast.Ident) -> ast.DerivedTable:
+        return ast.DerivedTable(select, alias)
 
     def select_star(self) -> None:
         return None
@@ -372,14 +392,40 @@ class _ToAst(Transformer[Token, Any]):
     def select_item_alias(self, expr: ast.Expr, *rest: ast.Ident | None) -> ast.SelectItem:
         return ast.SelectItem(expr, rest[-1])
 
-    def from_clause(self, source: ast.TableFunction | ast.TableName) -> Any:
+    def select_item_default(self, expr: ast.Expr) -> ast.SelectItem:
+        return ast.SelectItem(expr, ast.Ident("default"))
+
+    def from_clause(self, first: ast.Source, *rest: ast.Source) -> ast.Source:
+        source = first
+        for item in rest:  # FROM a, b, c: cross joins, left to right
+            source = ast.Join(source, item, "cross")
         return source
 
-    def table_function(self, name: Token, *args: ast.Expr | None) -> ast.TableFunction:
-        return ast.TableFunction(name.lower(), tuple(a for a in args if a is not None))
+    def join(self, left: ast.Source, kind: str, right: ast.Source, on: ast.Expr) -> ast.Join:
+        return ast.Join(left, right, kind, on)
 
-    def table_name(self, name: ast.Ident) -> ast.TableName:
-        return ast.TableName(name)
+    def inner_join(self, *_: object) -> str:
+        return "inner"
+
+    def left_join(self, *_: object) -> str:
+        return "left"
+
+    def alias(self, *parts: ast.Ident | None) -> ast.Ident:
+        name = parts[-1]
+        assert name is not None
+        return name
+
+    def table_function(self, name: Token, *rest: Any) -> ast.TableFunction:
+        *args, alias = rest
+        return ast.TableFunction(name.lower(), tuple(a for a in args if a is not None), alias)
+
+    def table_name(self, name: ast.Ident, alias: ast.Ident | None) -> ast.TableName:
+        return ast.TableName(name, None, alias)
+
+    def qualified_table(
+        self, schema: ast.Ident, name: ast.Ident, alias: ast.Ident | None
+    ) -> ast.TableName:
+        return ast.TableName(name, schema, alias)
 
     def where_clause(self, expr: ast.Expr) -> ast.Expr:
         return expr
@@ -402,6 +448,12 @@ class _ToAst(Transformer[Token, Any]):
             raise _PositionedError(f"LIMIT takes a non-negative integer, not {tok}", tok)
         return int(tok)
 
+    def offset_clause(self, tok: Token) -> int:
+        _check_literal(tok)
+        if not tok.isdigit():
+            raise _PositionedError(f"OFFSET takes a non-negative integer, not {tok}", tok)
+        return int(tok)
+
     # ---- expressions
     def number(self, tok: Token) -> ast.Literal:
         _check_literal(tok)
@@ -415,6 +467,11 @@ class _ToAst(Transformer[Token, Any]):
     def string(self, tok: Token) -> ast.Literal:
         return ast.Literal(_unquote(tok, "'"))
 
+    def escape_string(self, tok: Token) -> ast.Literal:
+        """``E'...'``: PostgreSQL's escape string (backslash escapes)."""
+        body = tok[2:-1].replace("''", "'")
+        return ast.Literal(_ESCAPES.sub(lambda m: _ESCAPED.get(m.group(1), m.group(1)), body))
+
     def null(self) -> ast.Literal:
         return ast.Literal(None)
 
@@ -427,19 +484,112 @@ class _ToAst(Transformer[Token, Any]):
     def column(self, name: ast.Ident) -> ast.Column:
         return ast.Column(name)
 
+    def qualified_column(self, table: ast.Ident, name: ast.Ident) -> ast.Column:
+        return ast.Column(name, table)
+
+    def schema_column(self, schema: ast.Ident, table: ast.Ident, name: ast.Ident) -> ast.Column:
+        """``pg_catalog.pg_class.relname``: the relation is found by its name in FROM."""
+        return ast.Column(name, table)
+
+    def ordered_call(
+        self, name: Token, arg: ast.Expr, order_by: tuple[ast.OrderItem, ...]
+    ) -> ast.Call:
+        return ast.Call(name.lower(), (arg,), order_by=order_by)
+
+    def any_eq(self, left: ast.Expr, array: ast.Expr) -> ast.Binary:
+        return ast.Binary("= any", left, array)
+
+    def subscript(self, array: ast.Expr, index: ast.Expr) -> ast.Call:
+        """``a[i]``: the i-th element (1-based), NULL outside the array."""
+        return ast.Call("array_element", (array, index))
+
+    def array_type(self, words: str, brackets: Token) -> tuple[str, str]:
+        return ARRAY, f"{words}[]"
+
+    def qualified_table_function(
+        self, schema: ast.Ident, name: Token, *rest: Any
+    ) -> ast.TableFunction:
+        if schema.text.lower() != "pg_catalog":
+            raise UndefinedFunction(f"function {schema.text}.{name}() does not exist")
+        return self.table_function(name, *rest)
+
+    def window_call(
+        self,
+        name: Token,
+        partition: tuple[ast.Expr, ...] | None,
+        order_by: tuple[ast.OrderItem, ...] | None,
+    ) -> ast.Window:
+        if name.lower() != "row_number":
+            raise _PositionedError(
+                f"window function {name}() is not supported (row_number is)", name
+            )
+        return ast.Window("row_number", partition or (), order_by or ())
+
+    def partition_clause(self, *exprs: ast.Expr) -> tuple[ast.Expr, ...]:
+        return exprs
+
+    def current_catalog(self) -> ast.Call:
+        return ast.Call("current_database")
+
+    def concat(self, left: ast.Expr, right: ast.Expr) -> ast.Binary:
+        return ast.Binary("||", left, right)
+
+    def like_escape(self, left: ast.Expr, pattern: ast.Expr, escape: ast.Expr) -> ast.Binary:
+        return ast.Binary("like", left, ast.Call("like_escape", (pattern, escape)))
+
+    def not_like_escape(self, left: ast.Expr, pattern: ast.Expr, escape: ast.Expr) -> ast.Unary:
+        return ast.Unary("not", self.like_escape(left, pattern, escape))
+
+    def case(self, operand: ast.Expr | None, *rest: Any) -> ast.Case:
+        *whens, default = rest
+        return ast.Case(operand, tuple(whens), default)
+
+    def when(self, condition: ast.Expr, result: ast.Expr) -> tuple[ast.Expr, ast.Expr]:
+        return condition, result
+
+    def scalar_subquery(self, select: ast.Select) -> ast.Subquery:
+        return ast.Subquery("scalar", select)
+
+    def exists(self, select: ast.Select) -> ast.Subquery:
+        return ast.Subquery("exists", select)
+
+    def array_subquery(self, select: ast.Select) -> ast.Subquery:
+        return ast.Subquery("array", select)
+
+    def collate(self, operand: ast.Expr, *_: object) -> ast.Expr:
+        """COLLATE is accepted and ignored: text compares by code point here."""
+        return operand
+
+    def regex(self, left: ast.Expr, op: Token, right: ast.Expr) -> ast.Binary:
+        return ast.Binary(str(op), left, right)
+
+    def operator_regex(
+        self, left: ast.Expr, schema: Token, op: Token, right: ast.Expr
+    ) -> ast.Binary:
+        """``OPERATOR(pg_catalog.~)``: the operator by its qualified name."""
+        if schema.lower() != "pg_catalog":
+            raise _PositionedError(f"operator does not exist: {schema}.{op}", schema)
+        return ast.Binary(str(op), left, right)
+
+    def is_distinct(self, left: ast.Expr, right: ast.Expr) -> ast.Binary:
+        return ast.Binary("distinct", left, right)
+
+    def is_not_distinct(self, left: ast.Expr, right: ast.Expr) -> ast.Binary:
+        return ast.Binary("not distinct", left, right)
+
     def call_star(self, name: Token) -> ast.Call:
         return ast.Call(name.lower(), (), star=True)
 
     def call(self, name: Token, *args: ast.Expr | None) -> ast.Call:
         return ast.Call(name.lower(), tuple(a for a in args if a is not None))
 
-    def qualified_call(self, schema: Token, name: Token, *args: ast.Expr | None) -> ast.Call:
+    def qualified_call(self, schema: ast.Ident, name: Token, *args: ast.Expr | None) -> ast.Call:
         """``pg_catalog.version()``: the functions PostgreSQL keeps in pg_catalog are
         resgroups' own functions of those names; there is no other schema."""
-        if schema.lower() != "pg_catalog":
+        if schema.text.lower() != "pg_catalog":
             raise UndefinedFunction(
-                f"function {schema}.{name}() does not exist: there is no schema "
-                f'"{schema}" (functions are unqualified, or in pg_catalog)'
+                f"function {schema.text}.{name}() does not exist: there is no schema "
+                f'"{schema.text}" (functions are unqualified, or in pg_catalog)'
             )
         return self.call(name, *args)
 
@@ -469,6 +619,11 @@ class _ToAst(Transformer[Token, Any]):
         return words
 
     def type_word(self, tok: Token) -> str:
+        return str(tok).lower()
+
+    def qualified_type_word(self, schema: Token, tok: Token) -> str:
+        if schema.lower() != "pg_catalog":
+            raise UndefinedType(f'type "{schema}.{tok}" does not exist')
         return str(tok).lower()
 
     def neg(self, operand: ast.Expr) -> ast.Unary:
@@ -520,6 +675,10 @@ class _ToAst(Transformer[Token, Any]):
     # ---- the script
     def script(self, *statements: ast.Statement | None) -> list[ast.Statement]:
         return [s for s in statements if s is not None]
+
+
+_ESCAPES: Final = re.compile(r"\\(.)", re.DOTALL)
+_ESCAPED: Final = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}
 
 
 def _no_repeats(params: tuple[tuple[str, ast.ParamValue], ...]) -> tuple[Any, ...]:

@@ -1,4 +1,4 @@
-"""SELECT over rows: projection, WHERE, aggregates, ORDER BY and LIMIT.
+"""SELECT over rows: projection, WHERE, GROUP BY and aggregates, ORDER BY, LIMIT and OFFSET.
 
 The source is a relation in memory (column names plus rows of plain Python
 values), such as a table function over engine state. ORDER BY accepts an
@@ -10,14 +10,18 @@ descending, as in PostgreSQL.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import itertools
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-from resgroups.errors import InvalidParameter, UndefinedColumn
+from resgroups.errors import FeatureNotSupported, InvalidParameter, UndefinedColumn
 from resgroups.sql import ast
 from resgroups.sql.expr import (
+    AGGREGATES,
     EvalContext,
     Row,
     Scope,
@@ -25,7 +29,7 @@ from resgroups.sql.expr import (
     compile_expr,
     find_aggregates,
 )
-from resgroups.sql.semantics import check_select_list, result_type
+from resgroups.sql.semantics import check_select_list, children, result_type
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,8 @@ class Relation:
     columns: tuple[str, ...]
     rows: list[tuple[Any, ...]]
     types: tuple[str | None, ...] = ()  # declared types where known ("int", "text", ...)
+    tables: tuple[str | None, ...] = ()  # each column's relation name or alias (joins)
+    local: int | None = None  # a subquery's own columns, before the enclosing row's
 
 
 def output_name(item: ast.SelectItem) -> str:
@@ -49,7 +55,16 @@ def output_name(item: ast.SelectItem) -> str:
 def _items(select: ast.Select, scope: Scope) -> tuple[ast.SelectItem, ...]:
     if select.items is not None:
         return select.items
-    return tuple(ast.SelectItem(ast.Column(ast.Ident(n, quoted=True))) for n in scope.names)
+    count = len(scope.names) if scope.local is None else scope.local
+    return tuple(
+        ast.SelectItem(
+            ast.Column(
+                ast.Ident(n, quoted=True),
+                None if t is None else ast.Ident(t, quoted=True),
+            )
+        )
+        for n, t in itertools.zip_longest(scope.names[:count], scope.tables[:count])
+    )
 
 
 @dataclass(frozen=True)
@@ -92,40 +107,173 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
     Every expression is type-checked before any row is read, so an empty
     source gives typed columns and the same errors as a full one.
     """
-    scope = Scope(source.columns, source.types)
+    scope = Scope(source.columns, source.types, source.tables, source.local)
+    if select.group_by:
+        listed = _items(select, scope)
+        items, order_by = _grouped(select, listed)
+        grouping = tuple(_position(e, listed) for e in select.group_by)
+        select = dataclasses.replace(select, items=items, order_by=order_by, group_by=grouping)
     shape = select_shape(select, scope)
     items, names = shape.items, shape.names
     rows = source.rows
     if select.where is not None:
         predicate = compile_expr(select.where, scope, ctx)
         rows = [r for r in rows if predicate(r) is True]
+    windows = [w for i in items for w in _windows(i.expr)]
+    if windows:  # each window's value becomes a column of every row
+        items, scope, rows = _with_windows(items, windows, scope, rows, ctx)
 
+    order_by = select.order_by
     aggregates = [call for item in items for call in find_aggregates(item.expr)]
-    if aggregates:
-        # no GROUP BY: one output row, which ORDER BY only has to make sense for
+    aggregates += [call for o in order_by for call in find_aggregates(o.expr)]
+    if aggregates or select.group_by:
+        # one output row per group (without GROUP BY, one group of every row)
         slots = {call: i for i, call in enumerate(dict.fromkeys(aggregates))}
-        values = tuple(compile_aggregate(call, scope, ctx)(rows) for call in slots)
-        outputs = [
-            tuple(compile_expr(i.expr, scope, ctx, aggregate_slots=slots)(values) for i in items)
-        ]
-        for o in select.order_by:
-            _order_key(o, names, scope, ctx, aggregate_slots=slots)
+        folds = [compile_aggregate(call, scope, ctx) for call in slots]
+        projections = [compile_expr(i.expr, scope, ctx, aggregate_slots=slots) for i in items]
+        sources = [tuple(f(group) for f in folds) for group in _groups(select, rows, scope, ctx)]
+        keys = [_order_key(o, names, scope, ctx, aggregate_slots=slots) for o in order_by]
     else:
         projections = [compile_expr(i.expr, scope, ctx) for i in items]
-        outputs = [tuple(p(r) for p in projections) for r in rows]
-        if select.order_by:
-            keys = [_order_key(o, names, scope, ctx) for o in select.order_by]
-            keyed: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = [
-                (tuple(k(out, src) for k in keys), out)
-                for out, src in zip(outputs, rows, strict=True)
-            ]
-            descending = [o.descending for o in select.order_by]
-            keyed.sort(key=functools.cmp_to_key(functools.partial(_compare_keys, descending)))
-            outputs = [out for _, out in keyed]
+        sources = list(rows)
+        keys = [_order_key(o, names, scope, ctx) for o in order_by]
+    outputs = [tuple(p(r) for p in projections) for r in sources]
+    if keys:
+        keyed: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = [
+            (tuple(k(out, src) for k in keys), out)
+            for out, src in zip(outputs, sources, strict=True)
+        ]
+        descending = [o.descending for o in order_by]
+        keyed.sort(key=functools.cmp_to_key(functools.partial(_compare_keys, descending)))
+        outputs = [out for _, out in keyed]
 
+    outputs = outputs[select.offset :]
     if select.limit is not None:
         outputs = outputs[: select.limit]
     return Relation(names, outputs, shape.types)
+
+
+def _windows(expr: ast.Expr) -> list[ast.Window]:
+    if isinstance(expr, ast.Window):
+        return [expr]
+    return [w for child in children(expr) for w in _windows(child)]
+
+
+def _with_windows(
+    items: tuple[ast.SelectItem, ...],
+    windows: list[ast.Window],
+    scope: Scope,
+    rows: list[tuple[Any, ...]],
+    ctx: EvalContext,
+) -> tuple[tuple[ast.SelectItem, ...], Scope, list[tuple[Any, ...]]]:
+    """``row_number() OVER (PARTITION BY p ORDER BY o)`` over the rows WHERE kept:
+    each window's numbers as a new column, the items reading that column."""
+    if scope.local is not None:  # a correlated subquery's columns end with the outer row's
+        raise FeatureNotSupported("window functions in a subquery are not supported")
+    columns: dict[ast.Window, str] = {}
+    extra: list[list[int]] = []
+    for w in dict.fromkeys(windows):
+        columns[w] = f"\x00window{len(columns)}"
+        parts = [compile_expr(e, scope, ctx) for e in w.partition_by]
+        keys = [compile_expr(o.expr, scope, ctx) for o in w.order_by]
+        descending = [o.descending for o in w.order_by]
+        numbers = [0] * len(rows)
+        partitions: dict[tuple[Any, ...], list[int]] = {}
+        for i, row in enumerate(rows):
+            partitions.setdefault(tuple(p(row) for p in parts), []).append(i)
+        for members in partitions.values():
+            keyed = [(tuple(k(rows[i]) for k in keys), i) for i in members]
+            keyed.sort(key=functools.cmp_to_key(functools.partial(_compare_keys, descending)))
+            for n, (_, i) in enumerate(keyed, 1):
+                numbers[i] = n
+        extra.append(numbers)
+    rows = [(*row, *(e[i] for e in extra)) for i, row in enumerate(rows)]
+    names = (*scope.names, *columns.values())
+    types = (*_padded(scope.types, len(scope.names)), *(["int"] * len(columns)))
+    tables = (*_padded(scope.tables, len(scope.names)), *([None] * len(columns)))
+    local = None
+
+    def replaced(expr: ast.Expr) -> ast.Expr:
+        if isinstance(expr, ast.Window):
+            return ast.Column(ast.Ident(columns[expr], quoted=True))
+        return _map_children(expr, replaced)
+
+    new_items = tuple(dataclasses.replace(i, expr=replaced(i.expr)) for i in items)
+    return new_items, Scope(names, types, tables, local), rows
+
+
+def _padded(values: tuple[Any, ...], n: int) -> tuple[Any, ...]:
+    return values + (None,) * (n - len(values))
+
+
+def _groups(
+    select: ast.Select, rows: list[tuple[Any, ...]], scope: Scope, ctx: EvalContext
+) -> list[list[tuple[Any, ...]]]:
+    """The rows by their GROUP BY key, groups in order of first appearance (no
+    GROUP BY: one group, empty or not, as an aggregate over no rows has a row)."""
+    if not select.group_by:
+        return [rows]
+    keys = [compile_expr(e, scope, ctx) for e in select.group_by]
+    groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(k(row) for k in keys), []).append(row)
+    return list(groups.values())
+
+
+def _grouped(
+    select: ast.Select, items: tuple[ast.SelectItem, ...]
+) -> tuple[tuple[ast.SelectItem, ...], tuple[ast.OrderItem, ...]]:
+    """Items and ORDER BY of a grouped query with each GROUP BY expression read
+    as min(expr): every row of a group has the same value of it, so its minimum
+    is that value (NULL for a NULL key), and the aggregate path computes it."""
+    keys = {_position(e, items) for e in select.group_by}
+
+    def over_groups(expr: ast.Expr) -> ast.Expr:
+        if expr in keys:
+            return ast.Call("min", (expr,))
+        aggregate = isinstance(expr, ast.Call) and expr.name in AGGREGATES
+        if aggregate or isinstance(expr, ast.Subquery):
+            return expr
+        return _map_children(expr, over_groups)
+
+    return (
+        tuple(dataclasses.replace(i, expr=over_groups(i.expr)) for i in items),
+        tuple(dataclasses.replace(o, expr=over_groups(o.expr)) for o in select.order_by),
+    )
+
+
+_EXPR_TYPES: Final = typing.get_args(ast.Expr)
+
+
+def _map_children(expr: ast.Expr, fn: Callable[[ast.Expr], ast.Expr]) -> ast.Expr:
+    """``expr`` with ``fn`` applied to each expression directly inside it."""
+    changes = {}
+    for f in dataclasses.fields(expr):
+        value = getattr(expr, f.name)
+        if isinstance(value, tuple):  # arguments, IN lists, CASE's (when, then) pairs
+            value = tuple(
+                tuple(fn(x) for x in v) if isinstance(v, tuple) else fn(v) if _is_expr(v) else v
+                for v in value
+            )
+        elif _is_expr(value):
+            value = fn(value)
+        changes[f.name] = value
+    return dataclasses.replace(expr, **changes)
+
+
+def _position(expr: ast.Expr, items: tuple[ast.SelectItem, ...]) -> ast.Expr:
+    """``GROUP BY 2``: the second select item's expression."""
+    if isinstance(expr, ast.Literal) and type(expr.value) is int:
+        if not 1 <= expr.value <= len(items):
+            raise InvalidParameter(
+                f"GROUP BY position {expr.value} is not in the select list (1..{len(items)})"
+            )
+        return items[expr.value - 1].expr
+    return expr
+
+
+def _is_expr(value: object) -> bool:
+    return isinstance(value, _EXPR_TYPES)
 
 
 def _order_key(
@@ -145,7 +293,7 @@ def _order_key(
                 f"ORDER BY position {position} is not in the select list (1..{len(names)})"
             )
         return lambda out, src: out[position - 1]
-    if isinstance(expr, ast.Column):
+    if isinstance(expr, ast.Column) and expr.table is None:
         with contextlib.suppress(UndefinedColumn):
             i = Scope(names).index(expr.name)
             return lambda out, src: out[i]

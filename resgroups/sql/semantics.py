@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from resgroups.errors import (
     DatatypeMismatch,
@@ -57,6 +57,7 @@ FLOAT: Final = "float"
 TEXT: Final = "text"
 BOOL: Final = "bool"
 UNKNOWN: Final = "unknown"  # the NULL literal
+ARRAY: Final = "array"  # ARRAY(...), array_agg, the catalog's array columns: sent as text
 NUMERIC: Final = frozenset({INT, FLOAT})
 
 INT64_MIN: Final = -(2**63)
@@ -118,6 +119,7 @@ def truncated_div(a: int, b: int) -> int:
 # ---- operator typing -------------------------------------------------------------------
 
 ARITHMETIC: Final = frozenset({"+", "-", "*", "/", "%"})
+REGEX: Final = frozenset({"~", "!~", "~*", "!~*"})  # POSIX regular expressions, as psql uses
 COMPARISON: Final = frozenset({"=", "<>", "<", "<=", ">", ">="})
 
 
@@ -134,6 +136,8 @@ def arithmetic_type(op: str, a: str, b: str) -> str:
 def comparable(op: str, a: str, b: str) -> None:
     if UNKNOWN in (a, b) or a == b or (a in NUMERIC and b in NUMERIC):
         return
+    if op == "= ANY" and b in (ARRAY, TEXT):
+        return
     raise DatatypeMismatch(f"cannot compare {shown(a)} {op} {shown(b)}")
 
 
@@ -143,14 +147,24 @@ def boolean_operand(op: str, t: str) -> None:
 
 
 def binary_type(op: str, a: str, b: str) -> str:
+    if op == "||":
+        return TEXT  # anything || text, as PostgreSQL's textanycat
     if op in ARITHMETIC:
         return arithmetic_type(op, a, b)
     if op in COMPARISON:
         comparable(op, a, b)
         return BOOL
-    if op == "like":
+    if op == "like" or op in REGEX:
         if a not in (TEXT, UNKNOWN) or b not in (TEXT, UNKNOWN):
-            raise DatatypeMismatch(f"LIKE needs text, got {shown(a)} LIKE {shown(b)}")
+            word = op.upper()
+            raise DatatypeMismatch(f"{word} needs text, got {shown(a)} {word} {shown(b)}")
+        return BOOL
+    if op == "= any":
+        if b not in (ARRAY, UNKNOWN, TEXT):  # text: an array's text form, as a parameter
+            raise DatatypeMismatch(f"op ANY (array) needs an array, got {shown(b)}")
+        return BOOL
+    if op in ("distinct", "not distinct"):
+        comparable(f"IS {op.upper()} FROM", a, b)
         return BOOL
     boolean_operand(op, a)
     boolean_operand(op, b)
@@ -184,6 +198,10 @@ def _same_number(name: str, args: Sequence[str]) -> str:
     return args[0]
 
 
+def _returns(result: str) -> Callable[[str, Sequence[str]], str]:
+    return lambda name, args: result
+
+
 def _coalesce(name: str, args: Sequence[str]) -> str:
     known = [t for t in args if t != UNKNOWN]
     for t in known[1:]:
@@ -209,6 +227,39 @@ FUNCTIONS: Final[Mapping[str, Function]] = {
     "abs": Function((1, 1), _same_number),
     "round": Function((1, 2), _same_number),
     "coalesce": Function((1, 255), _coalesce),
+    # the catalog's functions (statements/pg_catalog.py answers those over its rows)
+    "pg_table_is_visible": Function((1, 1), _returns(BOOL)),
+    "pg_function_is_visible": Function((1, 1), _returns(BOOL)),
+    "pg_type_is_visible": Function((1, 1), _returns(BOOL)),
+    "pg_get_userbyid": Function((1, 1), _returns(TEXT)),
+    "format_type": Function((2, 2), _returns(TEXT)),
+    "pg_get_function_result": Function((1, 1), _returns(TEXT)),
+    "pg_get_function_arguments": Function((1, 1), _returns(TEXT)),
+    "pg_get_function_identity_arguments": Function((1, 1), _returns(TEXT)),
+    "obj_description": Function((1, 2), _returns(TEXT)),
+    "col_description": Function((2, 2), _returns(TEXT)),
+    "shobj_description": Function((2, 2), _returns(TEXT)),
+    "pg_get_expr": Function((2, 3), _returns(TEXT)),
+    "pg_encoding_to_char": Function((1, 1), _returns(TEXT)),
+    "array_to_string": Function((2, 3), _returns(TEXT)),
+    "pg_get_constraintdef": Function((1, 2), _returns(TEXT)),
+    "pg_get_serial_sequence": Function((2, 2), _returns(TEXT)),
+    "pg_collation_is_visible": Function((1, 1), _returns(BOOL)),
+    "like_escape": Function((2, 2), _returns(TEXT)),
+    "json_build_object": Function((0, 100), _returns(TEXT)),
+    "array_element": Function((2, 2), _returns(UNKNOWN)),
+    "array_upper": Function((2, 2), _returns(INT)),
+    "array_length": Function((2, 2), _returns(INT)),
+    "pg_relation_is_publishable": Function((1, 1), _returns(BOOL)),
+    "pg_get_statisticsobjdef_columns": Function((1, 1), _returns(TEXT)),
+    "pg_get_indexdef": Function((1, 3), _returns(TEXT)),
+    "current_schemas": Function((1, 1), _returns(ARRAY)),
+    "pg_get_viewdef": Function((1, 2), _returns(TEXT)),
+    "nullif": Function((2, 2), lambda name, args: _coalesce(name, args)),
+    "replace": Function((3, 3), _returns(TEXT)),
+    "regtype_name": Function((1, 1), _returns(TEXT)),
+    "regclass_name": Function((1, 1), _returns(TEXT)),
+    "regnamespace_name": Function((1, 1), _returns(TEXT)),
 }
 # what the query running an expression knows (what drivers ask on connecting)
 CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {
@@ -219,7 +270,7 @@ CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {
     "current_schema": TEXT,
     "current_database": TEXT,
 }
-AGGREGATES: Final = ("count", "sum", "avg", "min", "max")
+AGGREGATES: Final = ("count", "sum", "avg", "min", "max", "array_agg", "string_agg")
 
 
 def all_function_names() -> list[str]:
@@ -254,10 +305,16 @@ def aggregate_type(call: ast.Call, arg: str | None) -> str:
         if call.name != "count":
             raise DatatypeMismatch(f"{call.name}(*) is not allowed; only count(*) takes *")
         return INT
+    if call.name == "string_agg":
+        if len(call.args) != 2:
+            raise DatatypeMismatch(f"string_agg() takes 2 arguments, got {len(call.args)}")
+        return TEXT
     if len(call.args) != 1 or arg is None:
         raise DatatypeMismatch(f"{call.name}() takes 1 argument, got {len(call.args)}")
     if call.name == "count":
         return INT
+    if call.name == "array_agg":
+        return ARRAY
     if call.name in ("sum", "avg"):
         if arg not in NUMERIC and arg != UNKNOWN:
             raise DatatypeMismatch(f"{call.name}() needs numbers, got {shown(arg)}")
@@ -281,7 +338,10 @@ def children(expr: ast.Expr) -> tuple[ast.Expr, ...]:
             return (operand, *items)
         case ast.Call(args=args):
             return args
-    return ()
+        case ast.Case(operand=operand, whens=whens, default=default):
+            parts = [operand, *(e for pair in whens for e in pair), default]
+            return tuple(e for e in parts if e is not None)
+    return ()  # a subquery's aggregates are its own
 
 
 def find_aggregates(expr: ast.Expr) -> list[ast.Call]:
@@ -300,7 +360,7 @@ def find_aggregates(expr: ast.Expr) -> list[ast.Call]:
 
 def infer(
     expr: ast.Expr,
-    column_type: Callable[[ast.Ident], str],
+    column_type: Callable[..., str],  # (name[, table]) -> type
     *,
     over_aggregates: bool = False,
     where: str = "here",
@@ -323,8 +383,8 @@ def infer(
     match expr:
         case ast.Literal(value=value):
             return value_type(value)
-        case ast.Column(name=name):
-            t = column_type(name)  # an unknown column fails first
+        case ast.Column(name=name, table=table):
+            t = column_type(name) if table is None else column_type(name, table)
             if over_aggregates:
                 raise GroupingError(
                     f"column {name.text} must appear inside an aggregate function "
@@ -355,12 +415,77 @@ def infer(
                 if find_aggregates(arg):
                     raise GroupingError(f"aggregate calls cannot be nested inside {name}()")
             args = [infer(a, column_type) for a in expr.args]
-            return aggregate_type(expr, args[0] if len(args) == 1 else None)
+            return aggregate_type(expr, args[0] if args else None)
         case ast.Call():
             return function_type(expr, [walk(a) for a in expr.args])
         case ast.Cast(operand=operand, type=target, written=written):
             return cast_type(walk(operand), target, written)
+        case ast.Case(operand=operand, whens=whens, default=default):
+            subject = None if operand is None else walk(operand)
+            for condition, _ in whens:
+                if subject is None:
+                    boolean_operand("case when", walk(condition))
+                else:
+                    comparable("CASE ... WHEN", subject, walk(condition))
+            results = [walk(r) for _, r in whens] + ([walk(default)] if default else [])
+            return _coalesce("CASE", results)
+        case ast.Window():
+            if over_aggregates:
+                raise GroupingError("a window function over an aggregate query is not supported")
+            for e in expr.partition_by:
+                walk(e)
+            for o in expr.order_by:
+                walk(o.expr)
+            return INT  # row_number
+        case ast.Subquery(kind=kind):
+            # typed when run (statements/pg_catalog.py); a scalar subquery's column
+            # is unknown here, an ARRAY(...) is sent as its text form
+            return {"exists": BOOL, "array": ARRAY}.get(kind, UNKNOWN)
     raise TypeError(f"not an expression: {expr!r}")
+
+
+# ---- arrays ----------------------------------------------------------------------------
+
+
+class PgArray(tuple[Any, ...]):
+    """An array value (ARRAY(...), array_agg): sent in PostgreSQL's text form ``{a,b}``."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return "{" + ",".join("NULL" if v is None else _array_item(v) for v in self) + "}"
+
+
+def _array_item(value: Any) -> str:
+    text = ("t" if value else "f") if isinstance(value, bool) else str(value)
+    if text == "" or text.upper() == "NULL" or any(c in text for c in ' ,{}"\\'):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
+def parse_array(text: str) -> PgArray:
+    """An array's text form ``{a,"b c",NULL}`` read back (elements are text)."""
+    if not (text.startswith("{") and text.endswith("}")):
+        raise InvalidTextRepresentation(f'malformed array literal: "{text}"')
+    items: list[str | None] = []
+    body, i = text[1:-1], 0
+    while i < len(body):
+        if body[i] == '"':
+            chars, i = [], i + 1
+            while i < len(body) and body[i] != '"':
+                if body[i] == "\\":
+                    i += 1
+                chars.append(body[i : i + 1])
+                i += 1
+            items.append("".join(chars))
+            i += 2  # the closing quote and the comma
+        else:
+            end = body.find(",", i)
+            end = len(body) if end < 0 else end
+            bare = body[i:end].strip()
+            items.append(None if bare.upper() == "NULL" else bare)
+            i = end + 1
+    return PgArray(items)
 
 
 # ---- casts ---------------------------------------------------------------------------
@@ -373,6 +498,8 @@ CAST_TYPES: Final = {
     ),
     **dict.fromkeys(("text", "varchar", "character varying", "char", "name", "bpchar"), TEXT),
     **dict.fromkeys(("bool", "boolean"), BOOL),
+    # object identifiers are integers here (a cast to regclass gives the oid, not its name)
+    **dict.fromkeys(("oid", "regclass", "regtype", "regproc", "regnamespace", "regrole"), INT),
 }
 # types PostgreSQL has and the executor does not
 _ABSENT: Final = frozenset(
@@ -435,6 +562,8 @@ def cast_value(value: object, target: str, written: str) -> object:
     """``value::target`` (NULL stays NULL)."""
     if value is None:
         return None
+    if target == ARRAY:
+        return value if isinstance(value, tuple) else parse_array(str(value))
     if target == TEXT:
         if isinstance(value, bool):
             text = "true" if value else "false"
@@ -495,7 +624,7 @@ def cast_value(value: object, target: str, written: str) -> object:
 
 
 def check_select_list(
-    items: Sequence[ast.Expr], where: ast.Expr | None, column_type: Callable[[ast.Ident], str]
+    items: Sequence[ast.Expr], where: ast.Expr | None, column_type: Callable[..., str]
 ) -> list[str]:
     """The types of a select list (and a check of its WHERE), for both evaluators."""
     if where is not None:

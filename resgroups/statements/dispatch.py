@@ -7,20 +7,29 @@ raise FeatureNotSupported without it) and the permission it needs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final
 
 from resgroups.access import check_group_admin, check_use, find_runtime_group
-from resgroups.errors import FeatureNotSupported, PermissionDenied
+from resgroups.errors import (
+    DatatypeMismatch,
+    FeatureNotSupported,
+    PermissionDenied,
+    UndefinedTable,
+)
 from resgroups.exec import executor
+from resgroups.exec.vector import dtype_type
 from resgroups.result import Cursor, Result, RowsCursor
 from resgroups.sql import ast
-from resgroups.sql.expr import Scope, compile_expr
+from resgroups.sql.expr import CATALOG_FUNCTIONS, EvalContext, Scope, compile_expr
+from resgroups.sql.relational import SERIES, run_query
 from resgroups.sql.select import Relation, run_select, select_shape
 from resgroups.statements import groups, principals
-from resgroups.statements.table_functions import relation, table_function
+from resgroups.statements.pg_catalog import CatalogRows, unknown_relation
+from resgroups.statements.table_functions import TABLE_FUNCTIONS, relation, table_function
 
 if TYPE_CHECKING:
     from resgroups.session import Session
@@ -65,10 +74,209 @@ def discard_all(session: Session, stmt: ast.DiscardAll) -> Result:
 # ---- queries -------------------------------------------------------------------
 
 
+def _in_executor(session: Session, stmt: ast.Select) -> bool:
+    """True: a scan of one executor table or long_sequence() with the executor's
+    expressions; else the row engine answers (catalog relations, joins, subqueries)."""
+    if not executor.is_executor_source(stmt):
+        return False
+    source = stmt.source
+    if isinstance(source, ast.TableName):
+        if source.schema is not None and source.schema.text.casefold() != "public":
+            return False
+        try:
+            session.engine.tables.get(source.name)
+        except UndefinedTable:
+            return False
+    assert isinstance(source, ast.TableName | ast.TableFunction)
+    label = source.alias or source.name
+    named = label if isinstance(label, str) else label.text
+    # a qualifier other than the table's name or alias: the row engine's error
+    if any(q.casefold() != named.casefold() for q in _qualifiers(stmt)):
+        return False
+    return not _needs_rows(stmt)
+
+
+def _unqualified(stmt: ast.Select) -> ast.Select:
+    """``stmt`` with its columns' qualifiers dropped: they name its one source,
+    as :func:`_in_executor` checked, and the executor's scope is that source."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, ast.Column):
+            return replace(node, table=None)
+        if isinstance(node, tuple):
+            return tuple(walk(x) for x in node)
+        if dataclasses.is_dataclass(node) and not isinstance(node, type):
+            return replace(
+                node, **{f.name: walk(getattr(node, f.name)) for f in dataclasses.fields(node)}
+            )
+        return node
+
+    result: ast.Select = walk(stmt)
+    return result
+
+
+def _qualifiers(node: object) -> set[str]:
+    """The table qualifiers of every column ``node`` names (``t`` of ``t.x``)."""
+    if isinstance(node, ast.Column):
+        return set() if node.table is None else {node.table.text}
+    if isinstance(node, tuple):
+        return set().union(*(_qualifiers(x) for x in node))
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return set().union(*(_qualifiers(getattr(node, f.name)) for f in dataclasses.fields(node)))
+    return set()
+
+
+_ROW_ONLY: Final = (ast.Case, ast.Subquery, ast.DerivedTable, ast.Join)
+
+
+def _needs_rows(node: object) -> bool:
+    """Whether ``node`` holds an expression only the row evaluator has."""
+    if isinstance(node, _ROW_ONLY):
+        return True
+    if isinstance(node, ast.Binary) and node.op in (
+        "~",
+        "!~",
+        "~*",
+        "!~*",
+        "distinct",
+        "not distinct",
+    ):
+        return True
+    if isinstance(node, ast.Call) and (
+        node.name in CATALOG_FUNCTIONS or node.name == "array_agg" or node.order_by
+    ):
+        return True
+    if isinstance(node, ast.Select) and node.group_by:
+        return True
+    if isinstance(node, ast.Cast) and node.written in ("regclass", "regtype"):
+        return True
+    if isinstance(node, tuple):
+        return any(_needs_rows(x) for x in node)
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return any(_needs_rows(getattr(node, f.name)) for f in dataclasses.fields(node))
+    return False
+
+
+def _resolver(
+    session: Session, catalog: CatalogRows, ctx: EvalContext
+) -> tuple[Callable[[ast.TableName | ast.TableFunction, tuple[Any, ...]], Relation], list[bool]]:
+    """Resolve FROM names: the catalog, a table function's view, an executor table;
+    and whether every relation read is the workload's (managed) rather than state."""
+    managed = [True]
+
+    def resolve(ref: ast.TableName | ast.TableFunction, values: tuple[Any, ...]) -> Relation:
+        if isinstance(ref, ast.TableFunction):
+            fn = table_function(ref.name)
+            managed[0] = managed[0] and not fn.engine_state
+            return relation(session, fn, values)
+        found = catalog.relation(ref)
+        if found is not None:
+            managed[0] = False
+            return found
+        public = ref.schema is None or ref.schema.text.casefold() == "public"
+        name = ref.name.text if ref.name.quoted else ref.name.text.casefold()
+        if public and name in TABLE_FUNCTIONS:
+            return resolve(ast.TableFunction(name), ())
+        if public:
+            try:
+                table = session.engine.tables.get(ref.name)
+            except UndefinedTable:
+                pass
+            else:
+                columns = [a.tolist() for a in table.arrays]
+                return Relation(
+                    table.names,
+                    list(zip(*columns, strict=True)),
+                    tuple(dtype_type(a.dtype) for a in table.arrays),
+                )
+        raise unknown_relation(ref, catalog.names())
+
+    return resolve, managed
+
+
+def _run(session: Session, stmt: ast.Select, ctx: EvalContext) -> tuple[Relation, bool]:
+    catalog = CatalogRows(session)
+    resolve, managed = _resolver(session, catalog, ctx)
+    out = run_query(stmt, resolve, replace(ctx, catalog=catalog))
+    return out, managed[0]
+
+
 def select(session: Session, stmt: ast.Select) -> Result:
     """SELECT over engine state (unmanaged), the executor's sources, or no FROM."""
-    if executor.is_executor_source(stmt):
-        return executor.select(session, stmt)
+    if _in_executor(session, stmt):
+        return executor.select(session, _unqualified(stmt))
+    if (stmt.source is None or isinstance(stmt.source, ast.TableFunction)) and not _needs_rows(
+        stmt
+    ):
+        return _select_simple(session, stmt)
+    group = None
+    if _reads_tables(session, stmt):  # the workload's tables: a managed query
+        with session.query(kind="select") as q:
+            out, _ = _run(session, stmt, session.eval_context(q.group))
+            group = q.group
+    else:  # the catalog and engine state: unmanaged, like resource_groups()
+        out, _ = _run(session, stmt, session.eval_context())
+    return replace(Result.table(out.columns, out.rows, out.types), group=group)
+
+
+def union(session: Session, stmt: ast.Union) -> Result:
+    """``SELECT ... UNION [ALL] SELECT ...`` over the catalog (unmanaged) or, when
+    a branch reads the workload's tables, as one managed query."""
+    if _reads_tables(session, stmt):
+        with session.query(kind="select") as q:
+            out = _union(session, stmt, session.eval_context(q.group))
+        return replace(Result.table(out.columns, out.rows, out.types), group=q.group)
+    out = _union(session, stmt, session.eval_context())
+    return Result.table(out.columns, out.rows, out.types)
+
+
+def _union(session: Session, stmt: ast.Union, ctx: EvalContext) -> Relation:
+    parts = [_run(session, s, ctx)[0] for s in stmt.selects]
+    first = parts[0]
+    rows = list(first.rows)
+    for every, part in zip(stmt.all, parts[1:], strict=True):
+        if len(part.columns) != len(first.columns):
+            raise DatatypeMismatch(
+                f"each UNION query must have the same number of columns "
+                f"({len(first.columns)} and {len(part.columns)})",
+                sqlstate="42601",
+            )
+        rows += part.rows
+        if not every:  # UNION: distinct rows, in order of first appearance
+            rows = list(dict.fromkeys(rows))
+    tail = ast.Select(None, None, None, stmt.order_by, stmt.limit, stmt.offset)
+    # a name the union's columns repeat (NULL, NULL: ?column? twice) is told apart
+    # while sorting, so ORDER BY takes its position; the result keeps the names
+    seen: dict[str, int] = {}
+    inner = []
+    for name in first.columns:
+        seen[name] = seen.get(name, 0) + 1
+        inner.append(name if seen[name] == 1 else f"{name}\x00{seen[name]}")
+    out = run_select(tail, Relation(tuple(inner), rows, first.types), ctx)
+    return replace(out, columns=first.columns)
+
+
+def _reads_tables(session: Session, node: object) -> bool:
+    """Whether ``node`` names an executor table (or long_sequence) anywhere."""
+    match node:
+        case ast.TableName(name=name, schema=schema) if schema is None or (
+            schema.text.casefold() == "public"
+        ):
+            try:
+                session.engine.tables.get(name)
+            except UndefinedTable:
+                return False
+            return True
+        case ast.TableFunction(name=name):
+            return name not in TABLE_FUNCTIONS and name not in SERIES
+    if isinstance(node, tuple):
+        return any(_reads_tables(session, x) for x in node)
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return any(_reads_tables(session, getattr(node, f.name)) for f in dataclasses.fields(node))
+    return False
+
+
+def _select_simple(session: Session, stmt: ast.Select) -> Result:
     match stmt.source:
         case None:
             source = Relation((), [()])
@@ -93,15 +301,23 @@ _NO_COLUMNS: Final = Scope(())
 
 def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str]] | None:
     """The columns and types ``stmt`` returns, without running it (None: not a SELECT)."""
+    if isinstance(stmt, ast.Union):
+        out = _union(session, stmt, session.eval_context())
+        return list(out.columns), [t or "text" for t in out.types]
     if not isinstance(stmt, ast.Select):
         return None
-    if executor.is_executor_source(stmt):
+    if _in_executor(session, stmt):
+        stmt = _unqualified(stmt)
         source = executor.source_of(session, stmt)
         names, types = source.names, source.types
-    elif isinstance(stmt.source, ast.TableFunction):
+    elif isinstance(stmt.source, ast.TableFunction) and not _needs_rows(stmt):
         fn = table_function(stmt.source.name)
         names = tuple(name for name, _ in fn.columns)
         types = tuple(kind for _, kind in fn.columns)
+    elif stmt.source is not None or _needs_rows(stmt):
+        # the catalog is small: its description is its answer's (read, not managed)
+        out, _ = _run(session, stmt, session.eval_context())
+        return list(out.columns), [t or "text" for t in out.types]
     else:
         names = types = ()
     shape = select_shape(stmt, Scope(names, types))
@@ -111,8 +327,8 @@ def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str
 def open_cursor(session: Session, stmt: ast.Statement, *, paging: bool = True) -> Cursor:
     """``stmt``'s result a page at a time: a scan of the executor's sources (its
     query suspended between pages when ``paging``), else the whole result now."""
-    if isinstance(stmt, ast.Select) and executor.is_executor_source(stmt):
-        return executor.ScanCursor(session, stmt, paging=paging)
+    if isinstance(stmt, ast.Select) and _in_executor(session, stmt):
+        return executor.ScanCursor(session, _unqualified(stmt), paging=paging)
     return RowsCursor(execute_statement(session, stmt))
 
 
@@ -146,6 +362,7 @@ RULES: Final[dict[type, Rule]] = {
     ast.ResetAll: Rule(reset_resource_group),
     ast.DiscardAll: Rule(discard_all),
     ast.Select: Rule(select),
+    ast.Union: Rule(union),
     ast.CreateTableAs: Rule(executor.create_table_as),
     ast.InsertSelect: Rule(executor.insert_select),
     ast.DropTable: Rule(executor.drop_table),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import resource
 import signal
@@ -228,15 +227,9 @@ def _backend(
     slots: ConnectionSlots,
     throttle: LoginThrottle,
 ) -> Backend:
-    """The wire protocol's backend, sharing the cap and the throttle when its
-    ``Backend`` takes them (a ``Backend`` without these keywords still works)."""
-    accepted = inspect.signature(Backend).parameters
-    shared: dict[str, Any] = {
-        name: value
-        for name, value in (("slots", slots), ("throttle", throttle))
-        if name in accepted
-    }
-    return Backend(engine, executor, auth_method=auth_method, **shared)
+    """The wire protocol's backend, sharing the connection cap, the login throttle
+    and the request threads (with their admin reserve) with the HTTP listener."""
+    return Backend(engine, executor, auth_method=auth_method, slots=slots, throttle=throttle)
 
 
 class BackgroundServer:

@@ -279,7 +279,7 @@ class Hold:
         if STATE.depth == 0:  # the outermost hold: run what is pending (this frame is
             while _LOST:  # queries lost without __exit__ are not in flight
                 _LOST.pop()
-                STATE.queries -= 1
+                STATE.queries = max(0, STATE.queries - 1)
             try:  # protected: what arrives meanwhile is deferred and run by the loop)
                 if PENDING:
                     deliver()

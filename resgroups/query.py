@@ -145,9 +145,7 @@ class Holdings:
         """Release the worker, the slot, the lease and every byte; the bytes."""
         runner, self.runner = self.runner, None
         ticket, self.ticket = self.ticket, None
-        if self.counted:  # it was in flight on the main thread: it is not any more
-            self.counted = False
-            interrupts.query_lost()
+        self.uncount()
         if runner is not None:
             dispatcher.release(runner, 0)
         runtime = self.runtime
@@ -158,6 +156,14 @@ class Holdings:
             self.suspended = False
         published, self.published = self.published, None
         return published.finish() if published is not None else 0
+
+    def uncount(self) -> None:
+        """It was in flight on the main thread and is not any more, though its
+        ``__exit__`` never ran (a zombie reclaimed, the engine closed beneath it):
+        the program's handlers may go back (resgroups.interrupts)."""
+        if self.counted:
+            self.counted = False
+            interrupts.query_lost()
 
     def fail(self, error: Error) -> None:
         """The query's memory failed for good: tell the query, if it still lives."""
@@ -357,7 +363,6 @@ class Query:
     _seen = 0.0  # the engine clock at the last checkpoint that reached the slow path
     _cpu_mark = 0
     _cancelled = False
-    _counted = False  # entered on the main thread: counted in interrupts.STATE.queries
     _runtime: GroupRuntime | None = None
     _ticket: Ticket | None = None
     _runner: Runner | None = None
@@ -584,7 +589,7 @@ class Query:
         hold.__enter__()  # wraps the handlers (a signal before finds nothing taken)
         try:
             interrupts.STATE.queries += 1  # the handlers stay wrapped until __exit__
-            self._counted = self.held.counted = True
+            self.held.counted = True
             self._enter()
         except BaseException:
             try:
@@ -805,8 +810,9 @@ class Query:
                 return_slot(self._runtime, ticket)
 
     def _leave(self) -> None:
-        if self._counted:  # the last main-thread query to leave lets the handlers go back
-            self._counted = self.held.counted = False
+        held = self.held
+        if held.counted:  # the last main-thread query to leave lets the handlers go back
+            held.counted = False
             interrupts.STATE.queries -= 1
         state = self.state
         if state is _DONE:

@@ -13,6 +13,21 @@ import resgroups
 SEEDS = Path(__file__).resolve().parent / "seeds"
 
 
+@pytest.fixture(autouse=True)
+def _no_query_left_in_flight() -> Iterator[None]:
+    """After every test: no hold in force and no main-thread query counted as in
+    flight (resgroups.interrupts), or the program's signal handlers would stay
+    wrapped for every test after it. A query lost and reclaimed is settled at the
+    next hold; it counts as gone here."""
+    yield
+    from resgroups import interrupts
+
+    in_flight = interrupts.STATE.queries - len(interrupts._LOST)
+    assert (interrupts.STATE.depth, in_flight) == (0, 0), (
+        "a hold or a main-thread query was left in force by this test"
+    )
+
+
 @pytest.fixture
 def engine() -> Iterator[resgroups.Engine]:
     with resgroups.Engine() as e:

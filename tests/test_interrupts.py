@@ -83,7 +83,7 @@ def test_sigint_at_each_worst_moment_gives_everything_back() -> None:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_thousands_of_interrupts_at_random_instants_leave_the_engine_whole(seed: int) -> None:
     (report,) = _run("interrupt_storm.py", "--interrupts", "3000", "--seed", str(seed))
-    assert report["sent"] == 3000
+    assert report["sent"] >= 3000  # and for at least 3 s
     caught = report["caught"]
     assert isinstance(caught, dict)
     # they landed, in every kind of step (signals that arrive before the main thread

@@ -39,6 +39,7 @@ def main() -> int:
     parser.add_argument("--interrupts", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-seconds", type=float, default=120.0)
+    parser.add_argument("--min-seconds", type=float, default=3.0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
 
@@ -52,9 +53,13 @@ def main() -> int:
     stop = threading.Event()
     sent = 0
 
+    # at least this long too: on a loaded machine the main thread may run little
+    # while 3,000 signals go out in half a second
+    storm_until = time.monotonic() + args.min_seconds
+
     def storm() -> None:
         nonlocal sent
-        while not stop.is_set() and sent < args.interrupts:
+        while not stop.is_set() and (sent < args.interrupts or time.monotonic() < storm_until):
             time.sleep(rng.random() * 0.0002)
             signal.pthread_kill(main_ident, signal.SIGINT)
             sent += 1

@@ -4,9 +4,9 @@ Every keyword ``Engine(...)`` takes (SPEC §2) is a field here, with its
 default, and its check sits beside it in ``__post_init__``: a value out of
 range raises InvalidParameter naming the option, the value given and what is
 allowed, before the engine opens a catalog or starts a thread. The command
-line builds the same object from its flags (``resgroups serve
---query-timeout ...``), so a flag is validated exactly as the constructor
-validates it. Frozen: what an engine was opened with does not change.
+line's flags (``resgroups serve --query-timeout ...``) become Engine
+arguments and meet the same checks. Frozen: what an engine was opened with
+does not change.
 """
 
 from __future__ import annotations

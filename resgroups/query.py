@@ -46,7 +46,6 @@ from resgroups.errors import (
     QueryTimeout,
 )
 from resgroups.interrupts import MAIN_IDENT, PENDING, Hold
-from resgroups.sched import fastpath
 from resgroups.sched.admission import TICKET_ACTIVE, Ticket, TicketState
 from resgroups.sched.cpu import RUNNER_RUNNING, Runner, RunnerState
 from resgroups.sched.memory import Budget, MemoryCounter, QueryMemory
@@ -674,7 +673,7 @@ class Query:
 
         The fast path first: when nobody waits in the group's queue or for a
         worker of the pool, the slot and the worker are taken together under the
-        dispatcher's one lock, which every gate shares (``fastpath.admit``).
+        dispatcher's one lock, which every gate shares (``Dispatcher.admit_at_once``).
         Otherwise it takes nothing, and the slow path runs the same state
         machines with their waits: the gate, the fleet lease, then a worker.
         """
@@ -688,7 +687,7 @@ class Query:
             runtime.cpu, self.pool_name, user, self.id, self.kind
         )
         mode = self._mode
-        if not mode.fenced and fastpath.admit(self._dispatcher, runtime.gate.gate, ticket, runner):
+        if not mode.fenced and self._dispatcher.admit_at_once(runtime.gate.gate, ticket, runner):
             if runner.scheduled:
                 self._cpu_mark = self._meter()
             self._arm()
@@ -707,7 +706,7 @@ class Query:
             if not (time.monotonic() < fence.valid_until and mode.fresh()):
                 mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))
             self._fenced = True
-            if mode.fast and fastpath.admit(self._dispatcher, runtime.gate.gate, ticket, runner):
+            if mode.fast and self._dispatcher.admit_at_once(runtime.gate.gate, ticket, runner):
                 self.held.fenced = True  # it runs on the fence from here
                 if time.monotonic() >= fence.valid_until or not mode.fresh():  # meanwhile
                     self._hold_fence(group, queue_timeout)
@@ -792,7 +791,7 @@ class Query:
                     used = self._meter() - self._cpu_mark
                     self.cpu_ns += used
             finally:
-                fastpath.leave(self._dispatcher, runtime.gate.gate, ticket, runner, used)
+                self._dispatcher.leave(runtime.gate.gate, ticket, runner, used)
             return
         try:
             if runner is not None:

@@ -1,7 +1,7 @@
 """The fast path against the slow path (docs/queries.md "Cost").
 
 Two engines get the same random workload: one takes a query's slot and
-worker in one step when nobody waits (``sched/fastpath.py``), the other
+worker in one step when nobody waits (``Dispatcher.admit_at_once``), the other
 always takes the slow path (the gate's ``enter``, then a worker). Each query
 runs on its own thread, so queued and parked queries really wait. After
 every step both engines have settled (every query running, done, or
@@ -294,7 +294,6 @@ def _handoff_setup(workers: int) -> tuple[Any, Any, Any, Any]:
     queued behind it with its runner, as ``Query._admit_slow`` leaves them."""
     from resgroups.sched.admission import Gate, GateConfig, Ticket
     from resgroups.sched.cpu import Runner
-    from resgroups.sched.fastpath import admit
     from resgroups.sched.pool import Dispatcher
 
     clock = ManualClock()
@@ -302,7 +301,7 @@ def _handoff_setup(workers: int) -> tuple[Any, Any, Any, Any]:
     group = dispatcher.core.group(1, "g")
     gate = Gate(GateConfig("g", max_active=1))
     first, first_runner = Ticket("ann"), Runner(group, "default", "ann", 1)
-    assert admit(dispatcher, gate, first, first_runner)
+    assert dispatcher.admit_at_once(gate, first, first_runner)
     second, second_runner = Ticket("bob"), Runner(group, "default", "bob", 2)
     with dispatcher.lock:
         assert not gate.submit(second, clock.monotonic())
@@ -314,12 +313,11 @@ def test_a_slot_handed_on_takes_a_free_worker_with_it() -> None:
     """When a leaving query's slot goes to the next in the queue and a worker is
     free, the worker goes too: the woken query has nothing left to take. Its
     arrival order for workers counts from the hand-off, as a new runner's would."""
-    from resgroups.sched.fastpath import leave
 
     dispatcher, gate, (first, first_runner), (second, runner) = _handoff_setup(workers=2)
     try:
         arrived = runner.seq
-        leave(dispatcher, gate, first, first_runner, 0)
+        dispatcher.leave(gate, first, first_runner, 0)
         assert second.state is TicketState.ACTIVE
         assert runner.state is RunnerState.RUNNING
         assert runner.seq > arrived
@@ -336,14 +334,13 @@ def test_no_worker_is_handed_on_when_none_is_free() -> None:
     already waiting for one: the woken query asks for a worker itself, in the
     pool's order."""
     from resgroups.sched.cpu import Runner
-    from resgroups.sched.fastpath import leave
 
     dispatcher, gate, (first, first_runner), (second, runner) = _handoff_setup(workers=1)
     try:
         other = Runner(first_runner.group, "default", "cy", 3)
         with dispatcher.lock:
             assert dispatcher.core.submit(other, 0.0) == []  # waits for the one worker
-        leave(dispatcher, gate, first, first_runner, 0)
+        dispatcher.leave(gate, first, first_runner, 0)
         assert other.state is RunnerState.RUNNING  # the freed worker: first in line
         assert second.state is TicketState.ACTIVE  # the slot
         assert runner.state is RunnerState.DONE  # no worker with it

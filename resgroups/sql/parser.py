@@ -37,6 +37,8 @@ from resgroups.errors import (
 from resgroups.sql import ast
 from resgroups.sql.semantics import ARRAY, cast_target
 
+MAX_SELECT_ITEMS: Final = 1664  # as PostgreSQL (and a RowDescription's int16 count)
+
 __all__ = [
     "MAX_DEPTH",
     "MAX_LITERAL_CHARS",
@@ -384,6 +386,12 @@ class _ToAst(Transformer[Token, Any]):
         return None
 
     def select_list(self, *items: ast.SelectItem) -> tuple[ast.SelectItem, ...]:
+        if len(items) > MAX_SELECT_ITEMS:  # PostgreSQL's own limit: 1664 (54011)
+            raise ProgramLimitExceeded(
+                f"target lists can have at most {MAX_SELECT_ITEMS} entries, "
+                f"this one has {len(items)}",
+                sqlstate="54011",
+            )
         return items
 
     def select_item_plain(self, expr: ast.Expr) -> ast.SelectItem:

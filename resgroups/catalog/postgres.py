@@ -22,7 +22,6 @@ and messages with their password masked.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -34,7 +33,7 @@ from typing import Any, Final
 import psycopg
 from psycopg.types.json import Jsonb
 
-from resgroups.catalog.records import Record
+from resgroups.catalog.records import Record, load_json
 from resgroups.errors import CatalogError, CatalogWriteError
 from resgroups.pgschema import migrate, redact
 
@@ -351,16 +350,11 @@ class _Watchdog:
 def _record(version: int, body: Any) -> Record:
     if isinstance(body, str):
         try:
-            body = json.loads(body)
-        except (ValueError, RecursionError, MemoryError) as exc:
-            why = (
-                str(exc)
-                if isinstance(exc, ValueError)
-                else (f"it is nested or sized beyond what can be decoded ({type(exc).__name__})")
-            )
+            body = load_json(body)
+        except ValueError as exc:
             raise CatalogError(
                 f"catalog record {version} is not a record this version of resgroups can "
-                f"read: {why}",
+                f"read: {exc}",
                 sqlstate="XX001",
             ) from None
     if not isinstance(body, dict) or not isinstance(body.get("op"), str):

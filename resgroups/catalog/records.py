@@ -48,13 +48,25 @@ class Record:
 
     @classmethod
     def decode(cls, payload: bytes) -> Record:
-        body = json.loads(payload.decode("utf-8"))
+        body = load_json(payload)
         if not isinstance(body, dict) or not isinstance(body.get("v"), int):
             raise ValueError("not a catalog record")
         version, op = body.pop("v"), body.pop("op", None)
         if not isinstance(op, str):
             raise ValueError("catalog record without an operation")
         return cls(version, op, body)
+
+
+def load_json(document: bytes | str) -> Any:
+    """A record's JSON, decoded; ValueError for anything that is not JSON it can
+    take: bad UTF-8 or syntax, and what a pathological document costs the decoder
+    (100,000 nested arrays: RecursionError; a huge one: MemoryError)."""
+    try:
+        return json.loads(document)
+    except (RecursionError, MemoryError) as exc:
+        raise ValueError(
+            f"it is nested or sized beyond what can be decoded ({type(exc).__name__})"
+        ) from None
 
 
 class _Invalid(ValueError):

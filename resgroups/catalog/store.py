@@ -165,17 +165,12 @@ def _record_at(
         return None
     try:
         record = Record.decode(payload)
-    # JSON or UTF-8 errors, and what a pathological document costs the decoder
-    # (100,000 nested arrays: RecursionError; a huge one: MemoryError)
-    except (ValueError, RecursionError, MemoryError) as exc:
+    except ValueError as exc:  # JSON or UTF-8 errors, a document too deep or too large
         if version is None:
             return None
-        why = str(exc) or type(exc).__name__
-        if isinstance(exc, RecursionError | MemoryError):
-            why = f"it is nested or sized beyond what can be decoded ({type(exc).__name__})"
         raise CatalogError(
             f"catalog.log record {version} at byte {base + pos} is whole (its checksum holds) "
-            f"but is not a record this version of resgroups can read: {why}",
+            f"but is not a record this version of resgroups can read: {exc}",
             sqlstate="XX001",
         ) from None
     if version is not None and record.version != version:

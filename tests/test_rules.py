@@ -12,9 +12,12 @@ from hypothesis import strategies as st
 from waiting import wait_until
 
 import resgroups
+from resgroups.catalog.model import RuleDef
 from resgroups.catalog.records import Record, apply
 from resgroups.catalog.rules import METRICS, format_conditions
+from resgroups.sched.rules import QueryRules, describe_hit
 from resgroups.sql import ast
+from resgroups.sql.fingerprint import fingerprint
 from resgroups.sql.format import format_sql
 from resgroups.sql.parser import parse_one, parse_script
 
@@ -290,3 +293,62 @@ def test_any_rule_record_is_applied_whole_or_refused(record: tuple[str, dict[str
     for rule in new.rules.values():
         assert new.runtime_group(rule.group_id) is not None
         assert (rule.action == "move") == (rule.target_id is not None)
+
+
+# ---- fingerprints and which rules are due ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (
+            "SELECT sum(x)  FROM long_sequence(100000000) WHERE x > 5",
+            "select SUM(x) from long_sequence(200) where x>7;",
+        ),
+        ("SELECT 'a''b', E'x\\'y' FROM t", "select 'other', e'' from t -- a comment"),
+        ("SELECT $1::int8, 1.5e3", "select 7 :: int8 , .5"),
+        ('SELECT "X" FROM t /* c */', 'select "X"\n\tfrom T'),
+    ],
+)
+def test_the_same_statement_with_other_literals_has_one_fingerprint(a: str, b: str) -> None:
+    assert fingerprint(a) == fingerprint(b)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ('SELECT "X" FROM t', 'SELECT "x" FROM t'),  # quoted names are exact
+        ("SELECT x FROM t WHERE x > 1", "SELECT x FROM t WHERE x >= 1"),
+        ("SELECT count(*) FROM long_sequence(5)", "SELECT sum(x) FROM long_sequence(5)"),
+    ],
+)
+def test_different_statements_have_different_fingerprints(a: str, b: str) -> None:
+    assert fingerprint(a) != fingerprint(b)
+
+
+def test_fingerprint_is_linear_on_hostile_text() -> None:
+    for text in ("/*" * 50_000, "'" + "''" * 50_000, "E'" + "\\" * 100_000, '"' * 100_001):
+        assert isinstance(fingerprint(text), str)
+
+
+def _rule(rule_id: int, action: str, **conditions: int) -> RuleDef:
+    target = 0 if action == "move" else None
+    return RuleDef(rule_id, f"r{rule_id}", False, 1, tuple(conditions.items()), action, target)
+
+
+def test_a_rule_acts_once_when_every_condition_is_exceeded() -> None:
+    rules = QueryRules([_rule(1, "log", rows=10, bytes=100), _rule(2, "kill", cpu_time=50)])
+    assert rules.metrics == {"rows", "bytes", "cpu_time"}
+    assert rules.due({"rows": 11, "bytes": 100}) == []  # bytes not exceeded
+    assert [r.id for r in rules.due({"rows": 11, "bytes": 101})] == [1]
+    assert rules.due({"rows": 99, "bytes": 999}) == []  # once per query
+    assert [r.id for r in rules.due({"cpu_time": 51})] == [2]
+
+
+def test_a_kill_wins_over_a_move_due_in_the_same_check() -> None:
+    rules = QueryRules([_rule(1, "move", elapsed=5), _rule(2, "log", elapsed=5),
+                        _rule(3, "kill", elapsed=5)])  # fmt: skip
+    assert [r.id for r in rules.due({"elapsed": 6})] == [2, 3]
+    hit = describe_hit(_rule(3, "kill", elapsed=5000, memory=2 * 1024**3),
+                       {"elapsed": 6500, "memory": 3 * 1024**3})  # fmt: skip
+    assert hit == "elapsed 6500ms > 5s, memory 3G > 2G"

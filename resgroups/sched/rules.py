@@ -6,6 +6,8 @@ every counter does (§9):
 
 - :class:`RuleHits`: how often each rule acted, and when it last did
   (``resource_group_rules()``, ``resgroups_resource_rule_hits_total``);
+- :class:`QueryRules`: the rules of one query's group, which of them have
+  acted on it (each at most once per query), and which are due now;
 - :class:`WatchList`: after a KILL or a MOVE of a rule with ``watch``, the
   statement's fingerprint is watched until ``until``; a query of that
   fingerprint starting meanwhile gets the action at admission
@@ -23,9 +25,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from resgroups.catalog.model import RuleDef
+from resgroups.catalog.rules import KILL, METRICS
 
 
 class RuleHit(NamedTuple):
@@ -111,3 +116,45 @@ class WatchList:
 
 def _by_until(watch: Watch) -> float:
     return watch.until
+
+
+class QueryRules:
+    """The rules that apply to one query (its group's, in creation order) and
+    which of them have acted on it: a rule acts at most once per query.
+
+    ``due`` takes the query's readings, one integer per metric in the metric's
+    base unit (milliseconds, bytes, rows), and returns the rules whose every
+    condition the readings now exceed and that have not acted yet; when one of
+    them is a KILL, the MOVEs due with it are left out (the KILL wins), while
+    the LOGs are kept. O(rules x conditions) per call.
+    """
+
+    __slots__ = ("_acted", "metrics", "rules")
+
+    def __init__(self, rules: Sequence[RuleDef]) -> None:
+        self.rules = tuple(rules)
+        self.metrics = frozenset(m for r in self.rules for m, _ in r.conditions)
+        self._acted: set[int] = set()
+
+    def due(self, readings: Mapping[str, int]) -> list[RuleDef]:
+        due = [
+            rule
+            for rule in self.rules
+            if rule.id not in self._acted
+            and all(readings.get(metric, 0) > limit for metric, limit in rule.conditions)
+        ]
+        if any(rule.action == KILL for rule in due):
+            due = [rule for rule in due if rule.action != "move"]
+        self._acted.update(rule.id for rule in due)
+        return due
+
+
+def describe_hit(rule: RuleDef, readings: Mapping[str, int]) -> str:
+    """``cpu_time 31.2s > 30s, memory 2.1G > 2G``: each condition with the value reached."""
+    shown = []
+    for metric, limit in rule.conditions:
+        fmt = METRICS[metric].format
+        shown.append(
+            f"{metric} {fmt(readings.get(metric, 0)).strip(chr(39))} > {fmt(limit).strip(chr(39))}"
+        )
+    return ", ".join(shown)

@@ -507,7 +507,7 @@ class Engine:
             while leftover and self.live_queries() and time.monotonic() < settle:
                 time.sleep(0.005)
             for held in list(self._queries.values()):  # left open beneath the close
-                held.uncount()
+                held.leave_main_thread()
             self._follower.stop()
             if self.fleet is not None:  # flush the releases, then free every lease of ours,
                 # unless a query still holds a slot: then they are left to expire

@@ -77,6 +77,13 @@ class Fenced(Protocol):
     def valid_until(self) -> float: ...
 
 
+def seconds_left(fence: Fenced) -> float:
+    """How long ``fence`` stays valid, in seconds from now (<= 0: it has passed).
+    The fence's clock is real monotonic time; a query adds this to its own
+    clock, so that its fields stay on one clock."""
+    return fence.valid_until - time.monotonic()
+
+
 class _Earliest:
     """Two fences as one: valid until the earlier passes."""
 

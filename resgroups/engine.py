@@ -353,7 +353,8 @@ class Engine:
     # path takes no engine lock. close() sets _closed first and then polls.
 
     def open_query(self, query: Query) -> None:
-        self._check_open()
+        if self._closed:
+            self._check_open()  # raises
         self._queries[query.id] = query.held
 
     def next_query_id(self) -> int:
@@ -381,7 +382,7 @@ class Engine:
 
     def close_query(self, query: Query) -> None:
         self._queries.pop(query.id, None)
-        runtime = query.runtime
+        runtime = query.held.runtime
         if runtime is not None and runtime.dropped:
             self.runtimes.query_ended(runtime)
 

@@ -12,13 +12,25 @@ without ``__exit__`` (a thread that died) can still give everything back:
 the reconcile loop finds its weak reference dead and calls
 :meth:`Holdings.give_back` (SPEC: reconcile).
 
+A query holds only what it uses. One admitted at once while CPU scheduling
+is not engaged is never sliced and never waits: it holds a *counted* slot and
+a *counted* worker (``counted``), and no ticket or runner exists for it
+(``Dispatcher.admit_counted``). A query that must wait, or will be sliced,
+holds a :class:`~resgroups.sched.admission.Ticket` and a
+:class:`~resgroups.sched.cpu.Runner`, made when it comes to that, with their
+state machines; a suspended cursor holds neither, and takes either again
+when it resumes.
+
 Invariants (what :meth:`Holdings.release` relies on)
     H1 ``ticket`` is None or in one of the gate of ``runtime``'s states (NEW,
        QUEUED, ACTIVE, or ended), and only this record names it;
     H2 ``runner`` is None or in one of the CPU scheduler's states (WAITING,
        RUNNING, DONE), and only this record names it;
     H3 ``lease_id`` is set from the moment a lease is sought until the mode
-       has handed it to the release batcher.
+       has handed it to the release batcher;
+    H4 ``counted`` excludes a ticket, a runner and a lease: a counted query
+       holds one slot of ``runtime``'s gate and one worker of ``pool``, by
+       count, in ``runtime``'s group and for ``user``.
 """
 
 from __future__ import annotations
@@ -44,11 +56,13 @@ class Holdings:
     """What one managed query holds now (see the module's docstring)."""
 
     __slots__ = (
+        "counted",
         "fenced",
         "group",
         "lease_id",
         "leased",
         "on_main_thread",
+        "pool",
         "published",
         "query_id",
         "query_ref",
@@ -64,11 +78,13 @@ class Holdings:
     def __init__(self, query: Query) -> None:
         self.query_id = query.id
         self.user = query.user
+        self.pool = query.pool_name
         self.query_ref = weakref.ref(query)  # dead: the handle is lost (a zombie)
         self.group: str | None = None  # the group it resolved to (managed queries)
         self.runtime: GroupRuntime | None = None  # that group's live state
         self.ticket: Ticket | None = None  # its pass through the gate (H1)
         self.runner: Runner | None = None  # its thread's claim on a worker (H2)
+        self.counted = False  # a counted slot and a counted worker, no ticket or runner (H4)
         self.published: QueryMemory | None = None  # its memory, once it tracks a byte
         self.lease_id: str | None = None  # fleet lease mode: named before it is sought (H3)
         self.seeking = False  # waiting for the fleet lease
@@ -82,17 +98,21 @@ class Holdings:
     def admitted(self) -> bool:
         """Holding a slot of its group now (not queued, not suspended)."""
         ticket = self.ticket
-        return ticket is not None and ticket.state is TICKET_ACTIVE
+        return self.counted or (ticket is not None and ticket.state is TICKET_ACTIVE)
 
     def release(self, dispatcher: Dispatcher, mode: AdmissionMode, cpu_ns: int) -> None:
         """Give back the worker (charging its last ``cpu_ns``), the slot or the place
         in the queue, and what the admission mode took after the slot (a fleet
         lease), whatever state each is in. Idempotent: what it gives back leaves
         the record first. O(1) when the slot goes to nobody waiting."""
+        runtime = self.runtime
+        if self.counted and runtime is not None:  # by count (H4)
+            self.counted = False
+            dispatcher.leave_counted(runtime.gate.gate, runtime.cpu, self.pool, self.user)
+            return
         runner, self.runner = self.runner, None
         ticket, self.ticket = self.ticket, None
         self.fenced = False
-        runtime = self.runtime
         if (
             runner is not None
             and ticket is not None

@@ -463,7 +463,7 @@ class Query:
                     held.runtime = placement.runtime
                     if self._memory is not None:  # q.memory was read before entry
                         self._memory = MemoryCounter(self._memory_state())
-                    self._admit()  # arms the checkpoint as it returns (_checked_at: now)
+                    self._admit(now)  # arms the checkpoint as it returns (_checked_at)
             self.waited_s = self._checked_at - now
             self.state = RUNNING
         except BaseException:
@@ -497,35 +497,52 @@ class Query:
 
     # ---- admission ---------------------------------------------------------------------
 
-    def _admit(self) -> None:
+    def _admit(self, now: float) -> None:
         """Pass the gate, then take a worker (keeping the slot while waiting for one).
 
         The fast path first: when nobody waits in the group's queue or for a
         worker of the pool, the slot and the worker are taken together under the
-        dispatcher's one lock, which every gate shares (``Dispatcher.admit_at_once``).
-        Otherwise it takes nothing, and the slow path runs the same state
-        machines with their waits: the gate, the fleet lease, then a worker.
+        dispatcher's one lock, which every gate shares: by count, with no ticket
+        or runner, while CPU scheduling is not engaged (``admit_counted``), else
+        with a ticket and a runner to slice (``admit_at_once``). Otherwise it
+        takes nothing, and the slow path runs the same state machines with
+        their waits: the gate, the fleet lease, then a worker.
         """
         held = self.held
         runtime = held.runtime
         if runtime is None:
             raise InternalError("an unmanaged query has no gate to pass")
-        user = self.user
-        ticket = held.ticket = Ticket(user, self._timeout_at)
-        runner = held.runner = Runner(runtime.cpu, self.pool_name, user, self.id, self.kind)
         mode = self._mode
-        if not mode.fenced and self._dispatcher.admit_at_once(runtime.gate.gate, ticket, runner):
-            self._cpu_mark = self._meter() if runner.scheduled else 0
-            self._arm(self._now())
-            return
-        self._admit_slow(runtime, ticket, mode)
+        dispatcher = self._dispatcher
+        if not mode.fenced:
+            if not dispatcher.core.engaged and dispatcher.admit_counted(
+                runtime.gate.gate, runtime.cpu, self.pool_name, self.user, now
+            ):
+                held.counted = True
+                self._cpu_mark = 0
+                self._arm(now)
+                return
+            ticket, runner = self._ticket_and_runner(runtime)
+            if dispatcher.admit_at_once(runtime.gate.gate, ticket, runner):
+                self._cpu_mark = self._meter() if runner.scheduled else 0
+                self._arm(self._now())
+                return
+        self._admit_slow(runtime, mode)
 
-    def _admit_slow(self, runtime: GroupRuntime, ticket: Ticket, mode: AdmissionMode) -> None:
+    def _ticket_and_runner(self, runtime: GroupRuntime) -> tuple[Ticket, Runner]:
+        """What a query that may wait or be sliced holds while it does: made now."""
+        held = self.held
+        ticket = held.ticket = Ticket(self.user, self._timeout_at)
+        runner = held.runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
+        return ticket, runner
+
+    def _admit_slow(self, runtime: GroupRuntime, mode: AdmissionMode) -> None:
         """The fleet's fence, the gate's queue, what the admission mode holds after
         the slot (a fleet lease), then a worker of the pool: each may wait."""
         held = self.held
-        runner = held.runner
-        assert runner is not None
+        ticket, runner = held.ticket, held.runner
+        if ticket is None or runner is None:
+            ticket, runner = self._ticket_and_runner(runtime)
         group = runtime.definition
         queue_timeout = group.queue_timeout_ms / 1000
         if mode.fenced:  # fleet mode: nothing is admitted on what may have lapsed
@@ -620,7 +637,10 @@ class Query:
             if self._watched:  # nothing interrupts the query once it has ended
                 self._on_cancel = ()
                 self._engine.deadlines.unwatch(self)  # waits for a firing
-            self._give_back()
+            if held.counted:  # nothing to charge: back by count
+                held.release(self._dispatcher, self._mode, 0)
+            elif held.ticket is not None or held.runner is not None or held.lease_id is not None:
+                self._give_back()
         finally:
             if self._memory is not None or held.published is not None:
                 self._end_memory()
@@ -664,7 +684,7 @@ class Query:
             runtime = self.held.runtime
             if runtime is not None:
                 try:
-                    self._admit()
+                    self._admit(now)
                 except BaseException:
                     self._give_back()
                     raise
@@ -684,10 +704,10 @@ class Query:
         held = self.held
         ticket, runtime = held.ticket, held.runtime
         if ticket is not None and runtime is not None:
-            runtime.gate.poke(ticket)
-        self._dispatcher.poke(held.runner)
+            runtime.gate.wake_queued(ticket)
+        self._dispatcher.wake_parked(held.runner)
         if held.seeking:
-            self._mode.poke()  # a wait for a fleet lease notices at once
+            self._mode.wake_lease_waiters()  # a wait for a fleet lease notices at once
         if self._watched:
             self._engine.deadlines.wake(self)  # interrupt native work now
 

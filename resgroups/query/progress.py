@@ -68,6 +68,8 @@ def progress_of(query: Query) -> QueryProgress | None:
         shown, blocked = "queued", "group_queue"
         position = runtime.gate.position(ticket)
         deadline = min(deadline, ticket.queue_deadline)
+    elif held.counted:
+        shown = "running"
     elif held.seeking:
         shown, blocked = "queued", "fleet_lease"
     elif runner is not None and runner.state is RUNNER_WAITING:
@@ -78,7 +80,8 @@ def progress_of(query: Query) -> QueryProgress | None:
     else:  # between the gate and the worker, or leaving
         shown, blocked = ("queued", "group_queue") if ticket is None else ("parked", "worker")
     waited = now - query.submitted_at if shown == "queued" else query.waited_s
-    workers = int(runner is not None and runner.state is RUNNER_RUNNING) + query.task_workers()
+    own = held.counted or (runner is not None and runner.state is RUNNER_RUNNING)
+    workers = int(own) + query.task_workers()
     published = held.published
     return QueryProgress(
         query_id=query.id,

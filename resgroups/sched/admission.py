@@ -17,19 +17,30 @@ Non-goals
     with a lock and per-ticket events for real threads. The stateful
     property test drives :class:`Gate` directly on a manual clock.
 
+Counted slots
+    A query that is admitted at once and never waits needs no ticket: it
+    takes a *counted* slot (:meth:`Gate.count_in`, under the lock the gate
+    shares) and gives it back by count (:meth:`Gate.count_out`), its user
+    named so that the fair order sees it. A query that must queue gets a
+    :class:`Ticket`, with the states below; a counted slot and a ticket's
+    slot are the same slot to every rule.
+
 State and invariants (``_check_invariants``)
-    A  = the set of active tickets (holding a slot), Q = the queue (a list in
+    T  = the set of active tickets, C = ``counted`` (slots held without a
+         ticket), A = |T| + C the slots held, Q = the queue (a list in
          arrival order), L = max_active_queries (None: unlimited),
          M = max_queued_queries (None: unlimited), G = ``_grandfathered``.
-    I1 every ticket is in at most one of A and Q, and its ``state`` says which;
-    I2 |A| <= max(L, G): G is |A| at the moment an ALTER lowered L, and only
-       falls (to |A|) as queries leave, so a lowered limit admits nobody
-       until |A| < L;
-    I3 nobody waits while a slot is free: Q is empty unless |A| >= L;
+    I1 every ticket is in at most one of T and Q, and its ``state`` says which;
+    I2 A <= max(L, G): G is A at the moment an ALTER lowered L, and only
+       falls (to A) as queries leave, so a lowered limit admits nobody
+       until A < L;
+    I3 nobody waits while a slot is free: Q is empty unless A >= L;
     I4 |Q| <= max(M, H): H is |Q| at the moment an ALTER lowered M and only
        falls as the queue drains; tickets queued before keep their place,
        and a new arrival is refused while |Q| >= M;
-    I5 admitted_total = admissions counted; rejections and timeouts likewise.
+    I5 admitted_total = admissions counted; rejections and timeouts likewise;
+    I6 held(u) (the slots user u holds) sums to A, and is at least u's
+       active tickets.
 
 Fair order
     For a fair group the next ticket is the oldest ticket of the user u
@@ -160,7 +171,8 @@ class Gate:
 
     def __init__(self, config: GateConfig) -> None:
         self.config = config
-        self._active: set[Ticket] = set()
+        self._active: set[Ticket] = set()  # T: the tickets holding a slot
+        self.counted = 0  # C: the slots held without a ticket (count_in)
         self._queue: deque[Ticket] = deque()  # arrival order, with tickets that left
         self._deadlines: list[tuple[float, int, Ticket]] = []  # a heap, likewise
         self._positions: dict[Ticket, int] | None = None  # position(), until a change
@@ -180,7 +192,8 @@ class Gate:
 
     @property
     def active(self) -> int:
-        return len(self._active)
+        """The slots held: by tickets and counted."""
+        return len(self._active) + self.counted
 
     @property
     def queued(self) -> int:
@@ -252,11 +265,40 @@ class Gate:
 
     def has_room_now(self) -> bool:
         """Would a new ticket be admitted at once: nobody queued, a slot free."""
-        return not self.waiting and self._has_room()
+        if self.waiting:
+            return False
+        limit = self.config.max_active
+        return limit is None or len(self._active) + self.counted < limit
 
     def _has_room(self) -> bool:
         limit = self.config.max_active
-        return limit is None or len(self._active) < limit
+        return limit is None or len(self._active) + self.counted < limit
+
+    def count_in(self, user: str, now: float) -> None:
+        """A slot for a query of ``user`` that holds no ticket, when the caller has
+        just seen :meth:`has_room_now` under the lock this gate shares
+        (``Dispatcher.admit_counted``). O(1)."""
+        counted = self.counted = self.counted + 1
+        if counted + len(self._active) > self.demand_peak:
+            self.demand_peak = counted + len(self._active)
+        held = self._held
+        held[user] = held.get(user, 0) + 1
+        self._last_admitted[user] = now
+        self.admitted_total += 1
+
+    def count_out(self, user: str, now: float) -> list[Ticket]:
+        """A counted slot of ``user`` comes back; the tickets admitted in its place."""
+        if not self.counted or not self._held.get(user):
+            raise InternalError(f"a counted slot of {user} given back, but none is held")
+        self.counted -= 1
+        held = self._held
+        if held[user] == 1:
+            del held[user]
+        else:
+            held[user] -= 1
+        if self._grandfathered > len(self._active) + self.counted:
+            self._grandfathered = len(self._active) + self.counted
+        return self._admit_waiting(now) if self.waiting else []
 
     def take_slot(self, ticket: Ticket, now: float) -> None:
         """:meth:`submit` for the case it admits at once, when the caller has just
@@ -267,8 +309,8 @@ class Gate:
         ticket.state = TICKET_ACTIVE
         active = self._active
         active.add(ticket)
-        if len(active) > self.demand_peak:
-            self.demand_peak = len(active)
+        if len(active) + self.counted > self.demand_peak:
+            self.demand_peak = len(active) + self.counted
         user = ticket.user
         held = self._held
         held[user] = held.get(user, 0) + 1
@@ -316,8 +358,8 @@ class Gate:
         else:
             held[user] -= 1
         ticket.state = TICKET_RELEASED
-        if self._grandfathered > len(self._active):
-            self._grandfathered = len(self._active)
+        if self._grandfathered > len(self._active) + self.counted:
+            self._grandfathered = len(self._active) + self.counted
         return self._admit_waiting(now) if self.waiting else []
 
     def withdraw(self, ticket: Ticket, error: Error) -> bool:
@@ -358,7 +400,7 @@ class Gate:
         if config.max_active is not None and (
             old.max_active is None or config.max_active < old.max_active
         ):
-            self._grandfathered = max(self._grandfathered, len(self._active))
+            self._grandfathered = max(self._grandfathered, self.active)
         if config.max_queued is not None and (
             old.max_queued is None or config.max_queued < old.max_queued
         ):
@@ -369,7 +411,7 @@ class Gate:
 
     def _note_demand(self) -> None:
         """Keep the high-water mark of active + queued (fleet quota mode reads it)."""
-        demand = len(self._active) + self.waiting
+        demand = self.active + self.waiting
         if demand > self.demand_peak:
             self.demand_peak = demand
 
@@ -432,22 +474,29 @@ class Gate:
             problems.append("a ticket is both active and queued")
         if any(t.state is not TICKET_ACTIVE for t in self._active):
             problems.append("an active ticket is not in state ACTIVE")
-        if len(self._active) > self._limit():
-            problems.append(f"{len(self._active)} active above the limit {self._limit()}")
+        if self.counted < 0:
+            problems.append(f"{self.counted} counted slots")
+        if self.active > self._limit():
+            problems.append(f"{self.active} active above the limit {self._limit()}")
         if in_order and self._has_room():
             problems.append("a ticket waits while a slot is free")
         max_queued = self.config.max_queued
         if max_queued is not None and len(in_order) > max(max_queued, self._queue_grandfathered):
             problems.append(f"{len(in_order)} queued above max_queued_queries {max_queued}")
-        held: dict[str, int] = {}
+        by_ticket: dict[str, int] = {}
         for t in self._active:
-            held[t.user] = held.get(t.user, 0) + 1
-        if held != self._held:
-            problems.append(f"held slots per user {self._held} != {held}")
+            by_ticket[t.user] = by_ticket.get(t.user, 0) + 1
+        if sum(self._held.values()) != self.active or any(
+            self._held.get(user, 0) < n for user, n in by_ticket.items()
+        ):
+            problems.append(
+                f"held slots per user {self._held} are not the tickets' {by_ticket} "
+                f"and {self.counted} counted"
+            )
         if problems:
             raise InternalError(
                 f"admission gate of {self.config.name} broken: {'; '.join(problems)}; "
-                f"active={sorted(t.seq for t in self._active)} "
+                f"active={sorted(t.seq for t in self._active)} counted={self.counted} "
                 f"queue={[t.seq for t in in_order]} config={self.config}"
             )
 
@@ -530,15 +579,19 @@ class GateRuntime:
             if self.gate.withdraw(ticket, error):
                 self._wake([ticket])
 
-    def configure(self, config: GateConfig) -> int:
-        """Apply new settings (ALTER); the tickets holding a slot once they apply."""
+    def configure(self, config: GateConfig) -> None:
+        """Apply new settings (ALTER); wake whoever they admit."""
         with self.lock:
             if config == self.gate.config:
-                return self.gate.active
+                return
             admitted = self.gate.configure(config, self.now())
-            active = self.gate.active
         self._wake(admitted)
-        return active
+
+    @property
+    def active(self) -> int:
+        """The slots held now."""
+        with self.lock:
+            return self.gate.active
 
     def fail_queued(self, error: Error) -> None:
         """Fail every waiting ticket (the engine is closing)."""
@@ -555,7 +608,7 @@ class GateRuntime:
                 return None
             return int(self.gate.position(ticket))
 
-    def poke(self, ticket: Ticket) -> None:
+    def wake_queued(self, ticket: Ticket) -> None:
         """Wake a waiter so it re-examines its state (it was cancelled)."""
         if ticket.wake is not None:
             ticket.wake.set()

@@ -104,7 +104,7 @@ class TicketState(Enum):
 
 # The states as module constants, imported where the per-query path compares
 # with them: reading an enum member through its class runs the enum metaclass's
-# attribute hook (about 70 ns on Python 3.11), a global is a dict read.
+# attribute hook, a global is a dict read.
 TICKET_NEW: Final = TicketState.NEW
 TICKET_QUEUED: Final = TicketState.QUEUED
 TICKET_ACTIVE: Final = TicketState.ACTIVE
@@ -118,26 +118,37 @@ _SEQ: Final = itertools.count()
 
 
 class Ticket:
-    """One pass of one query through a gate (a resumed cursor takes a new ticket).
+    """One pass of one query through a gate, for a query that may wait (one that
+    is admitted at once holds a counted slot instead: ``Gate.count_in``); a
+    resumed cursor takes a new one."""
 
-    What every ticket starts with is a class attribute: a new ticket stores
-    only its user, deadline and number (the per-query cost, docs/queries.md)."""
-
-    state = TICKET_NEW
-    enqueued_at = 0.0
-    queue_deadline = math.inf
-    arrival = 0  # the gate's enqueue counter: the queue's order
-    error: Error | None = None  # why the wait ended, when not in a slot
-    wake: Wakeup | None = None  # set by GateRuntime on a change, while queued
-    # the query's runner, while queued: whoever gives a slot to this ticket may hand
-    # it a free worker too, so that the woken query has nothing left to take
-    # (Dispatcher.leave)
-    runner: Runner | None = None
+    __slots__ = (
+        "arrival",
+        "enqueued_at",
+        "error",
+        "query_deadline",
+        "queue_deadline",
+        "runner",
+        "seq",
+        "state",
+        "user",
+        "wake",
+    )
 
     def __init__(self, user: str, query_deadline: float = math.inf) -> None:
         self.user = user
         self.query_deadline = query_deadline  # submission + the instance query timeout
         self.seq = next(_SEQ)
+        self.state = TICKET_NEW
+        self.enqueued_at = 0.0
+        self.queue_deadline = math.inf
+        self.arrival = 0  # the gate's enqueue counter: the queue's order
+        self.error: Error | None = None  # why the wait ended, when not in a slot
+        self.wake: Wakeup | None = None  # set by GateRuntime on a change, while queued
+        # the query's runner, while queued: whoever gives a slot to this ticket may
+        # hand it a free worker too, so that the woken query has nothing left to take
+        # (Dispatcher.leave)
+        self.runner: Runner | None = None
 
     def __repr__(self) -> str:
         return f"<Ticket #{self.seq} {self.user} {self.state.value}>"
@@ -166,7 +177,7 @@ class Gate:
     changing state; both views drop what has left lazily, from their fronts,
     and are rebuilt when more than half of what they hold has left, so every
     operation stays O(1) amortized (O(log n) for the heap) without searching
-    the middle of a list (docs/queries.md "Cost").
+    the middle of a list.
     """
 
     def __init__(self, config: GateConfig) -> None:

@@ -147,20 +147,28 @@ _SEQ: Final = itertools.count(1)
 
 
 class Runner:
-    """One thread of work that needs a worker: a query's own thread, or one task.
+    """One thread of work that needs a worker and may wait for it or be sliced: a
+    query's own thread, or one task (a query granted a worker at once while
+    scheduling is not engaged holds a counted worker instead: ``count_in``)."""
 
-    What every runner starts with is a class attribute: a new runner stores
-    only who it is (the per-query cost, docs/queries.md "Cost")."""
-
-    state = RUNNER_DONE
-    scheduled = False  # granted while engaged: sliced and charged
-    fresh = True  # arrived (not parked) since it last waited
-    runnable_since = 0.0
-    granted_at = 0.0
-    cpu_since_grant_ns = 0  # charged since it last got a worker
-    ran_in_pools: tuple[str, ...] = ()  # the pools it has held a worker of
-    extra = False  # the one task beyond the cap (CTAS exception)
-    pending_cpu_ns = 0  # a task's CPU still to charge when it releases
+    __slots__ = (
+        "cpu_since_grant_ns",
+        "extra",
+        "fresh",
+        "granted_at",
+        "group",
+        "is_task",
+        "kind",
+        "pending_cpu_ns",
+        "pool",
+        "query_id",
+        "ran_in_pools",
+        "runnable_since",
+        "scheduled",
+        "seq",
+        "state",
+        "user",
+    )
 
     def __init__(
         self,
@@ -178,6 +186,15 @@ class Runner:
         self.kind = kind
         self.is_task = is_task
         self.seq = next(_SEQ)  # arrival order
+        self.state = RUNNER_DONE
+        self.scheduled = False  # granted while engaged: sliced and charged
+        self.fresh = True  # arrived (not parked) since it last waited
+        self.runnable_since = 0.0
+        self.granted_at = 0.0
+        self.cpu_since_grant_ns = 0  # charged since it last got a worker
+        self.ran_in_pools: tuple[str, ...] = ()  # the pools it has held a worker of
+        self.extra = False  # the one task beyond the cap (CTAS exception)
+        self.pending_cpu_ns = 0  # a task's CPU still to charge when it releases
 
     def __repr__(self) -> str:
         kind = "task" if self.is_task else self.kind

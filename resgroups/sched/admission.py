@@ -285,17 +285,24 @@ class Gate:
         limit = self.config.max_active
         return limit is None or len(self._active) + self.counted < limit
 
-    def count_in(self, user: str, now: float) -> None:
-        """A slot for a query of ``user`` that holds no ticket, when the caller has
-        just seen :meth:`has_room_now` under the lock this gate shares
-        (``Dispatcher.admit_counted``). O(1)."""
-        counted = self.counted = self.counted + 1
-        if counted + len(self._active) > self.demand_peak:
-            self.demand_peak = counted + len(self._active)
+    def count_in(self, user: str, now: float) -> bool:
+        """A slot for a query of ``user`` that holds no ticket, if it would be
+        admitted at once (True: nobody queued, a slot free); otherwise nothing
+        changes (False). O(1)."""
+        if self.waiting:
+            return False
+        active = len(self._active) + self.counted
+        limit = self.config.max_active
+        if limit is not None and active >= limit:
+            return False
+        self.counted += 1
+        if active >= self.demand_peak:
+            self.demand_peak = active + 1
         held = self._held
         held[user] = held.get(user, 0) + 1
         self._last_admitted[user] = now
         self.admitted_total += 1
+        return True
 
     def count_out(self, user: str, now: float) -> list[Ticket]:
         """A counted slot of ``user`` comes back; the tickets admitted in its place."""

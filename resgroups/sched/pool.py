@@ -242,18 +242,18 @@ class Dispatcher:
     def admit_counted(self, gate: Gate, group: GroupCpu, pool: str, user: str, now: float) -> bool:
         """A counted slot of ``gate`` and a counted worker of ``pool`` for a query of
         ``user`` in ``group`` (True), or nothing at all (False: one of them would
-        have to wait, or the worker would be scheduled and so needs a runner)."""
+        have to wait, or the worker would be scheduled and so needs a runner).
+        The worker is taken first and given back if the slot is not free."""
         with self.lock:
-            if (
-                not gate.has_room_now()
-                or self._closed
-                or self.fault_hook is not None
-                or not self.fast_path
-                or not self.core.count_in(group, pool, now)
-            ):
+            if self._closed or self.fault_hook is not None or not self.fast_path:
                 return False
-            gate.count_in(user, now)  # its room was seen above, under this lock
-            return True
+            core = self.core
+            if not core.count_in(group, pool, now):
+                return False
+            if gate.count_in(user, now):
+                return True
+            self._wake(core.count_out(group, pool, now))
+            return False
 
     def leave_counted(self, gate: Gate, group: GroupCpu, pool: str, user: str) -> None:
         """Give back a counted worker and a counted slot (:meth:`admit_counted`)

@@ -515,18 +515,20 @@ class Query:
         mode = self._mode
         dispatcher = self._dispatcher
         if not mode.fenced:
-            if not dispatcher.core.engaged and dispatcher.admit_counted(
-                runtime.gate.gate, runtime.cpu, self.pool_name, self.user, now
-            ):
-                held.counted = True
-                self._cpu_mark = 0
-                self._arm(now)
-                return
-            ticket, runner = self._ticket_and_runner(runtime)
-            if dispatcher.admit_at_once(runtime.gate.gate, ticket, runner):
-                self._cpu_mark = self._meter() if runner.scheduled else 0
-                self._arm(self._now())
-                return
+            if not dispatcher.core.engaged:  # read without the lock: a hint
+                if dispatcher.admit_counted(
+                    runtime.gate.gate, runtime.cpu, self.pool_name, self.user, now
+                ):
+                    held.counted = True
+                    self._cpu_mark = 0
+                    self._arm(now)
+                    return
+            else:
+                ticket, runner = self._ticket_and_runner(runtime)
+                if dispatcher.admit_at_once(runtime.gate.gate, ticket, runner):
+                    self._cpu_mark = self._meter() if runner.scheduled else 0
+                    self._arm(self._now())
+                    return
         self._admit_slow(runtime, mode)
 
     def _ticket_and_runner(self, runtime: GroupRuntime) -> tuple[Ticket, Runner]:

@@ -351,6 +351,12 @@ class FleetCoordinator:
         if self.quotas is not None:
             self.quotas.close()
         self.releases.close()
+        # the heartbeat stops first: a renewal in flight would stamp the row again
+        # after the statement below deleted it
+        self._stop.set()
+        self.wake_waiters()
+        for thread in self._threads:
+            thread.join(5)
         if not release:
             log.warning(
                 "fleet: a query of %s still holds a slot at close: its leases and quotas are "
@@ -367,8 +373,4 @@ class FleetCoordinator:
                 self.store.release_instance()
             except StoreUnavailable as exc:
                 log.warning("fleet: leases of %s left to expire: %s", self.instance_id, exc)
-        self._stop.set()
-        self.wake_waiters()
-        for thread in self._threads:
-            thread.join(5)
         self.store.close()

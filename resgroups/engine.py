@@ -359,7 +359,8 @@ class Engine:
     # path takes no engine lock. close() sets _closed first and then polls.
 
     def open_query(self, query: Query) -> None:
-        self._check_open()
+        if self._closed:
+            self._check_open()  # raises
         self._queries[query.id] = query.held
 
     def next_query_id(self) -> int:
@@ -387,7 +388,7 @@ class Engine:
 
     def close_query(self, query: Query) -> None:
         self._queries.pop(query.id, None)
-        runtime = query.runtime
+        runtime = query.held.runtime
         if runtime is not None and runtime.dropped:
             self.runtimes.query_ended(runtime)
 
@@ -513,7 +514,7 @@ class Engine:
             while leftover and self.live_queries() and time.monotonic() < settle:
                 time.sleep(0.005)
             for held in list(self._queries.values()):  # left open beneath the close
-                held.uncount()
+                held.leave_main_thread()
             self._follower.stop()
             if self.fleet is not None:  # flush the releases, then free every lease of ours,
                 # unless a query still holds a slot: then they are left to expire

@@ -122,7 +122,7 @@ class Session:
         """Where a managed query starting now runs (None: unmanaged). Resolution
         depends only on the catalog snapshot, this session's identity and its
         choice, so while those are the same objects the last answer is reused:
-        the per-query path then resolves nothing (docs/queries.md "Cost")."""
+        the per-query path then resolves nothing."""
         snap = self.engine.snapshot
         chosen = None if export else self._chosen
         placed = self._placed

@@ -40,7 +40,7 @@ from resgroups.errors import (
     QueueTimeout,
 )
 from resgroups.fleet.fence import Fence
-from resgroups.fleet.quotas import Demand, QuotaKeeper
+from resgroups.fleet.quotas import QuotaKeeper, ReadDemand
 from resgroups.fleet.releases import BatchedReleases
 from resgroups.fleet.store import Barrier, FleetGroup, LeaseStore, StoreUnavailable
 
@@ -107,8 +107,9 @@ class FleetCoordinator:
         self,
         *,
         hold: float,
-        demand: Demand,
-        limit_to: Callable[[str, int], int],
+        demand: ReadDemand,
+        limit_to: Callable[[str, int], None],
+        running: Callable[[str], int],
         lost: Callable[[set[str]], None],
         catalog: Callable[[], tuple[str, int]],
     ) -> QuotaKeeper:
@@ -121,6 +122,7 @@ class FleetCoordinator:
             hold=hold,
             demand=demand,
             limit_to=limit_to,
+            running=running,
             lost=lost,
             catalog=catalog,
             synced=self._synced,
@@ -134,7 +136,7 @@ class FleetCoordinator:
 
     def _synced(self, catalog: tuple[str, int]) -> None:
         self.synced = catalog
-        self.poke()
+        self.wake_waiters()
 
     @property
     def valid_until(self) -> float:
@@ -205,7 +207,7 @@ class FleetCoordinator:
     def release(self, lease_id: str) -> None:
         self.releases.release(lease_id)
 
-    def poke(self) -> None:
+    def wake_waiters(self) -> None:
         """Wake every local waiter (a cancel, a notification)."""
         with self._changed:
             self._generation += 1
@@ -220,9 +222,9 @@ class FleetCoordinator:
             try:
                 if conn is None or conn.closed:
                     conn = self.store.listen_connection()
-                    self.poke()  # missed notifications while away: everyone re-checks
+                    self.wake_waiters()  # missed notifications while away: everyone re-checks
                 for notify in conn.notifies(timeout=0.5, stop_after=1):
-                    self.poke()
+                    self.wake_waiters()
                     if self.quotas is not None:
                         self.quotas.heard(notify.payload)
                 backoff = 0.1
@@ -260,7 +262,7 @@ class FleetCoordinator:
                             swept[0],
                             ", ".join(swept[1]) or "none",
                         )
-                        self.poke()
+                        self.wake_waiters()
             except StoreUnavailable as exc:
                 self.errors += 1
                 log.debug("fleet maintenance: %s", exc)
@@ -339,7 +341,7 @@ class FleetCoordinator:
             log.debug("fleet reconcile: %s", exc)
             return []
         if gone:
-            self.poke()
+            self.wake_waiters()
         return gone
 
     def close(self, *, release: bool = True) -> None:
@@ -355,6 +357,12 @@ class FleetCoordinator:
         if self.quotas is not None:
             self.quotas.close()
         self.releases.close()
+        # the heartbeat stops first: a renewal in flight would stamp the row again
+        # after the statement below deleted it
+        self._stop.set()
+        self.wake_waiters()
+        for thread in self._threads:
+            thread.join(5)
         if not release:
             log.warning(
                 "fleet: a query of %s still holds a slot at close: its leases and quotas are "

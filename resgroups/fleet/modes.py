@@ -77,6 +77,13 @@ class Fenced(Protocol):
     def valid_until(self) -> float: ...
 
 
+def seconds_left(fence: Fenced) -> float:
+    """How long ``fence`` stays valid, in seconds from now (<= 0: it has passed).
+    The fence's clock is real monotonic time; a query adds this to its own
+    clock, so that its fields stay on one clock."""
+    return fence.valid_until - time.monotonic()
+
+
 class _Earliest:
     """Two fences as one: valid until the earlier passes."""
 
@@ -138,7 +145,7 @@ class AdmissionMode:
         have been reclaimed meanwhile."""
         return None
 
-    def poke(self) -> None:
+    def wake_lease_waiters(self) -> None:
         """A query was cancelled: wake a wait for the fleet, if any."""
 
     def counts(self) -> dict[str, int] | None:
@@ -212,8 +219,8 @@ class _FleetMode(AdmissionMode):
                 "fleet must use one admission mode (stop the others, or use theirs)"
             )
 
-    def poke(self) -> None:
-        self.coordinator.poke()
+    def wake_lease_waiters(self) -> None:
+        self.coordinator.wake_waiters()
 
     def counts(self) -> dict[str, int] | None:
         return self.coordinator.counts
@@ -391,7 +398,7 @@ class LeaseAdmission(_FleetMode):
         self.coordinator.store.synced(uid, version)
         self._adopted = version
         self.coordinator.synced = (uid, version)
-        self.coordinator.poke()
+        self.coordinator.wake_waiters()
 
 
 class QuotaAdmission(_FleetMode):
@@ -414,10 +421,11 @@ class QuotaAdmission(_FleetMode):
             hold=hold,
             demand=self._demand,
             limit_to=self._limit_to,
+            running=self._running,
             lost=self._quota_lost,
             catalog=catalog,
         )
-        self.queued = self.keeper.poke  # queued here: the keeper asks for more at once
+        self.queued = self.keeper.look_now  # queued here: the keeper asks for more at once
         self._both = _Earliest(coordinator.fence, self.keeper.fence)
         coordinator.start()
 
@@ -463,11 +471,17 @@ class QuotaAdmission(_FleetMode):
             )  # fmt: skip
         return out
 
-    def _limit_to(self, key: str, quota: int) -> int:
+    def _limit_to(self, key: str, quota: int) -> None:
         """This instance admits at most ``quota`` queries of the group at once from
-        now on; the queries running once that applies."""
+        now on."""
         runtime = self._runtime(key)
-        return 0 if runtime is None else runtime.set_quota(quota)
+        if runtime is not None:
+            runtime.set_quota(quota)
+
+    def _running(self, key: str) -> int:
+        """The queries of the group holding a slot here now."""
+        runtime = self._runtime(key)
+        return 0 if runtime is None else runtime.gate.active
 
     def _quota_lost(self, keys: set[str]) -> None:
         """This instance's quota in these groups was reclaimed while its heartbeat

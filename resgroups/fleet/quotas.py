@@ -9,7 +9,7 @@ Goal
     as far as the others' quotas leave room, under the group's advisory lock.
 
 The keeper (one thread per instance) keeps each quota near what the
-instance needs, on every poke (a query queued here, a NOTIFY from another
+instance needs, whenever told to look now (a query queued here, a NOTIFY from another
 instance) and at least every ``_TICK_S``:
 
     wanted  = min(limit, running + queued here)
@@ -84,7 +84,7 @@ class GroupDemand(NamedTuple):
 
 
 # every group with a max_active_queries, by its key (GroupDef.uid)
-Demand = Callable[[], dict[str, GroupDemand]]
+ReadDemand = Callable[[], dict[str, GroupDemand]]
 
 
 class QuotaKeeper:
@@ -95,8 +95,9 @@ class QuotaKeeper:
         heartbeat: float,
         expiry: float,
         hold: float,
-        demand: Demand,
-        limit_to: Callable[[str, int], int],
+        demand: ReadDemand,
+        limit_to: Callable[[str, int], None],
+        running: Callable[[str], int],
         lost: Callable[[set[str]], None],
         catalog: Callable[[], tuple[str, int]],
         synced: Callable[[tuple[str, int]], None],
@@ -104,7 +105,8 @@ class QuotaKeeper:
         self.store = store
         self.heartbeat, self.expiry, self.hold = heartbeat, expiry, hold
         self._demand = demand
-        self._limit_to = limit_to  # set a group's local limit; its running queries after
+        self._limit_to = limit_to  # set a group's local limit
+        self._running = running  # the queries of a group holding a local slot now
         self._lost = lost  # fail the running queries of these groups
         self._catalog = catalog  # (the log's identity, the version the runtimes apply)
         self._synced = synced  # tell the coordinator (its heartbeat carries it)
@@ -130,7 +132,7 @@ class QuotaKeeper:
 
     # ---- from other threads -------------------------------------------------------
 
-    def poke(self) -> None:
+    def look_now(self) -> None:
         """Look again now (a query queued here, a NOTIFY)."""
         self._wake.set()
 
@@ -247,7 +249,8 @@ class QuotaKeeper:
             usable = ask(max(target, mine))
             self._apply(key, min(target, usable))
         elif target < mine:  # less: stop using them here first, then give back
-            running = self._apply(key, min(target, usable))
+            self._apply(key, min(target, usable))  # nothing new above it from here
+            running = self._running(key)
             keep = max(target, running)
             if keep < mine:
                 usable = ask(keep)
@@ -258,10 +261,10 @@ class QuotaKeeper:
             usable = ask(mine)
             self._apply(key, min(target, usable))
 
-    def _apply(self, group: str, quota: int) -> int:
-        """Set the group's gate to admit on ``quota``; the queries running after."""
+    def _apply(self, group: str, quota: int) -> None:
+        """Set the group's gate to admit on ``quota``."""
         self._applied[group] = quota
-        return self._limit_to(group, quota)
+        self._limit_to(group, quota)
 
     def _target(self, group: str, wanted: int, recent: int, limit: int, now: float) -> int:
         """What to hold: ``recent`` is the most wanted at once since the last tick."""

@@ -17,19 +17,30 @@ Non-goals
     with a lock and per-ticket events for real threads. The stateful
     property test drives :class:`Gate` directly on a manual clock.
 
+Counted slots
+    A query that is admitted at once and never waits needs no ticket: it
+    takes a *counted* slot (:meth:`Gate.count_in`, under the lock the gate
+    shares) and gives it back by count (:meth:`Gate.count_out`), its user
+    named so that the fair order sees it. A query that must queue gets a
+    :class:`Ticket`, with the states below; a counted slot and a ticket's
+    slot are the same slot to every rule.
+
 State and invariants (``_check_invariants``)
-    A  = the set of active tickets (holding a slot), Q = the queue (a list in
+    T  = the set of active tickets, C = ``counted`` (slots held without a
+         ticket), A = |T| + C the slots held, Q = the queue (a list in
          arrival order), L = max_active_queries (None: unlimited),
          M = max_queued_queries (None: unlimited), G = ``_grandfathered``.
-    I1 every ticket is in at most one of A and Q, and its ``state`` says which;
-    I2 |A| <= max(L, G): G is |A| at the moment an ALTER lowered L, and only
-       falls (to |A|) as queries leave, so a lowered limit admits nobody
-       until |A| < L;
-    I3 nobody waits while a slot is free: Q is empty unless |A| >= L;
+    I1 every ticket is in at most one of T and Q, and its ``state`` says which;
+    I2 A <= max(L, G): G is A at the moment an ALTER lowered L, and only
+       falls (to A) as queries leave, so a lowered limit admits nobody
+       until A < L;
+    I3 nobody waits while a slot is free: Q is empty unless A >= L;
     I4 |Q| <= max(M, H): H is |Q| at the moment an ALTER lowered M and only
        falls as the queue drains; tickets queued before keep their place,
        and a new arrival is refused while |Q| >= M;
-    I5 admitted_total = admissions counted; rejections and timeouts likewise.
+    I5 admitted_total = admissions counted; rejections and timeouts likewise;
+    I6 held(u) (the slots user u holds) sums to A, and is at least u's
+       active tickets.
 
 Fair order
     For a fair group the next ticket is the oldest ticket of the user u
@@ -93,7 +104,7 @@ class TicketState(Enum):
 
 # The states as module constants, imported where the per-query path compares
 # with them: reading an enum member through its class runs the enum metaclass's
-# attribute hook (about 70 ns on Python 3.11), a global is a dict read.
+# attribute hook, a global is a dict read.
 TICKET_NEW: Final = TicketState.NEW
 TICKET_QUEUED: Final = TicketState.QUEUED
 TICKET_ACTIVE: Final = TicketState.ACTIVE
@@ -107,26 +118,37 @@ _SEQ: Final = itertools.count()
 
 
 class Ticket:
-    """One pass of one query through a gate (a resumed cursor takes a new ticket).
+    """One pass of one query through a gate, for a query that may wait (one that
+    is admitted at once holds a counted slot instead: ``Gate.count_in``); a
+    resumed cursor takes a new one."""
 
-    What every ticket starts with is a class attribute: a new ticket stores
-    only its user, deadline and number (the per-query cost, docs/queries.md)."""
-
-    state = TICKET_NEW
-    enqueued_at = 0.0
-    queue_deadline = math.inf
-    arrival = 0  # the gate's enqueue counter: the queue's order
-    error: Error | None = None  # why the wait ended, when not in a slot
-    wake: Wakeup | None = None  # set by GateRuntime on a change, while queued
-    # the query's runner, while queued: whoever gives a slot to this ticket may hand
-    # it a free worker too, so that the woken query has nothing left to take
-    # (Dispatcher.leave)
-    runner: Runner | None = None
+    __slots__ = (
+        "arrival",
+        "enqueued_at",
+        "error",
+        "query_deadline",
+        "queue_deadline",
+        "runner",
+        "seq",
+        "state",
+        "user",
+        "wake",
+    )
 
     def __init__(self, user: str, query_deadline: float = math.inf) -> None:
         self.user = user
         self.query_deadline = query_deadline  # submission + the instance query timeout
         self.seq = next(_SEQ)
+        self.state = TICKET_NEW
+        self.enqueued_at = 0.0
+        self.queue_deadline = math.inf
+        self.arrival = 0  # the gate's enqueue counter: the queue's order
+        self.error: Error | None = None  # why the wait ended, when not in a slot
+        self.wake: Wakeup | None = None  # set by GateRuntime on a change, while queued
+        # the query's runner, while queued: whoever gives a slot to this ticket may
+        # hand it a free worker too, so that the woken query has nothing left to take
+        # (Dispatcher.leave)
+        self.runner: Runner | None = None
 
     def __repr__(self) -> str:
         return f"<Ticket #{self.seq} {self.user} {self.state.value}>"
@@ -155,12 +177,13 @@ class Gate:
     changing state; both views drop what has left lazily, from their fronts,
     and are rebuilt when more than half of what they hold has left, so every
     operation stays O(1) amortized (O(log n) for the heap) without searching
-    the middle of a list (docs/queries.md "Cost").
+    the middle of a list.
     """
 
     def __init__(self, config: GateConfig) -> None:
         self.config = config
-        self._active: set[Ticket] = set()
+        self._active: set[Ticket] = set()  # T: the tickets holding a slot
+        self.counted = 0  # C: the slots held without a ticket (count_in)
         self._queue: deque[Ticket] = deque()  # arrival order, with tickets that left
         self._deadlines: list[tuple[float, int, Ticket]] = []  # a heap, likewise
         self._positions: dict[Ticket, int] | None = None  # position(), until a change
@@ -180,7 +203,8 @@ class Gate:
 
     @property
     def active(self) -> int:
-        return len(self._active)
+        """The slots held: by tickets and counted."""
+        return len(self._active) + self.counted
 
     @property
     def queued(self) -> int:
@@ -252,11 +276,47 @@ class Gate:
 
     def has_room_now(self) -> bool:
         """Would a new ticket be admitted at once: nobody queued, a slot free."""
-        return not self.waiting and self._has_room()
+        if self.waiting:
+            return False
+        limit = self.config.max_active
+        return limit is None or len(self._active) + self.counted < limit
 
     def _has_room(self) -> bool:
         limit = self.config.max_active
-        return limit is None or len(self._active) < limit
+        return limit is None or len(self._active) + self.counted < limit
+
+    def count_in(self, user: str, now: float) -> bool:
+        """A slot for a query of ``user`` that holds no ticket, if it would be
+        admitted at once (True: nobody queued, a slot free); otherwise nothing
+        changes (False). O(1)."""
+        if self.waiting:
+            return False
+        active = len(self._active) + self.counted
+        limit = self.config.max_active
+        if limit is not None and active >= limit:
+            return False
+        self.counted += 1
+        if active >= self.demand_peak:
+            self.demand_peak = active + 1
+        held = self._held
+        held[user] = held.get(user, 0) + 1
+        self._last_admitted[user] = now
+        self.admitted_total += 1
+        return True
+
+    def count_out(self, user: str, now: float) -> list[Ticket]:
+        """A counted slot of ``user`` comes back; the tickets admitted in its place."""
+        if not self.counted or not self._held.get(user):
+            raise InternalError(f"a counted slot of {user} given back, but none is held")
+        self.counted -= 1
+        held = self._held
+        if held[user] == 1:
+            del held[user]
+        else:
+            held[user] -= 1
+        if self._grandfathered > len(self._active) + self.counted:
+            self._grandfathered = len(self._active) + self.counted
+        return self._admit_waiting(now) if self.waiting else []
 
     def take_slot(self, ticket: Ticket, now: float) -> None:
         """:meth:`submit` for the case it admits at once, when the caller has just
@@ -267,8 +327,8 @@ class Gate:
         ticket.state = TICKET_ACTIVE
         active = self._active
         active.add(ticket)
-        if len(active) > self.demand_peak:
-            self.demand_peak = len(active)
+        if len(active) + self.counted > self.demand_peak:
+            self.demand_peak = len(active) + self.counted
         user = ticket.user
         held = self._held
         held[user] = held.get(user, 0) + 1
@@ -316,8 +376,8 @@ class Gate:
         else:
             held[user] -= 1
         ticket.state = TICKET_RELEASED
-        if self._grandfathered > len(self._active):
-            self._grandfathered = len(self._active)
+        if self._grandfathered > len(self._active) + self.counted:
+            self._grandfathered = len(self._active) + self.counted
         return self._admit_waiting(now) if self.waiting else []
 
     def withdraw(self, ticket: Ticket, error: Error) -> bool:
@@ -358,7 +418,7 @@ class Gate:
         if config.max_active is not None and (
             old.max_active is None or config.max_active < old.max_active
         ):
-            self._grandfathered = max(self._grandfathered, len(self._active))
+            self._grandfathered = max(self._grandfathered, self.active)
         if config.max_queued is not None and (
             old.max_queued is None or config.max_queued < old.max_queued
         ):
@@ -369,7 +429,7 @@ class Gate:
 
     def _note_demand(self) -> None:
         """Keep the high-water mark of active + queued (fleet quota mode reads it)."""
-        demand = len(self._active) + self.waiting
+        demand = self.active + self.waiting
         if demand > self.demand_peak:
             self.demand_peak = demand
 
@@ -432,22 +492,29 @@ class Gate:
             problems.append("a ticket is both active and queued")
         if any(t.state is not TICKET_ACTIVE for t in self._active):
             problems.append("an active ticket is not in state ACTIVE")
-        if len(self._active) > self._limit():
-            problems.append(f"{len(self._active)} active above the limit {self._limit()}")
+        if self.counted < 0:
+            problems.append(f"{self.counted} counted slots")
+        if self.active > self._limit():
+            problems.append(f"{self.active} active above the limit {self._limit()}")
         if in_order and self._has_room():
             problems.append("a ticket waits while a slot is free")
         max_queued = self.config.max_queued
         if max_queued is not None and len(in_order) > max(max_queued, self._queue_grandfathered):
             problems.append(f"{len(in_order)} queued above max_queued_queries {max_queued}")
-        held: dict[str, int] = {}
+        by_ticket: dict[str, int] = {}
         for t in self._active:
-            held[t.user] = held.get(t.user, 0) + 1
-        if held != self._held:
-            problems.append(f"held slots per user {self._held} != {held}")
+            by_ticket[t.user] = by_ticket.get(t.user, 0) + 1
+        if sum(self._held.values()) != self.active or any(
+            self._held.get(user, 0) < n for user, n in by_ticket.items()
+        ):
+            problems.append(
+                f"held slots per user {self._held} are not the tickets' {by_ticket} "
+                f"and {self.counted} counted"
+            )
         if problems:
             raise InternalError(
                 f"admission gate of {self.config.name} broken: {'; '.join(problems)}; "
-                f"active={sorted(t.seq for t in self._active)} "
+                f"active={sorted(t.seq for t in self._active)} counted={self.counted} "
                 f"queue={[t.seq for t in in_order]} config={self.config}"
             )
 
@@ -530,15 +597,19 @@ class GateRuntime:
             if self.gate.withdraw(ticket, error):
                 self._wake([ticket])
 
-    def configure(self, config: GateConfig) -> int:
-        """Apply new settings (ALTER); the tickets holding a slot once they apply."""
+    def configure(self, config: GateConfig) -> None:
+        """Apply new settings (ALTER); wake whoever they admit."""
         with self.lock:
             if config == self.gate.config:
-                return self.gate.active
+                return
             admitted = self.gate.configure(config, self.now())
-            active = self.gate.active
         self._wake(admitted)
-        return active
+
+    @property
+    def active(self) -> int:
+        """The slots held now."""
+        with self.lock:
+            return self.gate.active
 
     def fail_queued(self, error: Error) -> None:
         """Fail every waiting ticket (the engine is closing)."""
@@ -555,7 +626,7 @@ class GateRuntime:
                 return None
             return int(self.gate.position(ticket))
 
-    def poke(self, ticket: Ticket) -> None:
+    def wake_queued(self, ticket: Ticket) -> None:
         """Wake a waiter so it re-examines its state (it was cancelled)."""
         if ticket.wake is not None:
             ticket.wake.set()

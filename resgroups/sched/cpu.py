@@ -24,8 +24,23 @@ Symbols
     b_g   CPU budget of g (ns) for a fractional L_g: refills continuously at
           L_g * 1e9 ns per second, at most B_g = 0.1 s * L_g * 1e9 (burst)
 
+Counted workers
+    A runner exists for a thread that must wait, or be sliced and charged.
+    A query granted a worker at once while scheduling is not engaged (or is
+    degraded) is neither: it takes a *counted* worker (:meth:`count_in`:
+    the pool's free count and its group's ``counted``, no runner) and gives
+    it back by count (:meth:`count_out`). It is never sliced or charged, as
+    an unscheduled runner is not; it counts as work running in its group
+    (not idle), and it keeps its worker until it leaves. While scheduling is
+    not engaged nothing reads which groups are busy but the dispatch of
+    waiting runners, so a group whose counted workers all came back stays
+    in ``busy`` until scheduling engages (``set_engaged`` prunes it): the
+    uncontended query does not move its group in and out of the set.
+
 Invariants (``_check_invariants``)
-    I1 per pool: free + held == size and free >= 0;
+    I1 per pool: free + held + counted == size and free >= 0, where held is
+       the runners running in it and counted its counted workers; the
+       counted workers of every pool sum to those of every group;
     I2 each runner is in exactly one place: waiting in one group's queue of
        one pool, running (holding one worker), or done;
     I3 held_g (scheduled runners of g holding workers, all pools) <= cap_g,
@@ -34,7 +49,9 @@ Invariants (``_check_invariants``)
        stay at what it was (and nothing new is granted meanwhile);
     I4 work conservation: after any operation no pool has a free worker
        while a runner that may take it waits there;
-    I5 b_g <= B_g.
+    I5 b_g <= B_g;
+    I6 ``busy`` holds every charged group with work (a runner running or
+       waiting, or a counted worker), and while engaged nothing else.
 
 Rules
     Pick (a worker is free in pool p): among groups with a runner waiting in
@@ -130,20 +147,28 @@ _SEQ: Final = itertools.count(1)
 
 
 class Runner:
-    """One thread of work that needs a worker: a query's own thread, or one task.
+    """One thread of work that needs a worker and may wait for it or be sliced: a
+    query's own thread, or one task (a query granted a worker at once while
+    scheduling is not engaged holds a counted worker instead: ``count_in``)."""
 
-    What every runner starts with is a class attribute: a new runner stores
-    only who it is (the per-query cost, docs/queries.md "Cost")."""
-
-    state = RUNNER_DONE
-    scheduled = False  # granted while engaged: sliced and charged
-    fresh = True  # arrived (not parked) since it last waited
-    runnable_since = 0.0
-    granted_at = 0.0
-    cpu_since_grant_ns = 0  # charged since it last got a worker
-    ran_in_pools: tuple[str, ...] = ()  # the pools it has held a worker of
-    extra = False  # the one task beyond the cap (CTAS exception)
-    pending_cpu_ns = 0  # a task's CPU still to charge when it releases
+    __slots__ = (
+        "cpu_since_grant_ns",
+        "extra",
+        "fresh",
+        "granted_at",
+        "group",
+        "is_task",
+        "kind",
+        "pending_cpu_ns",
+        "pool",
+        "query_id",
+        "ran_in_pools",
+        "runnable_since",
+        "scheduled",
+        "seq",
+        "state",
+        "user",
+    )
 
     def __init__(
         self,
@@ -161,6 +186,15 @@ class Runner:
         self.kind = kind
         self.is_task = is_task
         self.seq = next(_SEQ)  # arrival order
+        self.state = RUNNER_DONE
+        self.scheduled = False  # granted while engaged: sliced and charged
+        self.fresh = True  # arrived (not parked) since it last waited
+        self.runnable_since = 0.0
+        self.granted_at = 0.0
+        self.cpu_since_grant_ns = 0  # charged since it last got a worker
+        self.ran_in_pools: tuple[str, ...] = ()  # the pools it has held a worker of
+        self.extra = False  # the one task beyond the cap (CTAS exception)
+        self.pending_cpu_ns = 0  # a task's CPU still to charge when it releases
 
     def __repr__(self) -> str:
         kind = "task" if self.is_task else self.kind
@@ -196,6 +230,7 @@ class GroupCpu:
         self.held_by: dict[tuple[str, str], int] = {}  # (pool, user) -> workers
         self.held_by_query: dict[tuple[str, int], int] = {}  # (pool, query) -> workers
         self.running: set[Runner] = set()
+        self.counted = 0  # counted workers (no runner) held, all pools
         self.waiting: dict[str, list[Runner]] = {}  # pool -> runners in arrival order
         self.budget_ns = self.burst  # a group starts with its burst
         self.budget_at = 0.0
@@ -239,7 +274,7 @@ class GroupCpu:
     # ---- state
     @property
     def idle(self) -> bool:
-        return not self.running and not any(self.waiting.values())
+        return not self.running and not self.counted and not any(self.waiting.values())
 
     def all_running_are_ctas(self) -> bool:
         return bool(self.running) and all(
@@ -279,6 +314,7 @@ class CpuScheduler:
         # entitled and used CPU per group over a sliding window (shares.py)
         self.shares = ShareWindow(cpus or float(sum(pools.values())), window_s=share_window_s)
         self.free = dict(pools)
+        self.counted = dict.fromkeys(pools, 0)  # counted workers held, per pool
         self.waiting_in = dict.fromkeys(pools, 0)  # runners waiting, per pool
         self.slice_s = slice_ms / 1000
         self.granularity_ns = granularity_ns
@@ -289,7 +325,6 @@ class CpuScheduler:
         self.outside = GroupCpu(-1, "(outside)", charged=False)
         self.engaged = False
         self.degraded = False
-        self.unscheduled_running: set[Runner] = set()
 
     # ---- groups -------------------------------------------------------------------
 
@@ -318,7 +353,8 @@ class CpuScheduler:
         if g.fractional and not was_fractional:
             g.budget_ns = g.burst
         g.budget_ns = min(g.budget_ns, g.burst)
-        self.shares.reconfigured(self.busy, now)  # weights and limits apply from now on
+        # weights and limits apply from now on
+        self.shares.reconfigured([h for h in self.busy if not h.idle], now)
         return self.dispatch(now)
 
     def forget(self, group_id: int) -> None:
@@ -326,6 +362,7 @@ class CpuScheduler:
         g = self.groups.get(group_id)
         if g is not None and g.idle:
             del self.groups[group_id]
+            self.busy.discard(g)
 
     # ---- becoming runnable -------------------------------------------------------------
 
@@ -378,6 +415,34 @@ class CpuScheduler:
         runner.runnable_since = now
         self._grant(runner, now)
         return True
+
+    def count_in(self, g: GroupCpu, pool: str, now: float) -> bool:
+        """A counted worker of ``pool`` for a query of ``g`` (True): one is free,
+        nobody waits there, and a grant now would not be scheduled (not engaged,
+        or degraded), so no runner is needed; otherwise nothing changes (False).
+        O(1)."""
+        free = self.free
+        if not free[pool] or self.waiting_in[pool] or (self.engaged and not self.degraded):
+            return False
+        free[pool] -= 1
+        self.counted[pool] += 1
+        g.counted += 1
+        if g.charged and g not in self.busy:
+            self._busy(g, now)
+        return True
+
+    def count_out(self, g: GroupCpu, pool: str, now: float) -> list[Runner]:
+        """A counted worker of ``g`` in ``pool`` comes back; the runners granted it."""
+        if not g.counted or not self.counted[pool]:
+            raise InternalError(f"a counted worker of {g.name} in {pool} given back, none held")
+        g.counted -= 1
+        self.counted[pool] -= 1
+        self.free[pool] += 1
+        if self.engaged and not g.counted:  # disengaged, busy may keep it (I6)
+            self._maybe_idle(g, now)
+        if self.waiting_in[pool] or g.limited:
+            return self.dispatch(now, None if g.limited else (pool,))
+        return []
 
     def release_running(self, runner: Runner, cpu_ns: int, now: float) -> list[Runner]:
         """:meth:`release` of a runner that holds its worker, dispatching the freed
@@ -458,6 +523,8 @@ class CpuScheduler:
     def set_engaged(self, engaged: bool, now: float) -> None:
         """Slicing starts or stops; the share window follows only while engaged."""
         self.engaged = engaged
+        if engaged:  # groups left busy while nobody looked (I6)
+            self.busy = {g for g in self.busy if not g.idle}
         self.shares.changed(self.busy if engaged else (), now)
 
     # ---- slices ---------------------------------------------------------------------------
@@ -681,12 +748,18 @@ class CpuScheduler:
         everyone = [*self.groups.values(), self.outside]
         for pool, size in self.sizes.items():
             held = sum(1 for g in everyone for r in g.running if r.pool == pool)
-            if self.free[pool] < 0 or self.free[pool] + held != size:
-                problems.append(f"pool {pool}: free {self.free[pool]} + held {held} != {size}")
+            counted = self.counted[pool]
+            if self.free[pool] < 0 or self.free[pool] + held + counted != size:
+                problems.append(
+                    f"pool {pool}: free {self.free[pool]} + held {held} + counted {counted} "
+                    f"!= {size}"
+                )
         for pool in self.sizes:
             waiting = sum(len(g.waiting.get(pool, [])) for g in everyone)
             if waiting != self.waiting_in[pool]:
                 problems.append(f"pool {pool}: {waiting} waiting, counted {self.waiting_in[pool]}")
+        if sum(self.counted.values()) != sum(g.counted for g in everyone):
+            problems.append(f"counted workers {self.counted} are not the groups' sum")
         seen: set[int] = set()
         for g in everyone:
             runners = [*g.running, *(r for q in g.waiting.values() for r in q)]
@@ -713,8 +786,8 @@ class CpuScheduler:
             if g.budget_ns > g.burst + 1e-6:
                 problems.append(f"{g.name}: budget {g.budget_ns} above burst {g.burst}")
         busy = {g for g in self.groups.values() if g.charged and not g.idle}
-        if busy != self.busy:
-            problems.append(f"busy groups {self.busy} are not those with work {busy}")
+        if not busy <= self.busy or (self.engaged and busy != self.busy):
+            problems.append(f"busy groups {self.busy} are not those with work {busy} (I6)")
         for pool in self.sizes:
             if self.free[pool] > 0 and self._pick(pool, now) is not None:
                 problems.append(f"pool {pool}: a worker is free while a runner may take it")

@@ -14,13 +14,19 @@ for its group's CPU budget wakes itself when the budget refills.
 
 The fast path (every query's cost, SPEC §6): the gates share this lock, so
 in the common case (the group below its limit with nobody queued, a free
-worker with nobody waiting for one) :meth:`Dispatcher.admit_at_once` takes a
-slot (``Gate.take_slot``) and a worker (``CpuScheduler.grant_at_once``) in
-one step, and :meth:`Dispatcher.leave` gives both back in one, handing the
-worker on with the slot when the slot goes to a queued query. Each half is
-a method of the state machine it changes, under that machine's invariants;
-when either would queue or park, nothing changes and the query takes the
-slow path (``GateRuntime.enter``, then :meth:`Dispatcher.acquire`).
+worker with nobody waiting for one) a query takes its slot and its worker in
+one step and gives both back in one. A query holds only what it uses: while
+CPU scheduling is not engaged it is never sliced, so it takes a counted slot
+and a counted worker (:meth:`Dispatcher.admit_counted`: ``Gate.count_in``,
+``CpuScheduler.count_in``) and creates no ticket, runner or wake-up; while
+scheduling is engaged it brings a ticket and a runner
+(:meth:`Dispatcher.admit_at_once`: ``Gate.take_slot``,
+``CpuScheduler.grant_at_once``). Each half is a method of the state machine
+it changes, under that machine's invariants; when either would queue or
+park, nothing changes and the query takes the slow path with a ticket and a
+runner (``GateRuntime.enter``, then :meth:`Dispatcher.acquire`). Leaving
+(:meth:`Dispatcher.leave`, :meth:`Dispatcher.leave_counted`) hands the
+worker on with the slot when the slot goes to a queued query.
 ``tests/test_fastpath.py`` runs random workloads with the fast path and
 without it and compares every counter after every step.
 
@@ -46,6 +52,7 @@ from resgroups.sched.cpu import (
     RUNNER_RUNNING,
     RUNNER_WAITING,
     CpuScheduler,
+    GroupCpu,
     Runner,
 )
 from resgroups.sched.shares import Share
@@ -232,6 +239,36 @@ class Dispatcher:
 
     # ---- the fast path: a slot and a worker in one step, and back in one ------------
 
+    def admit_counted(self, gate: Gate, group: GroupCpu, pool: str, user: str, now: float) -> bool:
+        """A counted slot of ``gate`` and a counted worker of ``pool`` for a query of
+        ``user`` in ``group`` (True), or nothing at all (False: one of them would
+        have to wait, or the worker would be scheduled and so needs a runner).
+        The worker is taken first and given back if the slot is not free."""
+        with self.lock:
+            if self._closed or self.fault_hook is not None or not self.fast_path:
+                return False
+            core = self.core
+            if not core.count_in(group, pool, now):
+                return False
+            if gate.count_in(user, now):
+                return True
+            self._wake(core.count_out(group, pool, now))
+            return False
+
+    def leave_counted(self, gate: Gate, group: GroupCpu, pool: str, user: str) -> None:
+        """Give back a counted worker and a counted slot (:meth:`admit_counted`)
+        under the one lock; wake whoever takes them."""
+        with self.lock:
+            now = self.now()
+            try:
+                granted = self.core.count_out(group, pool, now)
+                if granted:
+                    self._wake(granted)
+            finally:
+                admitted = gate.count_out(user, now)
+                if admitted:
+                    self._hand_on(admitted, now)
+
     def admit_at_once(self, gate: Gate, ticket: Ticket, runner: Runner) -> bool:
         """A slot of ``gate`` and a worker for ``runner`` at once (True), or nothing
         at all (False: one of them would have to wait)."""
@@ -263,15 +300,20 @@ class Dispatcher:
                 elif runner.state is not RUNNER_DONE:  # waiting, or faults injected
                     self._wake(self._release_locked(runner, cpu_ns, now))
             finally:
-                admitted = gate.release(ticket, now)
-                if admitted:
-                    if self.fast_path and self.fault_hook is None:
-                        for next_ticket in admitted:  # a free worker goes with the slot
-                            waiter = next_ticket.runner
-                            if waiter is not None:
-                                next_ticket.runner = None
-                                core.grant_now(waiter, now)
-                    wake(admitted)
+                self._hand_on(gate.release(ticket, now), now)
+
+    def _hand_on(self, admitted: list[Ticket], now: float) -> None:
+        """Lock held: wake the tickets a freed slot admitted, each with a free worker
+        when one is (``CpuScheduler.grant_now``), so that it has nothing left to take."""
+        if not admitted:
+            return
+        if self.fast_path and self.fault_hook is None:
+            for next_ticket in admitted:
+                waiter = next_ticket.runner
+                if waiter is not None:
+                    next_ticket.runner = None
+                    self.core.grant_now(waiter, now)
+        wake(admitted)
 
     # ---- the slow path ----------------------------------------------------------------
 
@@ -323,10 +365,12 @@ class Dispatcher:
         with self.lock:
             return self.core.blocked_by(runner, self.now())
 
-    def poke(self, runner: Runner | None) -> None:
+    def wake_parked(self, runner: Runner | None) -> None:
         """Wake a waiting runner so it re-checks (it was cancelled)."""
+        if runner is None:
+            return
         with self.lock:
-            event = self._events.get(runner) if runner is not None else None
+            event = self._events.get(runner)
         if event is not None:
             event.set()
 

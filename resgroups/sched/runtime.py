@@ -71,12 +71,11 @@ class GroupRuntime:
             group.id, group.name, group.cpu_weight, limit_cores, group.scheduling_policy
         )
 
-    def set_quota(self, quota: int) -> int:
+    def set_quota(self, quota: int) -> None:
         """Fleet quota mode: admit at most ``quota`` at once from now on (queries
-        running above it finish; nothing new is admitted meanwhile). The queries
-        running once it applies."""
+        running above it finish; nothing new is admitted meanwhile)."""
         self.quota = quota
-        return self.gate.configure(gate_config(self.definition, quota))
+        self.gate.configure(gate_config(self.definition, quota))
 
     def fleet_wait(self, delta: int) -> None:
         with self.gate.lock:

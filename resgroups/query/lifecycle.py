@@ -1,0 +1,727 @@
+"""Managed queries: resolve once, pass the gate, hold a worker, give it all back.
+
+>>> with session.query(kind="select") as q:
+...     for batch in batches:
+...         q.checkpoint()
+...         process(batch)
+
+A query moves through :class:`~resgroups.query.QueryState` (NEW, ADMITTING,
+RUNNING, SUSPENDED, DONE); what it holds meanwhile is one record, its
+:class:`~resgroups.query.Holdings`, and every path out of a state gives
+back through :meth:`Holdings.release`.
+
+Time (every field on the engine's clock, ``engine.now``)
+    ``_submitted_at``  when ``__enter__`` began;
+    ``_timeout_at``    when the query timeout passes (inf: none); moved later by
+                       the time a cursor spent suspended;
+    ``_stop_at``       when every thread of the query must stop: ``_timeout_at``,
+                       or -inf once it is cancelled or failed (tasks read it);
+    ``_slice_end``     the end of the query thread's CPU slice (inf: unscheduled);
+    ``_fence_at``      fleet mode: when the instance's fence passes, as last read;
+    ``_check_at``      the one field ``checkpoint()`` compares with: the earliest of
+                       ``_stop_at``, ``_slice_end``, ``_fence_at`` and the next
+                       health probe (a quarter of the stall threshold away);
+    ``_checked_at``    when a checkpoint last reached the slow path (a task's, any
+                       checkpoint): a running query is *stalled* once it is older
+                       than the stall threshold.
+So ``checkpoint()`` is one clock read and one compare, and takes no lock:
+``cancel()`` and ``fail()`` set ``_stop_at`` and ``_check_at`` to -inf from any
+thread. The fleet's fence is kept on real monotonic time (the fleet's clock);
+it enters a query's fields once, as the seconds it has left
+(``fleet.modes.seconds_left``), added to the engine clock.
+
+Unmanaged queries (kind "other", the feature disabled) take no slot and no
+worker but still observe cancellation and the timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from _thread import get_ident
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from resgroups import interrupts
+from resgroups.errors import (
+    CoordinationUnavailable,
+    Error,
+    FeatureNotSupported,
+    InternalError,
+    InvalidParameter,
+    QueryCancelled,
+    QueryTimeout,
+)
+from resgroups.fleet.modes import seconds_left
+from resgroups.interrupts import MAIN_IDENT, PENDING, Hold
+from resgroups.query.holdings import Holdings
+from resgroups.query.parallel import MapBatch, Task, run_map
+from resgroups.query.progress import QueryProgress, progress_of
+from resgroups.query.states import (
+    ADMITTING,
+    DONE,
+    ENTERED,
+    KINDS,
+    MANAGED_KINDS,
+    NEW,
+    RUNNING,
+    SUSPENDED,
+    Placement,
+)
+from resgroups.sched.admission import Ticket
+from resgroups.sched.cpu import RUNNER_RUNNING, Runner
+from resgroups.sched.memory import MemoryCounter, QueryMemory
+
+if TYPE_CHECKING:
+    from resgroups.catalog.model import GroupDef
+    from resgroups.engine import Engine
+    from resgroups.fleet.modes import AdmissionMode, Fenced
+    from resgroups.sched.pool import Dispatcher
+    from resgroups.sched.runtime import GroupRuntime
+    from resgroups.session import Session
+
+log = logging.getLogger("resgroups.query")
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Query:
+    """One managed (or unmanaged) query of a session; use it as a context manager."""
+
+    __slots__ = (
+        "__weakref__",
+        "_batch",
+        "_cancelled",
+        "_check_at",
+        "_checked_at",
+        "_cpu_mark",
+        "_dispatcher",
+        "_engine",
+        "_failure",
+        "_fence",
+        "_fence_at",
+        "_memory",
+        "_meter",
+        "_mode",
+        "_now",
+        "_on_cancel",
+        "_placement",
+        "_slice_end",
+        "_started_wall",
+        "_stop_at",
+        "_submitted_at",
+        "_suspended_at",
+        "_timeout_at",
+        "_watched",
+        "cpu_ns",
+        "group",
+        "held",
+        "id",
+        "kind",
+        "leaked_bytes",
+        "pool_name",
+        "session",
+        "state",
+        "user",
+        "waited_s",
+    )
+
+    def __init__(self, session: Session, kind: str, pool: str) -> None:
+        if kind not in KINDS:
+            raise InvalidParameter(f"query kind {kind!r} is not one of {', '.join(KINDS)}")
+        engine = session.engine
+        if pool not in engine.pools:
+            engine.pool(pool)  # an unknown pool fails here, naming the pools
+        self.session = session
+        self.kind = kind
+        self.pool_name = pool
+        self.user = session.user
+        self.id = engine.next_query_id()  # resource_group_queries().query_id
+        self.state = NEW
+        self.group: str | None = None  # the group it resolved to (managed queries)
+        self.waited_s = 0.0  # from submission to holding a slot and a worker
+        self.cpu_ns = 0  # CPU charged to the group for this query (while scheduled)
+        self.leaked_bytes = 0  # tracked bytes it had not released when it ended
+        self.held = Holdings(self)  # what it holds; the engine's registry keeps it too
+        # what it uses of its engine, read once
+        self._engine: Engine = engine
+        self._now = engine.now
+        self._meter = engine.cpu_meter
+        self._dispatcher: Dispatcher = engine.dispatcher
+        self._mode: AdmissionMode = engine.admission
+        self._placement: Placement | None = None  # managed: where it runs
+        # the clock fields (the module's docstring)
+        self._submitted_at = self._suspended_at = self._checked_at = 0.0
+        self._started_wall = 0.0  # time.time() at submission (started_at)
+        self._timeout_at = self._stop_at = self._check_at = math.inf
+        self._slice_end = self._fence_at = math.inf
+        self._cpu_mark = 0  # the thread's CPU clock when its worker was granted
+        self._cancelled = False
+        self._failure: Error | None = None  # why every thread of it stops (memory, fence)
+        self._memory: MemoryCounter | None = None  # q.memory, created on first use
+        self._batch: MapBatch[Any, Any] | None = None  # the map running now, if any
+        self._watched = False  # on_cancel was called: the deadline watcher knows it
+        self._on_cancel: tuple[Callable[[], object], ...] = ()  # not yet called
+        self._fence: Fenced | None = None  # fleet mode: what it runs on
+
+    # ---- reading ---------------------------------------------------------------------
+
+    @property
+    def started_at(self) -> datetime | None:
+        """The wall clock at submission (None: not entered yet)."""
+        started = self._started_wall
+        return datetime.fromtimestamp(started, UTC) if started else None
+
+    @property
+    def runtime(self) -> GroupRuntime | None:
+        """The live state of the query's group (None: unmanaged)."""
+        return self.held.runtime
+
+    @property
+    def timeout_at(self) -> float:
+        """When the query timeout passes, on the engine clock (inf: none)."""
+        return self._timeout_at
+
+    @property
+    def submitted_at(self) -> float:
+        """When ``__enter__`` began, on the engine clock."""
+        return self._submitted_at
+
+    @property
+    def _ticket(self) -> Ticket | None:
+        """Its pass through the gate, if it has one (held in :attr:`held`)."""
+        return self.held.ticket
+
+    @property
+    def _runner(self) -> Runner | None:
+        """Its thread's claim on a worker, if it has one (held in :attr:`held`)."""
+        return self.held.runner
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def max_workers(self) -> int:
+        """How many workers this query's work may use at once: the size of its
+        pool, capped by its group's CPU limit in whole cores (at least one). An
+        embedded engine sizes its own threads by it (DuckDB's ``threads``)."""
+        size = self._engine.pools[self.pool_name]
+        runtime = self.held.runtime
+        cpu = runtime.cpu if runtime is not None else None
+        if cpu is None or cpu.limit_cores is None:
+            return int(size)
+        return max(1, min(int(size), int(cpu.cap)))
+
+    @property
+    def memory_ceiling(self) -> int | None:
+        """The query's memory ceiling, fixed when it started (None: none)."""
+        placement = self._placement
+        return placement.ceiling if placement is not None else None
+
+    def progress(self) -> QueryProgress | None:
+        """Where this managed query stands now: queued, running, parked or suspended,
+        and what it waits for (None: unmanaged, not started, or done)."""
+        return progress_of(self)
+
+    def task_workers(self) -> int:
+        """The workers the tasks of its running ``map`` hold now."""
+        batch = self._batch
+        return sum(r.state is RUNNER_RUNNING for r in batch.runners) if batch else 0
+
+    def stalled(self, now: float) -> bool:
+        """No checkpoint has reached the slow path for longer than the stall threshold."""
+        return now - self._checked_at > self._engine.stall_threshold
+
+    # ---- memory ----------------------------------------------------------------------
+
+    @property
+    def memory(self) -> MemoryCounter:
+        """The accountant of this query's own thread (``allocate``/``release``)."""
+        counter = self._memory
+        if counter is None:
+            counter = self._memory = MemoryCounter(self._memory_state())
+        return counter
+
+    def _memory_state(self) -> QueryMemory | None:
+        """The query's published memory, created on first use (None: unmanaged, not
+        entered, or ended). Only the query's own thread creates it (map() does so
+        before its tasks start)."""
+        held = self.held
+        published = held.published
+        placement = self._placement
+        if published is None and placement is not None and self.state in ENTERED:
+            published = held.published = QueryMemory(
+                self._engine.memory_ledger,
+                placement.runtime.group_id,
+                placement.budget,
+                placement.ceiling,
+                f"group={self.group}, user={self.user}",
+                held.fail,
+            )
+        return published
+
+    def _end_memory(self) -> None:
+        """Publish what is pending and return every byte the query still holds."""
+        held = self.held
+        try:
+            if self._memory is not None:
+                self._memory.flush()
+        except InvalidParameter as exc:  # released more than it allocated: do not mask
+            log.warning("%s: memory accounting error at the end of the query: %s", self, exc)
+        finally:
+            published, held.published = held.published, None
+            if published is not None:
+                self.leaked_bytes = published.finish()
+
+    # ---- checkpoints -------------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Cooperative yield point: raises QueryCancelled or QueryTimeout when due."""
+        if self._now() >= self._check_at:
+            self._checkpoint_slow()
+
+    def _checkpoint_slow(self) -> None:
+        if self._failure is not None:
+            raise type(self._failure)(self._failure.message)
+        if self._cancelled:
+            raise QueryCancelled(f"query cancelled [group={self.group}, user={self.user}]")
+        if self._fence is not None:
+            self._check_fence()
+        now = self._now()
+        if now >= self._timeout_at:
+            raise QueryTimeout(
+                f"query timeout [timeout={self._engine.query_timeout}s, group={self.group}, "
+                f"user={self.user}]"
+            )
+        runner = self.held.runner
+        if runner is not None and runner.scheduled and now >= self._slice_end:
+            with Hold(self._interrupted):
+                mark = self._meter()
+                used = mark - self._cpu_mark
+                self.cpu_ns += used
+                # may park this thread until the scheduler gives it a worker again
+                self._dispatcher.slice_end(runner, used, self._wait_error, self._timeout_at)
+                self._cpu_mark = self._meter()
+            now = self._now()
+        self._arm(now)
+
+    def _check_fence(self) -> None:
+        """Fleet mode: fail (for good, every thread of the query) once the
+        instance's fence has passed: what it held may have been given to others;
+        else note when to look again (any thread of the query may call this)."""
+        assert self._fence is not None
+        left = seconds_left(self._fence)
+        if left <= 0:
+            error = CoordinationUnavailable(
+                f"this instance could not renew what it holds in the fleet in time "
+                f"(a paused or partitioned process?): the slot of query {self.id} "
+                f"[group={self.group}] may have been given to another process"
+            )
+            self.fail(error)
+            raise CoordinationUnavailable(error.message)
+        self._fence_at = self._now() + left
+
+    def _arm(self, now: float) -> None:
+        """Set ``_check_at`` from ``now`` (the module's docstring): the stop time, the
+        end of a new slice, the fence or the next health probe, whichever comes
+        first. The probe makes the slow path run every quarter of the stall
+        threshold, and the slow path notes when it ran (``_checked_at``), so the
+        fast path stays one compare."""
+        self._checked_at = now
+        runner = self.held.runner
+        slice_end = self._slice_end = (
+            now + self._engine.slice_s if runner is not None and runner.scheduled else math.inf
+        )
+        check_at = now + self._engine.probe_s
+        if slice_end < check_at:
+            check_at = slice_end
+        if self._stop_at < check_at:
+            check_at = self._stop_at
+        if self._fence is not None:  # fleet mode: a checkpoint at the fence
+            fence_at = self._fence_at = now + seconds_left(self._fence)
+            check_at = min(check_at, fence_at)
+        self._check_at = check_at
+        if self._cancelled or self._failure is not None:  # cancel() or fail() ran meanwhile
+            self._check_at = -math.inf
+
+    # ---- failing and interrupting native work (on_cancel) ---------------------------------
+
+    def fail(self, error: Error) -> None:
+        """A task or thread of this query failed for good (memory limit): every
+        other thread of the query raises it at its next checkpoint."""
+        self._failure = error
+        self._stop_at = self._check_at = -math.inf
+        if self._watched:
+            self._engine.deadlines.wake(self)
+
+    def on_cancel(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` once, on another thread, as soon as the query is
+        cancelled, fails (a memory limit, a lost fleet lease), its query
+        timeout passes or (fleet mode) the instance's fence passes, so that
+        work inside one native call can be interrupted
+        (``duckdb_connection.interrupt()``); the query then raises its error
+        (QueryCancelled, QueryTimeout, CoordinationUnavailable) at its next
+        checkpoint, as always. One timer thread watches every query's
+        deadline; a callback that raises is logged, and none runs once
+        ``__exit__`` has returned."""
+        if self.state is DONE:
+            raise InvalidParameter("on_cancel() on a query that has ended")
+        self._on_cancel = (*self._on_cancel, callback)
+        self._watched = True
+        self._engine.deadlines.watch(self)
+
+    def due_at(self) -> float:
+        """When the on_cancel callbacks are due, on the engine clock (the watcher's)."""
+        if self._cancelled or self._failure is not None:
+            return -math.inf
+        if self.state is SUSPENDED:  # the timeout does not run meanwhile
+            return math.inf
+        if self._fence is not None:  # fleet mode: native work stops at the fence too
+            return min(self._timeout_at, self._now() + seconds_left(self._fence))
+        return self._timeout_at
+
+    def fire(self) -> None:
+        """The watcher's thread: call each pending callback once."""
+        callbacks, self._on_cancel = self._on_cancel, ()
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("%s: an on_cancel callback failed", self)
+
+    # ---- entering and leaving --------------------------------------------------------
+
+    @interrupts.protect
+    def __enter__(self) -> Query:
+        """Resolve, pass the gate, take a worker. On the main thread this frame is
+        protected (resgroups.interrupts): a signal that arrives anywhere in it, or
+        in what it calls, is deferred, and one that arrives while the query waits
+        (SIGINT) cancels the wait. Its handlers run as the last step: one that
+        raises gives everything back first, so either the query was never
+        entered, or it is entered and no exception leaves here (no ``__exit__``
+        would follow). On any other thread no signal handler runs."""
+        if self.state is not NEW:
+            raise InternalError("a query is entered once")
+        if get_ident() != MAIN_IDENT:
+            self._enter()  # gives back what it took, if it fails
+            return self
+        hold = Hold(self._interrupted)
+        hold.__enter__()  # wraps the handlers (a signal before finds nothing taken)
+        try:
+            interrupts.STATE.queries += 1  # the handlers stay wrapped until __exit__
+            self.held.on_main_thread = True
+            self._enter()
+        except BaseException:
+            try:
+                self._leave()  # still held: give everything back first (if not already)
+            finally:
+                hold.__exit__(None, None, None)  # then deliver what is pending
+            raise
+        hold.release()
+        while PENDING:  # the last test: no eval-breaker check between it and the return
+            self._deliver_entered()
+        return self
+
+    def _deliver_entered(self) -> None:
+        """Run the handlers of signals deferred while the query was entered; one
+        that raises gives everything back before its exception leaves ``__enter__``."""
+        try:
+            interrupts.deliver()
+        except BaseException:
+            with Hold():
+                self._leave()
+            raise
+
+    def _enter(self) -> None:
+        session = self.session
+        if self._cancelled:  # cancelled before it started: honoured for every kind
+            self.state = DONE
+            raise QueryCancelled(f"query cancelled before it started [user={self.user}]")
+        self.state = ADMITTING
+        now = self._submitted_at = self._checked_at = self._now()
+        self._started_wall = time.time()
+        timeout = self._engine.query_timeout
+        if timeout is not None:
+            self._timeout_at = self._stop_at = self._check_at = now + timeout
+        try:
+            self._engine.open_query(self)
+            session.running_ids.add(self.id)
+            # an unmanaged query resolves nothing: a dropped or forbidden choice
+            # cannot fail what consumes nothing
+            if self.kind in MANAGED_KINDS:
+                placement = session.placement(export=self.kind == "export")
+                if placement is not None:
+                    self._placement = placement
+                    held = self.held
+                    self.group = held.group = placement.group.name
+                    held.runtime = placement.runtime
+                    if self._memory is not None:  # q.memory was read before entry
+                        self._memory = MemoryCounter(self._memory_state())
+                    self._admit(now)  # arms the checkpoint as it returns (_checked_at)
+            self.waited_s = self._checked_at - now
+            self.state = RUNNING
+        except BaseException:
+            self._leave()
+            raise
+
+    @interrupts.protect
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Give back the worker, the slot and every tracked byte. On the main thread
+        this frame is protected from its first instruction, so a signal that
+        arrives before the hold below begins is deferred too; its handler runs as
+        the hold ends, once everything is back."""
+        if get_ident() != MAIN_IDENT:
+            self._leave()
+            return
+        with Hold():  # and a signal's handler runs once everything is back
+            self._leave()
+
+    def _interrupted(self, signum: int) -> None:
+        """A signal arrived while a hold of this query was in force (signal handler
+        context: flags only, no lock). SIGINT cancels, so a wait ends within one
+        poll and the KeyboardInterrupt follows once everything is given back."""
+        if signum == signal.SIGINT:
+            self._cancelled = True
+            self._stop_at = self._check_at = -math.inf
+
+    # ---- admission ---------------------------------------------------------------------
+
+    def _admit(self, now: float) -> None:
+        """Pass the gate, then take a worker (keeping the slot while waiting for one).
+
+        The fast path first: when nobody waits in the group's queue or for a
+        worker of the pool, the slot and the worker are taken together under the
+        dispatcher's one lock, which every gate shares: by count, with no ticket
+        or runner, while CPU scheduling is not engaged (``admit_counted``), else
+        with a ticket and a runner to slice (``admit_at_once``). Otherwise it
+        takes nothing, and the slow path runs the same state machines with
+        their waits: the gate, the fleet lease, then a worker.
+        """
+        held = self.held
+        runtime = held.runtime
+        if runtime is None:
+            raise InternalError("an unmanaged query has no gate to pass")
+        mode = self._mode
+        dispatcher = self._dispatcher
+        if not mode.fenced:
+            if not dispatcher.core.engaged:  # read without the lock: a hint
+                if dispatcher.admit_counted(
+                    runtime.gate.gate, runtime.cpu, self.pool_name, self.user, now
+                ):
+                    held.counted = True
+                    self._cpu_mark = 0
+                    self._arm(now)
+                    return
+            else:
+                ticket, runner = self._ticket_and_runner(runtime)
+                if dispatcher.admit_at_once(runtime.gate.gate, ticket, runner):
+                    self._cpu_mark = self._meter() if runner.scheduled else 0
+                    self._arm(self._now())
+                    return
+        self._admit_slow(runtime, mode)
+
+    def _ticket_and_runner(self, runtime: GroupRuntime) -> tuple[Ticket, Runner]:
+        """What a query that may wait or be sliced holds while it does: made now."""
+        held = self.held
+        ticket = held.ticket = Ticket(self.user, self._timeout_at)
+        runner = held.runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
+        return ticket, runner
+
+    def _admit_slow(self, runtime: GroupRuntime, mode: AdmissionMode) -> None:
+        """The fleet's fence, the gate's queue, what the admission mode holds after
+        the slot (a fleet lease), then a worker of the pool: each may wait."""
+        held = self.held
+        ticket, runner = held.ticket, held.runner
+        if ticket is None or runner is None:
+            ticket, runner = self._ticket_and_runner(runtime)
+        group = runtime.definition
+        queue_timeout = group.queue_timeout_ms / 1000
+        if mode.fenced:  # fleet mode: nothing is admitted on what may have lapsed
+            fence = self._fence = mode.fence_for(group)
+            if not (seconds_left(fence) > 0 and mode.fresh()):
+                mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))
+            if mode.fast and self._dispatcher.admit_at_once(runtime.gate.gate, ticket, runner):
+                held.fenced = True  # it runs on the fence from here
+                if seconds_left(fence) <= 0 or not mode.fresh():  # meanwhile
+                    self._hold_fence(group, queue_timeout)
+                self._cpu_mark = self._meter() if runner.scheduled else 0
+                self._arm(self._now())
+                return
+        if mode.fast:  # who gives this ticket its slot may hand it a worker too
+            ticket.runner = runner
+        try:
+            runtime.gate.enter(ticket, self._is_cancelled, mode.queued)
+        finally:
+            ticket.runner = None
+        mode.after_slot(  # the local slot first, then the fleet's (SPEC §11)
+            held,
+            runtime,
+            deadline=self._timeout_at,
+            queue_deadline=self._now() + queue_timeout,
+            cancelled=self._is_cancelled,
+            now=self._now,
+        )
+        if runner.state is not RUNNER_RUNNING:  # not handed a worker with the slot
+            # a worker is asked for once the slot is held: its arrival order counts
+            # from here
+            runner = held.runner = Runner(
+                runtime.cpu, self.pool_name, self.user, self.id, self.kind
+            )
+            self._dispatcher.acquire(runner, self._wait_error, self._timeout_at)
+        if mode.fenced:
+            self._hold_fence(group, queue_timeout)
+        self._cpu_mark = self._meter() if runner.scheduled else 0
+        self._arm(self._now())
+
+    def _hold_fence(self, group: GroupDef, queue_timeout: float) -> None:
+        """Fleet mode, once the slot is held: run on the fence from here. A query
+        that waited in the queue across a lapse waits for the renewal first (the
+        renewal fails the queries that run on the fence, not this one); one that
+        finds the fence passed once it runs on it fails now."""
+        mode = self._mode
+        assert self._fence is not None
+        if seconds_left(self._fence) <= 0 or not mode.fresh():
+            mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))  # or raise
+            mode.recheck(self.held)  # what it took before the lapse may be gone: or raise
+        self.held.fenced = True
+        if seconds_left(self._fence) <= 0:
+            self._check_fence()  # raises
+
+    def _is_cancelled(self) -> bool:
+        return self._cancelled
+
+    def _wait_error(self) -> Error | None:
+        if self._cancelled:
+            return QueryCancelled(
+                f"query cancelled while waiting for a worker [group={self.group}]"
+            )
+        if self._now() >= self._timeout_at:
+            return QueryTimeout(
+                f"query timeout while waiting for a worker of pool {self.pool_name} "
+                f"[timeout={self._engine.query_timeout}s, group={self.group}]"
+            )
+        return None
+
+    def _give_back(self) -> None:
+        """Return the worker and the slot, whatever state they are in (the query's
+        own thread: exit, suspend, a failed resume). A fault of the CPU meter
+        does not keep the worker."""
+        held = self.held
+        cpu_ns = 0
+        try:
+            runner = held.runner
+            if runner is not None and runner.scheduled and runner.state is RUNNER_RUNNING:
+                cpu_ns = self._meter() - self._cpu_mark
+                self.cpu_ns += cpu_ns
+        finally:
+            held.release(self._dispatcher, self._mode, cpu_ns)
+
+    def _leave(self) -> None:
+        held = self.held
+        if held.on_main_thread:  # the last main-thread query to leave lets handlers go back
+            held.on_main_thread = False
+            interrupts.STATE.queries -= 1
+        state = self.state
+        if state is DONE:
+            return
+        try:
+            if self._watched:  # nothing interrupts the query once it has ended
+                self._on_cancel = ()
+                self._engine.deadlines.unwatch(self)  # waits for a firing
+            if held.counted:  # nothing to charge: back by count
+                held.release(self._dispatcher, self._mode, 0)
+            elif held.ticket is not None or held.runner is not None or held.lease_id is not None:
+                self._give_back()
+        finally:
+            if self._memory is not None or held.published is not None:
+                self._end_memory()
+            self.state = DONE
+            if state is SUSPENDED and held.runtime is not None:
+                held.runtime.suspend(-1)
+                held.suspended = False
+            self.session.running_ids.discard(self.id)
+            self._engine.close_query(self)
+
+    # ---- cursors -------------------------------------------------------------------
+
+    def suspend(self) -> None:
+        """Give the slot and the worker back between pages; memory stays charged."""
+        if self.state is not RUNNING:
+            raise InvalidParameter(f"suspend() on a {self.state.value} query")
+        with Hold():
+            self._give_back()
+            if self._memory is not None:  # charged while suspended: publish what is pending
+                self._memory.flush()
+            self._suspended_at = self._now()
+            runtime = self.held.runtime
+            if runtime is not None:
+                runtime.suspend(+1)
+                self.held.suspended = True
+            self.state = SUSPENDED
+
+    def resume(self) -> None:
+        """Pass the gate again; a refusal raises and leaves the query suspended."""
+        if self.state is not SUSPENDED:
+            raise InvalidParameter(f"resume() on a {self.state.value} query")
+        if self._cancelled:
+            raise QueryCancelled(f"query cancelled [group={self.group}]")
+        # the query timeout does not run while the cursor is suspended
+        now = self._now()
+        self._timeout_at += now - self._suspended_at
+        self._suspended_at = now  # a refused resume may be retried
+        if not self._cancelled and self._failure is None:
+            self._stop_at = self._check_at = self._timeout_at
+        with Hold(self._interrupted):
+            runtime = self.held.runtime
+            if runtime is not None:
+                try:
+                    self._admit(now)
+                except BaseException:
+                    self._give_back()
+                    raise
+                runtime.suspend(-1)
+                self.held.suspended = False
+            self.state = RUNNING
+        if self._watched:  # its timeout runs again, later than it was
+            self._engine.deadlines.watch(self)
+
+    # ---- cancellation and parallel work ---------------------------------------------
+
+    def cancel(self) -> None:
+        """Cancel from any thread: the query raises QueryCancelled at its next
+        checkpoint, or at once if it waits in a queue or for a worker."""
+        self._cancelled = True
+        self._stop_at = self._check_at = -math.inf
+        held = self.held
+        ticket, runtime = held.ticket, held.runtime
+        if ticket is not None and runtime is not None:
+            runtime.gate.wake_queued(ticket)
+        self._dispatcher.wake_parked(held.runner)
+        if held.seeking:
+            self._mode.wake_lease_waiters()  # a wait for a fleet lease notices at once
+        if self._watched:
+            self._engine.deadlines.wake(self)  # interrupt native work now
+
+    def map(self, fn: Callable[[Task, T], R], items: Iterable[T]) -> list[R]:
+        """``[fn(task, item) for item in items]`` on pool workers, results in order.
+
+        While it waits, the calling thread runs its own pending tasks, so a
+        query never deadlocks on workers its group or its callers hold. The
+        first exception of a task is raised once every started task ended
+        (resgroups.query.parallel).
+        """
+        if self.state is not RUNNING:
+            raise FeatureNotSupported(f"map() on a {self.state.value} query")
+        self._memory_state()  # created here, on this thread, for its tasks to share
+        return run_map(self, fn, items)

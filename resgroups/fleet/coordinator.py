@@ -347,13 +347,7 @@ class FleetCoordinator:
     def close(self, *, release: bool = True) -> None:
         """Flush the queued releases, release every lease and quota of this
         instance (``release``; False: a query still runs on them, so they are
-        left to expire), stop. The heartbeat stops first: a renewal in flight
-        while the rows are deleted would write the instance's row back."""
-        self._stop.set()
-        self.poke()
-        for thread in self._threads:
-            if thread.ident is not None:  # started
-                thread.join(5)
+        left to expire), stop."""
         if self.quotas is not None:
             self.quotas.close()
         self.releases.close()

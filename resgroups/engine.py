@@ -21,6 +21,9 @@ part                what it holds
                     query is cancelled or times out (resgroups.deadlines)
 ``_reconciler``     the thread that runs :meth:`Engine.reconcile` every
                     ``reconcile_interval`` seconds (resgroups.reconcile)
+``rule_hits``       how often each runaway-query rule acted, and the
+``watches``         statements watched after a KILL or a MOVE
+                    (resgroups.sched.rules)
 ``tables``          the reference executor's in-memory tables (resgroups.exec)
 ``_metrics``        the Prometheus registry (resgroups.metrics)
 ==================  =========================================================
@@ -67,6 +70,7 @@ from resgroups.reconcile import Reconciler
 from resgroups.sched.groups import GroupRuntimes
 from resgroups.sched.memory import MemoryLedger, query_ceiling
 from resgroups.sched.pool import Dispatcher, PoolView
+from resgroups.sched.rules import RuleHits, WatchList
 from resgroups.sched.runtime import GroupRuntime
 from resgroups.sched.stats import GroupStatistics
 from resgroups.session import Session
@@ -214,6 +218,8 @@ class Engine:
         self._pool_views = {name: PoolView(self.dispatcher, name) for name in self.pools}
         self.memory_ledger = MemoryLedger(c.process_memory_limit)
         self.tables = TableStore()  # the built-in executor's tables
+        self.rule_hits = RuleHits()  # what runaway-query rules did (SPEC §16)
+        self.watches = WatchList(self.clock.monotonic)
         self.runtimes = GroupRuntimes(
             self.clock.monotonic,
             self.dispatcher,

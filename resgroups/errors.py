@@ -232,6 +232,13 @@ class QueryCancelled(Error):
     sqlstate = "57014"
 
 
+class RunawayQuery(Error):
+    """Killed, or refused while its statement was watched, by a runaway-query
+    rule (SPEC §16); the message names the rule, the condition and the value."""
+
+    sqlstate = "57014"
+
+
 class MemoryLimitExceeded(Error):
     sqlstate = "53200"
 

@@ -311,3 +311,42 @@ def test_a_default_query_does_not_wait_for_the_quota_keeper(pg_catalog: str) -> 
     finally:
         late.set()
         quotas.LeaseStore.renew_quotas = real  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("mode", ["lease", "quota"])
+def test_close_during_a_renewal_leaves_no_row_behind(pg_catalog: str, mode: str) -> None:
+    """A heartbeat in flight while close() deletes the instance's rows must not
+    write its row back: the heartbeat stops before the rows go (before, a closed
+    engine's row could outlive it and hold back a limit that appears)."""
+    import psycopg
+
+    engine = resgroups.Engine(
+        catalog=pg_catalog, coordination=pg_catalog, fleet_admission=mode, workers=2, **FAST
+    )
+    assert engine.fleet is not None
+    store = engine.fleet.store
+    real_renew, real_release = store.renew, store.release_instance
+    renewing, proceed, released = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_renew(*args: Any, **kwargs: Any) -> Any:
+        renewing.set()
+        proceed.wait(10)
+        return real_renew(*args, **kwargs)
+
+    def release() -> int:
+        released.set()
+        return real_release()
+
+    store.renew = slow_renew  # type: ignore[method-assign]
+    store.release_instance = release  # type: ignore[method-assign]
+    assert renewing.wait(10)  # a renewal is in flight
+    closer = threading.Thread(target=engine.close, kwargs={"grace": 0.2}, daemon=True)
+    closer.start()
+    released.wait(1.0)  # the old order deleted the rows here, with the renewal in flight
+    proceed.set()
+    closer.join(15)
+    assert not closer.is_alive()
+    assert released.is_set()
+    with psycopg.connect(pg_catalog) as conn:
+        rows = conn.execute("SELECT instance_id FROM resgroups_fleet_instances").fetchall()
+    assert rows == []

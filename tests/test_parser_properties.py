@@ -41,6 +41,11 @@ CORPUS = [
     "SELECT count(*), sum(cpu_weight), min(name) FROM resource_groups()",
     "SELECT current_resource_group()",
     "SHOW GROUPS",
+    "CREATE RESOURCE RULE r ON RESOURCE GROUP reporting WHEN cpu_time > 30s AND memory > 2G "
+    "THEN MOVE TO RESOURCE GROUP adhoc WITH (watch = '10m')",
+    "CREATE RESOURCE RULE IF NOT EXISTS big ON RESOURCE GROUP DEFAULT WHEN rows > 10 THEN LOG",
+    "ALTER RESOURCE RULE r RENAME TO s",
+    "DROP RESOURCE RULE IF EXISTS s",
 ]
 KEYWORDS = keywords()
 TOKENS = [

@@ -42,6 +42,7 @@ def test_error_sqlstates() -> None:
         "QueueTimeout": "57014",
         "QueryTimeout": "57014",
         "QueryCancelled": "57014",
+        "RunawayQuery": "57014",
         "MemoryLimitExceeded": "53200",
         "CoordinationUnavailable": "08006",
         "NumericOverflow": "22003",

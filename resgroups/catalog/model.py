@@ -176,6 +176,24 @@ class Principal:
     md5_verifier: str | None = None  # "md5" + md5(password + name), kept only when asked
 
 
+@dataclass(frozen=True)
+class RuleDef:
+    """A runaway-query rule (SPEC §16, :mod:`resgroups.catalog.rules`): on the
+    queries of ``group_id``, when every condition holds (each ``(metric,
+    threshold)`` in the metric's base unit), ``action`` ('kill', 'move' to
+    ``target_id``, or 'log'); ``watch_ms`` > 0 keeps the statement's fingerprint
+    watched that long after a KILL or a MOVE."""
+
+    id: int
+    name: str
+    quoted: bool
+    group_id: int
+    conditions: tuple[tuple[str, int], ...]
+    action: str
+    target_id: int | None = None
+    watch_ms: int = 0
+
+
 def _indexed(
     index: Map[str, tuple[int, ...]], name: str, object_id: int
 ) -> Map[str, tuple[int, ...]]:
@@ -195,6 +213,7 @@ _NAMES: Final[Map[str, tuple[int, ...]]] = Map()
 _NO_PRINCIPALS: Final[Map[int, Principal]] = Map()
 _NO_DROPPED: Final[Map[int, str]] = Map()
 _NO_GROUPS: Final[Map[int, GroupDef]] = Map()
+_NO_RULES: Final[Map[int, RuleDef]] = Map()
 _ONLY_DEFAULT: Final = _NO_GROUPS.set(
     DEFAULT_GROUP_ID, GroupDef(DEFAULT_GROUP_ID, DEFAULT_GROUP_NAME)
 )
@@ -228,6 +247,7 @@ class Snapshot:
     # the log's identity, from its genesis record: engines that follow one log share
     # it ("": a log whose genesis record predates the field, or none yet)
     catalog_uid: str = ""
+    rules: Map[int, RuleDef] = _NO_RULES  # runaway-query rules, by id
 
     def evolve(self, **changes: Any) -> Snapshot:
         """A copy with ``changes``: ``dataclasses.replace`` without re-running
@@ -348,6 +368,37 @@ class Snapshot:
         """A base's variants, in creation order."""
         return [self.group_by_id[i] for i in base.variants]
 
+    # ---- runaway-query rules
+    @property
+    def all_rules(self) -> list[RuleDef]:
+        """Every rule, in creation order."""
+        return sorted(self.rules.values(), key=lambda r: r.id)
+
+    def rules_of(self, group_id: int) -> list[RuleDef]:
+        """The rules on a group's queries, in creation order (the order they act)."""
+        return [r for r in self.all_rules if r.group_id == group_id]
+
+    def rules_moving_to(self, group_id: int) -> list[RuleDef]:
+        """The rules of other groups whose MOVE names this one, in creation order."""
+        return [r for r in self.all_rules if r.target_id == group_id]
+
+    def find_rule(self, ref: Ident) -> RuleDef | None:
+        same = [r for r in self.all_rules if r.name.casefold() == ref.text.casefold()]
+        exact = [r for r in same if r.name == ref.text]
+        loose = [r for r in same if _matches(r.name, r.quoted, ref)]
+        return next(iter(exact or loose), None)
+
+    def rule_name_taken(self, new: Ident) -> RuleDef | None:
+        clash = [r for r in self.rules.values() if conflicts(r.name, r.quoted, new)]
+        return clash[0] if clash else None
+
+    def with_rule(self, rule: RuleDef) -> Snapshot:
+        """The snapshot with ``rule`` added, or replacing the rule of its id."""
+        return self.evolve(rules=self.rules.set(rule.id, rule))
+
+    def without_rule(self, rule_id: int) -> Snapshot:
+        return self.evolve(rules=self.rules.delete(rule_id))
+
     # ---- principals
     def principal(self, principal_id: int) -> Principal | None:
         return self.principals.get(principal_id)
@@ -417,7 +468,7 @@ class Snapshot:
     def _check_invariants(self) -> None:
         """Check the whole snapshot, indexes included: O(n), for replay and tests."""
         problems: list[str] = []
-        ids = list(self.group_by_id) + list(self.principals)
+        ids = list(self.group_by_id) + list(self.principals) + list(self.rules)
         if len(ids) != len(set(ids)):
             problems.append(f"duplicate ids {sorted(ids)}")
         if ids and max(ids) >= self.next_id:
@@ -441,7 +492,9 @@ class Snapshot:
                 problems.append(f"{p.name} mapped to missing group {p.group_id}")
             if not p.use_groups <= group_ids:
                 problems.append(f"{p.name} holds USE on missing groups")
+        problems += self._rule_problems()
         problems += _name_clashes((g.name, g.quoted) for g in self.group_by_id.values())
+        problems += _name_clashes((r.name, r.quoted) for r in self.rules.values())
         problems += _name_clashes((p.name, p.quoted) for p in self.principals.values())
         for user_id, acl_id in self.memberships:
             user, acl = self.principals.get(user_id), self.principals.get(acl_id)
@@ -458,6 +511,23 @@ class Snapshot:
         problems += self._index_problems()
         if problems:
             raise InternalError(f"catalog snapshot v{self.version} broken: " + "; ".join(problems))
+
+    def _rule_problems(self) -> list[str]:
+        """Does every rule act on a runtime group, and move to another one?"""
+        problems = []
+        for rid, r in self.rules.items():
+            if rid != r.id:
+                problems.append(f"rule {r.name} filed under {rid}")
+            if self.runtime_group(r.group_id) is None:
+                problems.append(f"rule {r.name} on missing or base group {r.group_id}")
+            moves = r.target_id is not None
+            if moves != (r.action == "move"):
+                problems.append(f"rule {r.name}: action {r.action} with target {r.target_id}")
+            if moves and (
+                r.target_id == r.group_id or self.runtime_group(r.target_id or 0) is None
+            ):
+                problems.append(f"rule {r.name} moves to missing or base group {r.target_id}")
+        return problems
 
     def _variant_problems(self, g: GroupDef) -> list[str]:
         """Does a base agree with its variants, and each variant with its base?"""

@@ -25,11 +25,13 @@ from resgroups.catalog.model import (
     VARIANT_SEPARATOR,
     GroupDef,
     Principal,
+    RuleDef,
     Snapshot,
     variant_name,
 )
 from resgroups.catalog.names import Ident, PrincipalKind, name_problem
 from resgroups.catalog.params import INT32_MAX, INT64_MAX, PARAMETERS, ParamValue
+from resgroups.catalog.rules import ACTIONS, MOVE, conditions_problem
 from resgroups.errors import CatalogError
 
 LOG_FORMAT: Final = 1
@@ -196,6 +198,8 @@ def _add_variant(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
         raise _Invalid(f"variant {name!r} of {base.name}: not a variant SQL could create")
     if not base.is_base and (snap.mapped_to(base.id) or snap.use_grants.left_of(base.id)):
         raise _Invalid(f"{base.name} is mapped or granted, so it cannot become a base")
+    if not base.is_base and (snap.rules_of(base.id) or snap.rules_moving_to(base.id)):
+        raise _Invalid(f"{base.name} has rules or is a rule's target, so it cannot become a base")
     full, full_quoted = variant_name(base.name, name), base.quoted or quoted
     if snap.group_name_taken(Ident(full, full_quoted)) is not None:
         raise _Invalid(f"variant name {full} is taken")
@@ -276,7 +280,12 @@ def _drop_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     family = [*snap.variants_of(group), group]
     if group.is_default or any(snap.mapped_to(g.id) for g in family):
         raise _Invalid(f"drops {group.name}, which must stay")
+    members = {g.id for g in family}
+    if any(r.group_id not in members for g in family for r in snap.rules_moving_to(g.id)):
+        raise _Invalid(f"drops {group.name}, which a rule of another group moves queries to")
     for member in family:
+        for rule in snap.rules_of(member.id):  # a group's rules go with it
+            snap = snap.without_rule(rule.id)
         snap = snap.without_group(member.id)
     if group.base_id is not None:
         base = _group(snap, group.base_id)
@@ -366,6 +375,56 @@ def _assume(grant: bool) -> Callable[[Snapshot, Mapping[str, Any]], Snapshot]:
     return apply_assume
 
 
+def _rule(snap: Snapshot, rule_id: object) -> RuleDef:
+    rule = snap.rules.get(rule_id) if isinstance(rule_id, int) else None
+    if rule is None:
+        raise _Invalid(f"refers to missing rule id {rule_id!r}")
+    return rule
+
+
+def _create_rule(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
+    rule_id = _new_id(snap, a)
+    name, quoted = _name(a)
+    if snap.rule_name_taken(Ident(name, quoted)) is not None:
+        raise _Invalid(f"resource rule {name} already exists")
+    group = _runtime_group(snap, a["group"])
+    problem = conditions_problem(a["conditions"])
+    if problem is not None:
+        raise _Invalid(problem)
+    action = a["action"]
+    if action not in ACTIONS:
+        raise _Invalid(f"action {action!r}: expected one of {', '.join(ACTIONS)}")
+    target = a.get("target")
+    if (action == MOVE) != (target is not None):
+        raise _Invalid(f"action {action} with target {target!r}")
+    if target is not None and _runtime_group(snap, target).id == group.id:
+        raise _Invalid(f"rule {name} moves queries of {group.name} to itself")
+    rule = RuleDef(
+        rule_id,
+        name,
+        quoted,
+        group.id,
+        tuple((str(m), int(v)) for m, v in a["conditions"]),
+        action,
+        target,
+        _int(a, "watch", 0, INT32_MAX),
+    )
+    return snap.with_rule(rule).evolve(next_id=rule_id + 1)
+
+
+def _rename_rule(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
+    rule = _rule(snap, a["id"])
+    name, quoted = _name(a)
+    taken = snap.rule_name_taken(Ident(name, quoted))
+    if taken is not None and taken.id != rule.id:
+        raise _Invalid(f"cannot rename rule {rule.name} to {name}: taken")
+    return snap.with_rule(replace(rule, name=name, quoted=quoted))
+
+
+def _drop_rule(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
+    return snap.without_rule(_rule(snap, a["id"]).id)
+
+
 APPLY: Final[dict[str, Callable[[Snapshot, Mapping[str, Any]], Snapshot]]] = {
     "genesis": _genesis,
     "create_group": _create_group,
@@ -384,6 +443,9 @@ APPLY: Final[dict[str, Callable[[Snapshot, Mapping[str, Any]], Snapshot]]] = {
     "revoke_use": _use(grant=False),
     "grant_assume": _assume(grant=True),
     "revoke_assume": _assume(grant=False),
+    "create_rule": _create_rule,
+    "rename_rule": _rename_rule,
+    "drop_rule": _drop_rule,
 }
 
 

@@ -345,7 +345,13 @@ class FleetCoordinator:
     def close(self, *, release: bool = True) -> None:
         """Flush the queued releases, release every lease and quota of this
         instance (``release``; False: a query still runs on them, so they are
-        left to expire), stop."""
+        left to expire), stop. The heartbeat stops first: a renewal in flight
+        while the rows are deleted would write the instance's row back."""
+        self._stop.set()
+        self.poke()
+        for thread in self._threads:
+            if thread.ident is not None:  # started
+                thread.join(5)
         if self.quotas is not None:
             self.quotas.close()
         self.releases.close()
@@ -365,8 +371,4 @@ class FleetCoordinator:
                 self.store.release_instance()
             except StoreUnavailable as exc:
                 log.warning("fleet: leases of %s left to expire: %s", self.instance_id, exc)
-        self._stop.set()
-        self.poke()
-        for thread in self._threads:
-            thread.join(5)
         self.store.close()

@@ -130,6 +130,7 @@ class QueryMemory:
         self.ceiling = ceiling
         self.describe = describe
         self.published = 0
+        self.peak = 0  # the high-water mark of published, for rules on memory (SPEC §16)
         self._on_failure = on_failure
 
     def publish(self, delta: int, request: int) -> None:
@@ -152,6 +153,8 @@ class QueryMemory:
 
     def _apply(self, delta: int) -> None:
         self.published += delta
+        if self.published > self.peak:
+            self.peak = self.published
         self.group.used += delta
         self.ledger.process.used += delta
 

@@ -169,6 +169,32 @@ class DropResourceGroup:
     if_exists: bool = False
 
 
+@dataclass(frozen=True)
+class CreateResourceRule:
+    """CREATE RESOURCE RULE (SPEC §16): thresholds in each metric's base unit
+    (:mod:`resgroups.catalog.rules`); ``target`` only for a MOVE."""
+
+    name: Ident
+    group: Ident
+    conditions: tuple[tuple[str, int], ...]
+    action: str
+    target: Ident | None = None
+    watch_ms: int = 0
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class RenameResourceRule:
+    name: Ident
+    new_name: Ident
+
+
+@dataclass(frozen=True)
+class DropResourceRule:
+    name: Ident
+    if_exists: bool = False
+
+
 # --------------------------------------------------------------------------
 # principals, mappings, permissions
 
@@ -396,6 +422,9 @@ Statement = (
     | DropResourceGroup
     | AddVariant
     | DropVariant
+    | CreateResourceRule
+    | RenameResourceRule
+    | DropResourceRule
     | CreatePrincipal
     | DropPrincipal
     | AddUser

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from resgroups.catalog.params import PARAMETERS
+from resgroups.catalog.rules import format_conditions
 from resgroups.sql import ast
 
 
@@ -160,6 +161,17 @@ def _create_group(s: ast.CreateResourceGroup) -> str:
     return text
 
 
+def _create_rule(s: ast.CreateResourceRule) -> str:
+    text = "CREATE RESOURCE RULE " + ("IF NOT EXISTS " if s.if_not_exists else "")
+    text += f"{quote_ident(s.name)} ON RESOURCE GROUP {quote_ident(s.group)} WHEN "
+    text += format_conditions(s.conditions) + " THEN "
+    if s.target is not None:
+        text += f"MOVE TO RESOURCE GROUP {quote_ident(s.target)}"
+    else:
+        text += s.action.upper()
+    return text + (f" WITH (watch = {s.watch_ms})" if s.watch_ms else "")
+
+
 def _mapping(s: ast.SetMapping) -> str:
     head = f"ALTER {s.kind.sql} {quote_ident(s.name)}"
     if s.group is None:
@@ -204,6 +216,13 @@ _FORMATTERS: Final[dict[type, Callable[[Any], str]]] = {
     ),
     ast.DropResourceGroup: lambda s: (
         "DROP RESOURCE GROUP " + ("IF EXISTS " if s.if_exists else "") + quote_ident(s.name)
+    ),
+    ast.CreateResourceRule: _create_rule,
+    ast.RenameResourceRule: lambda s: (
+        f"ALTER RESOURCE RULE {quote_ident(s.name)} RENAME TO {quote_ident(s.new_name)}"
+    ),
+    ast.DropResourceRule: lambda s: (
+        "DROP RESOURCE RULE " + ("IF EXISTS " if s.if_exists else "") + quote_ident(s.name)
     ),
     ast.CreatePrincipal: lambda s: (
         f"CREATE {s.kind.sql} {quote_ident(s.name)}{_password(s.password)}"

@@ -26,6 +26,8 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from lark.lexer import BasicLexer, PatternStr
 
 from resgroups.catalog.params import INT32_MAX, RawValue, lookup, parse_param, parse_size
+from resgroups.catalog.rules import KILL, LOG, MOVE, parse_watch
+from resgroups.catalog.rules import metric as rule_metric
 from resgroups.errors import (
     InvalidParameter,
     NumericOverflow,
@@ -33,6 +35,7 @@ from resgroups.errors import (
     SqlSyntaxError,
     UndefinedFunction,
     UndefinedType,
+    did_you_mean,
 )
 from resgroups.sql import ast
 from resgroups.sql.semantics import ARRAY, cast_target
@@ -219,6 +222,74 @@ class _ToAst(Transformer[Token, Any]):
 
     def drop_resource_group(self, if_exists: bool | None, name: ast.Ident) -> ast.DropResourceGroup:
         return ast.DropResourceGroup(name, bool(if_exists))
+
+    # ---- runaway-query rules
+    def rule_metric(self, name: Token) -> str:
+        return rule_metric(str(name)).name
+
+    def memory_metric(self) -> str:
+        return "memory"
+
+    def rule_condition(self, name: str, raw: RawValue) -> tuple[str, int]:
+        return name, rule_metric(name).parse(raw)
+
+    def rule_action_word(self, word: Token) -> tuple[str, ast.Ident | None]:
+        action = str(word).lower()
+        if action not in (KILL, LOG):
+            hint = " (MOVE names its target: MOVE TO RESOURCE GROUP g)" if action == MOVE else ""
+            raise _PositionedError(
+                f"unknown rule action {str(word)!r}: expected KILL, MOVE TO RESOURCE GROUP "
+                f"name or LOG{hint}",
+                word,
+            )
+        return action, None
+
+    def rule_action_move(self, word: Token, group: ast.Ident) -> tuple[str, ast.Ident | None]:
+        if str(word).lower() != MOVE:
+            raise _PositionedError(
+                f"unknown rule action {str(word)!r}: expected MOVE TO RESOURCE GROUP name",
+                word,
+            )
+        return MOVE, group
+
+    def rule_option(self, name: Token, raw: RawValue) -> tuple[str, int]:
+        if str(name).lower() != "watch":
+            raise InvalidParameter(
+                f"unknown resource rule option {str(name)!r}; allowed: watch."
+                + did_you_mean(str(name), ("watch",))
+            )
+        return "watch", parse_watch(raw)
+
+    def rule_options(self, *options: tuple[str, int]) -> int:
+        watch: int = dict(_no_repeats(options))["watch"]
+        return watch
+
+    def create_resource_rule(
+        self,
+        if_not_exists: bool | None,
+        name: ast.Ident,
+        group: ast.Ident,
+        *rest: Any,
+    ) -> ast.CreateResourceRule:
+        watch = rest[-1]  # rule_options, or None
+        action, target = rest[-2]
+        conditions = rest[:-2]
+        metrics = [m for m, _ in conditions]
+        repeated = sorted({m for m in metrics if metrics.count(m) > 1})
+        if repeated:
+            raise InvalidParameter(
+                f"rule {name.text} has two conditions on {', '.join(repeated)}; "
+                "write one threshold per metric (two rules express OR)"
+            )
+        return ast.CreateResourceRule(
+            name, group, tuple(conditions), action, target, watch or 0, bool(if_not_exists)
+        )
+
+    def rename_resource_rule(self, name: ast.Ident, new_name: ast.Ident) -> ast.RenameResourceRule:
+        return ast.RenameResourceRule(name, new_name)
+
+    def drop_resource_rule(self, if_exists: bool | None, name: ast.Ident) -> ast.DropResourceRule:
+        return ast.DropResourceRule(name, bool(if_exists))
 
     # ---- principals
     def kind_user(self) -> ast.PrincipalKind:

@@ -27,7 +27,7 @@ from resgroups.sql import ast
 from resgroups.sql.expr import CATALOG_FUNCTIONS, EvalContext, Scope, compile_expr
 from resgroups.sql.relational import SERIES, run_query
 from resgroups.sql.select import Relation, run_select, select_shape
-from resgroups.statements import groups, principals
+from resgroups.statements import groups, principals, rules
 from resgroups.statements.pg_catalog import CatalogRows, unknown_relation
 from resgroups.statements.table_functions import TABLE_FUNCTIONS, relation, table_function
 
@@ -341,6 +341,9 @@ RULES: Final[dict[type, Rule]] = {
     ast.DropResourceGroup: Rule(groups.drop_resource_group, _DDL),
     ast.AddVariant: Rule(groups.add_variant, _DDL),
     ast.DropVariant: Rule(groups.drop_variant, _DDL),
+    ast.CreateResourceRule: Rule(rules.create_resource_rule, _DDL),
+    ast.RenameResourceRule: Rule(rules.rename_resource_rule, _DDL),
+    ast.DropResourceRule: Rule(rules.drop_resource_rule, _DDL),
     ast.CreatePrincipal: Rule(principals.create_principal, Needs.ADMIN, True),
     ast.DropPrincipal: Rule(principals.drop_principal, Needs.ADMIN, True),
     ast.AddUser: Rule(principals.add_user, Needs.ADMIN, True),

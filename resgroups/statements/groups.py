@@ -11,6 +11,7 @@ from resgroups.catalog.model import VARIANT_SEPARATOR, conflicts, variant_name
 from resgroups.errors import CatalogError
 from resgroups.result import Result
 from resgroups.sql import ast
+from resgroups.statements.rules import check_not_a_rule_target
 
 if TYPE_CHECKING:
     from resgroups.session import Session
@@ -116,6 +117,15 @@ def add_variant(session: Session, stmt: ast.AddVariant) -> Result:
                     "unset the mappings and revoke USE first",
                     sqlstate=CatalogError.FORBIDDEN,
                 )
+            ruled = snap.rules_of(base.id) + snap.rules_moving_to(base.id)
+            if ruled:
+                names = ",".join(r.name for r in ruled)
+                raise CatalogError(
+                    f"resource group {base.name} is named by resource rules [rule={names}], "
+                    "and with variants it would no longer be a group queries run in; "
+                    "drop the rules first",
+                    sqlstate=CatalogError.FORBIDDEN,
+                )
         siblings = [v.variant for v in snap.variants_of(base) if v.variant is not None]
         name = ast.Ident(base.name, base.quoted)
         args = _variant_args(snap, name, stmt.variant, snap.next_id, siblings)
@@ -139,6 +149,7 @@ def drop_variant(session: Session, stmt: ast.DropVariant) -> Result:
                 sqlstate=CatalogError.UNDEFINED,
             )
         _check_unmapped(snap, variant)
+        check_not_a_rule_target(snap, {variant.id}, variant.name)
         return "drop_group", {"id": variant.id}
 
     session.engine.write_catalog(build)
@@ -226,6 +237,8 @@ def drop_resource_group(session: Session, stmt: ast.DropResourceGroup) -> Result
                 sqlstate=CatalogError.FORBIDDEN,
             )
         _check_unmapped(snap, group)
+        family = {group.id, *group.variants}
+        check_not_a_rule_target(snap, family, group.name)
         return "drop_group", {"id": group.id}
 
     session.engine.write_catalog(build)

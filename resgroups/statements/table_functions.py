@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from resgroups.access import check_group_admin, is_group_admin
+from resgroups.catalog.rules import format_conditions
 from resgroups.errors import (
     DatatypeMismatch,
     FeatureNotSupported,
@@ -83,6 +85,65 @@ def _resource_group_instances(session: Session, args: tuple[Any, ...]) -> list[t
     ]
 
 
+RULE_COLUMNS: Final = (
+    ("name", "text"), ("group", "text"), ("conditions", "text"), ("action", "text"),
+    ("target_group", "text"), ("watch_millis", "int"), ("hits_total", "int"),
+    ("last_hit_at", "timestamptz"),
+)  # fmt: skip
+
+
+def _resource_group_rules(session: Session, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """Every runaway-query rule, in creation order, with how often it acted
+    (SPEC §16); RESOURCE GROUP ADMIN."""
+    if args:
+        raise DatatypeMismatch(f"resource_group_rules() takes no arguments, got {len(args)}")
+    engine = session.engine
+    snap = engine.snapshot
+    check_group_admin(snap, session.identity, access_control=engine.access_control)
+    rows = []
+    for rule in snap.all_rules:
+        hit = engine.rule_hits.get(rule.id)
+        target = None if rule.target_id is None else snap.group_name(rule.target_id)
+        last = None if hit.last_at is None else datetime.fromtimestamp(hit.last_at, UTC)
+        rows.append(
+            (
+                rule.name,
+                snap.group_name(rule.group_id),
+                format_conditions(rule.conditions),
+                rule.action.upper(),
+                target,
+                rule.watch_ms,
+                hit.total,
+                last,
+            )
+        )
+    return rows
+
+
+WATCH_COLUMNS: Final = (
+    ("fingerprint", "text"), ("rule", "text"), ("action", "text"), ("until", "timestamptz"),
+    ("hits_total", "int"),
+)  # fmt: skip
+
+
+def _resource_group_watches(session: Session, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """The statements watched after a rule's KILL or MOVE, until when, and how many
+    queries the watch caught (SPEC §16); RESOURCE GROUP ADMIN."""
+    if args:
+        raise DatatypeMismatch(f"resource_group_watches() takes no arguments, got {len(args)}")
+    engine = session.engine
+    snap = engine.snapshot
+    check_group_admin(snap, session.identity, access_control=engine.access_control)
+    rows = []
+    for watch in engine.watches.entries():
+        rule = snap.rules.get(watch.rule_id)
+        if rule is None:  # dropped: it catches nothing any more
+            continue
+        until = datetime.fromtimestamp(watch.until_wall, UTC)
+        rows.append((watch.fingerprint, rule.name, watch.action.upper(), until, watch.hits))
+    return rows
+
+
 TABLE_FUNCTIONS: Final[dict[str, TableFunction]] = {
     "resource_groups": TableFunction("resource_groups", COLUMNS, _resource_groups, True),
     "resource_group_queries": TableFunction(
@@ -90,6 +151,12 @@ TABLE_FUNCTIONS: Final[dict[str, TableFunction]] = {
     ),
     "resource_group_instances": TableFunction(
         "resource_group_instances", INSTANCE_COLUMNS, _resource_group_instances, True
+    ),
+    "resource_group_rules": TableFunction(
+        "resource_group_rules", RULE_COLUMNS, _resource_group_rules, True
+    ),
+    "resource_group_watches": TableFunction(
+        "resource_group_watches", WATCH_COLUMNS, _resource_group_watches, True
     ),
 }
 

@@ -1,0 +1,160 @@
+"""What runaway-query rules did (SPEC §16): hits per rule and the watch list.
+
+The rules themselves are catalog records (:class:`~resgroups.catalog.model.RuleDef`);
+this module keeps the live state beside them, in memory, restarting at 0 as
+every counter does (§9):
+
+- :class:`RuleHits`: how often each rule acted, and when it last did
+  (``resource_group_rules()``, ``resgroups_resource_rule_hits_total``);
+- :class:`QueryRules`: the rules of one query's group, which of them have
+  acted on it (each at most once per query), and which are due now;
+- :class:`WatchList`: after a KILL or a MOVE of a rule with ``watch``, the
+  statement's fingerprint is watched until ``until``; a query of that
+  fingerprint starting meanwhile gets the action at admission
+  (``resource_group_watches()``). One entry per fingerprint: the latest
+  action replaces an older one. Expired entries are dropped when the list is
+  read or written, so it holds at most the fingerprints acted on within the
+  longest watch.
+
+Both are keyed by rule id, so a RENAME of the rule or of its groups changes
+nothing; a dropped rule's entries stop matching (``matching`` takes the
+rules that exist now).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from resgroups.catalog.model import RuleDef
+from resgroups.catalog.rules import KILL, METRICS
+
+
+class RuleHit(NamedTuple):
+    """How often one rule acted, and when last (wall clock, seconds since the epoch)."""
+
+    total: int
+    last_at: float | None
+
+
+class RuleHits:
+    """Per rule id: how often it acted. Thread-safe; cheap (one lock, rare writes)."""
+
+    def __init__(self, wall: Callable[[], float] = time.time) -> None:
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._hits: dict[int, RuleHit] = {}
+
+    def record(self, rule_id: int) -> None:
+        with self._lock:
+            total, _ = self._hits.get(rule_id, RuleHit(0, None))
+            self._hits[rule_id] = RuleHit(total + 1, self._wall())
+
+    def get(self, rule_id: int) -> RuleHit:
+        with self._lock:
+            return self._hits.get(rule_id, RuleHit(0, None))
+
+
+@dataclass
+class Watch:
+    """One watched fingerprint: the rule that acted and until when (engine clock)."""
+
+    fingerprint: str
+    rule_id: int
+    action: str
+    until: float
+    until_wall: float
+    hits: int = 0
+
+
+class WatchList:
+    """Fingerprints watched after a KILL or a MOVE with ``watch`` (SPEC §16)."""
+
+    def __init__(self, now: Callable[[], float], wall: Callable[[], float] = time.time) -> None:
+        self._now = now
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._watches: dict[str, Watch] = {}
+
+    def watch(self, fingerprint: str, rule_id: int, action: str, seconds: float) -> None:
+        """Watch ``fingerprint`` for ``seconds`` from now (replacing an older watch)."""
+        now = self._now()
+        with self._lock:
+            self._expire(now)
+            self._watches[fingerprint] = Watch(
+                fingerprint, rule_id, action, now + seconds, self._wall() + seconds
+            )
+
+    def matching(self, fingerprint: str, live_rules: Collection[int]) -> Watch | None:
+        """The watch on ``fingerprint`` whose rule still exists, counted as a hit;
+        None when there is none. O(1) while nothing is watched."""
+        if not self._watches:
+            return None
+        with self._lock:
+            watch = self._watches.get(fingerprint)
+            if watch is None:
+                return None
+            if watch.until <= self._now() or watch.rule_id not in live_rules:
+                del self._watches[fingerprint]
+                return None
+            watch.hits += 1
+            return Watch(**vars(watch))
+
+    def entries(self) -> list[Watch]:
+        """The watches in force, earliest end first (copies)."""
+        with self._lock:
+            self._expire(self._now())
+            return sorted((Watch(**vars(w)) for w in self._watches.values()), key=_by_until)
+
+    def _expire(self, now: float) -> None:
+        for fingerprint in [f for f, w in self._watches.items() if w.until <= now]:
+            del self._watches[fingerprint]
+
+
+def _by_until(watch: Watch) -> float:
+    return watch.until
+
+
+class QueryRules:
+    """The rules that apply to one query (its group's, in creation order) and
+    which of them have acted on it: a rule acts at most once per query.
+
+    ``due`` takes the query's readings, one integer per metric in the metric's
+    base unit (milliseconds, bytes, rows), and returns the rules whose every
+    condition the readings now exceed and that have not acted yet; when one of
+    them is a KILL, the MOVEs due with it are left out (the KILL wins), while
+    the LOGs are kept. O(rules x conditions) per call.
+    """
+
+    __slots__ = ("_acted", "metrics", "rules")
+
+    def __init__(self, rules: Sequence[RuleDef]) -> None:
+        self.rules = tuple(rules)
+        self.metrics = frozenset(m for r in self.rules for m, _ in r.conditions)
+        self._acted: set[int] = set()
+
+    def due(self, readings: Mapping[str, int]) -> list[RuleDef]:
+        due = [
+            rule
+            for rule in self.rules
+            if rule.id not in self._acted
+            and all(readings.get(metric, 0) > limit for metric, limit in rule.conditions)
+        ]
+        if any(rule.action == KILL for rule in due):
+            due = [rule for rule in due if rule.action != "move"]
+        self._acted.update(rule.id for rule in due)
+        return due
+
+
+def describe_hit(rule: RuleDef, readings: Mapping[str, int]) -> str:
+    """``cpu_time 31.2s > 30s, memory 2.1G > 2G``: each condition with the value reached."""
+    shown = []
+    for metric, limit in rule.conditions:
+        fmt = METRICS[metric].format
+        shown.append(
+            f"{metric} {fmt(readings.get(metric, 0)).strip(chr(39))} > {fmt(limit).strip(chr(39))}"
+        )
+    return ", ".join(shown)

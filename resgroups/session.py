@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING
 
 from resgroups.access import Identity, login_principal, resolve, still_assumed
 from resgroups.catalog.model import GroupDef
-from resgroups.errors import QueryCancelled
+from resgroups.errors import InvalidParameter, QueryCancelled
 from resgroups.query import Placement, Query, QueryState
 from resgroups.result import Cursor, Result
 from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext
+from resgroups.sql.fingerprint import fingerprint
 from resgroups.sql.parser import parse_script
 from resgroups.statements.dispatch import describe, execute_statement, open_cursor
 
@@ -144,15 +145,23 @@ class Session:
         """What an expression of this session may ask (current_user, ...)."""
         return EvalContext(current_group=group, user=self.user, database=self.database)
 
-    def query(self, kind: str = "select", pool: str = "default") -> Query:
+    def query(
+        self, kind: str = "select", pool: str = "default", *, statement: str | None = None
+    ) -> Query:
         """A managed query: ``with session.query(kind="select") as q: ...``.
 
         ``__enter__`` returns once the query is admitted to its group and holds
         a worker of ``pool``; everything it holds is given back before
         ``__exit__`` returns, however the body ends. Kind "other" runs
-        unmanaged (no slot, no worker, ``q.group`` is None).
+        unmanaged (no slot, no worker, ``q.group`` is None). ``statement``, the
+        text the query runs, is shown in ``resource_group_queries()`` and its
+        fingerprint is what a rule's ``watch`` recognises (SPEC §16).
         """
-        return Query(self, kind, pool)
+        if statement is not None and not isinstance(statement, str):
+            raise InvalidParameter(f"statement must be text, not {type(statement).__name__}")
+        if statement is None:
+            return Query(self, kind, pool)
+        return Query(self, kind, pool, statement, fingerprint(statement))
 
     def run(self, stmt: ast.Statement) -> Result:
         """One parsed statement (what execute_script does for each of its own)."""

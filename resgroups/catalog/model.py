@@ -258,7 +258,8 @@ class Snapshot:
         new = object.__new__(Snapshot)
         state = new.__dict__  # frozen: __setattr__ refuses, the instance dict does not
         state.update(self.__dict__)
-        state.pop("groups", None)  # the cached listing belongs to self alone
+        state.pop("groups", None)  # the cached listings belong to self alone
+        state.pop("rules_by_group", None)
         state.update(changes)
         return new
 
@@ -376,7 +377,16 @@ class Snapshot:
 
     def rules_of(self, group_id: int) -> list[RuleDef]:
         """The rules on a group's queries, in creation order (the order they act)."""
-        return [r for r in self.all_rules if r.group_id == group_id]
+        return list(self.rules_by_group.get(group_id, ()))
+
+    @cached_property
+    def rules_by_group(self) -> Mapping[int, tuple[RuleDef, ...]]:
+        """Each group's rules, in creation order, computed once per snapshot (the
+        query path asks it for its group's; empty while there are none)."""
+        by_group: dict[int, tuple[RuleDef, ...]] = {}
+        for rule in self.all_rules:
+            by_group[rule.group_id] = (*by_group.get(rule.group_id, ()), rule)
+        return by_group
 
     def rules_moving_to(self, group_id: int) -> list[RuleDef]:
         """The rules of other groups whose MOVE names this one, in creation order."""

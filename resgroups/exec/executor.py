@@ -46,6 +46,7 @@ from resgroups.query import Query, QueryState, Task
 from resgroups.result import Result
 from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext, Scope, compile_expr, find_aggregates
+from resgroups.sql.format import format_sql
 from resgroups.sql.select import Relation, run_select, select_shape
 from resgroups.sql.semantics import INT, INT64_MAX
 
@@ -171,6 +172,7 @@ class Scan:
         try:
             start, stop = morsel
             width = len(self.source.names) * 8 * (stop - start)
+            task.query.scanned(stop - start, width)  # for rules on rows and bytes
             with task.memory.track(_Bytes(width)):  # the morsel's source columns
                 return body(self._filtered(task, start, stop))
         finally:
@@ -247,7 +249,7 @@ def _timings(q: Query, started: float, scan: Scan) -> dict[str, float]:
 def select(session: Session, stmt: ast.Select) -> Result:
     source = source_of(session, stmt)
     started = time.monotonic()
-    with session.query(kind="select") as q:
+    with session.query(kind="select", statement=format_sql(stmt)) as q:
         scan = Scan(session, q, stmt, source)
         types = scan.types
         if scan.aggregates:
@@ -286,7 +288,7 @@ class ScanCursor:
         self._paging = paging
         self._started = time.monotonic()
         source = source_of(session, stmt)
-        self._q = q = session.query(kind="select")
+        self._q = q = session.query(kind="select", statement=format_sql(stmt))
         q.__enter__()
         try:
             self._scan = scan = Scan(session, q, stmt, source)
@@ -395,11 +397,11 @@ class ScanCursor:
 
 
 def _materialize(
-    session: Session, query: ast.Select, kind: str
+    session: Session, query: ast.Select, kind: str, statement: str
 ) -> tuple[tuple[str, ...], list[Array]]:
     """Run the source query of a CTAS or an INSERT ... SELECT into column arrays."""
     source = source_of(session, query) if query.source is not None else long_sequence(1)
-    with session.query(kind=kind) as q:
+    with session.query(kind=kind, statement=statement) as q:
         scan = Scan(session, q, query, source)
         if scan.aggregates:
             names, rows = scan.aggregate()
@@ -418,7 +420,7 @@ def create_table_as(session: Session, stmt: ast.CreateTableAs) -> Result:
     tables.check_new(stmt.name)
     if stmt.query.order_by or stmt.query.limit is not None:
         raise DatatypeMismatch("CREATE TABLE ... AS takes no ORDER BY or LIMIT here")
-    names, arrays = _materialize(session, stmt.query, "ctas")
+    names, arrays = _materialize(session, stmt.query, "ctas", format_sql(stmt))
     if len({n.lower() for n in names}) != len(names):
         raise CatalogError(f"duplicate column names in {list(names)}", sqlstate="42701")
     tables.create(stmt.name, Table(names, arrays))
@@ -428,7 +430,7 @@ def create_table_as(session: Session, stmt: ast.CreateTableAs) -> Result:
 def insert_select(session: Session, stmt: ast.InsertSelect) -> Result:
     tables = session.engine.tables
     table = tables.get(stmt.name)
-    _, arrays = _materialize(session, stmt.query, "insert_select")
+    _, arrays = _materialize(session, stmt.query, "insert_select", format_sql(stmt))
     if len(arrays) != len(table.names):
         raise DatatypeMismatch(
             f"INSERT has {len(arrays)} columns, table {stmt.name.text} has {len(table.names)}"

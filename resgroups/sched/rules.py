@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from resgroups.catalog.model import RuleDef
-from resgroups.catalog.rules import KILL, METRICS
+from resgroups.catalog.rules import KILL, LOG, METRICS, MOVE
 
 
 class RuleHit(NamedTuple):
@@ -129,24 +129,33 @@ class QueryRules:
     the LOGs are kept. O(rules x conditions) per call.
     """
 
-    __slots__ = ("_acted", "metrics", "rules")
+    __slots__ = ("_acted", "_lock", "metrics", "rules")
 
     def __init__(self, rules: Sequence[RuleDef]) -> None:
         self.rules = tuple(rules)
         self.metrics = frozenset(m for r in self.rules for m, _ in r.conditions)
         self._acted: set[int] = set()
+        self._lock = threading.Lock()  # the query's thread and its tasks' may check at once
 
-    def due(self, readings: Mapping[str, int]) -> list[RuleDef]:
-        due = [
-            rule
-            for rule in self.rules
-            if rule.id not in self._acted
-            and all(readings.get(metric, 0) > limit for metric, limit in rule.conditions)
-        ]
-        if any(rule.action == KILL for rule in due):
-            due = [rule for rule in due if rule.action != "move"]
-        self._acted.update(rule.id for rule in due)
-        return due
+    def due(
+        self, readings: Mapping[str, int], *, can_move: bool = True, logs_only: bool = False
+    ) -> list[RuleDef]:
+        """The rules due now (see the class); with ``can_move`` False a MOVE is left
+        for a later check (a thread that cannot move the query found it due), with
+        ``logs_only`` every rule but a LOG (the query has ended)."""
+        with self._lock:
+            due = [
+                rule
+                for rule in self.rules
+                if rule.id not in self._acted
+                and (can_move or rule.action != MOVE)
+                and (not logs_only or rule.action == LOG)
+                and all(readings.get(metric, 0) > limit for metric, limit in rule.conditions)
+            ]
+            if any(rule.action == KILL for rule in due):
+                due = [rule for rule in due if rule.action != MOVE]
+            self._acted.update(rule.id for rule in due)
+            return due
 
 
 def describe_hit(rule: RuleDef, readings: Mapping[str, int]) -> str:

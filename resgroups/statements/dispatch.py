@@ -25,6 +25,7 @@ from resgroups.exec.vector import dtype_type
 from resgroups.result import Cursor, Result, RowsCursor
 from resgroups.sql import ast
 from resgroups.sql.expr import CATALOG_FUNCTIONS, EvalContext, Scope, compile_expr
+from resgroups.sql.format import format_sql
 from resgroups.sql.relational import SERIES, run_query
 from resgroups.sql.select import Relation, run_select, select_shape
 from resgroups.statements import groups, principals, rules
@@ -211,7 +212,7 @@ def select(session: Session, stmt: ast.Select) -> Result:
         return _select_simple(session, stmt)
     group = None
     if _reads_tables(session, stmt):  # the workload's tables: a managed query
-        with session.query(kind="select") as q:
+        with session.query(kind="select", statement=format_sql(stmt)) as q:
             out, _ = _run(session, stmt, session.eval_context(q.group))
             group = q.group
     else:  # the catalog and engine state: unmanaged, like resource_groups()
@@ -223,7 +224,7 @@ def union(session: Session, stmt: ast.Union) -> Result:
     """``SELECT ... UNION [ALL] SELECT ...`` over the catalog (unmanaged) or, when
     a branch reads the workload's tables, as one managed query."""
     if _reads_tables(session, stmt):
-        with session.query(kind="select") as q:
+        with session.query(kind="select", statement=format_sql(stmt)) as q:
             out = _union(session, stmt, session.eval_context(q.group))
         return replace(Result.table(out.columns, out.rows, out.types), group=q.group)
     out = _union(session, stmt, session.eval_context())
@@ -290,7 +291,7 @@ def _select_simple(session: Session, stmt: ast.Select) -> Result:
     if not managed:
         out = run_select(stmt, source, session.eval_context())
     else:
-        with session.query(kind="select") as q:
+        with session.query(kind="select", statement=format_sql(stmt)) as q:
             out = run_select(stmt, source, session.eval_context(q.group))
             group = q.group
     return replace(Result.table(out.columns, out.rows, out.types), group=group)

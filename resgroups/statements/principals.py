@@ -18,6 +18,9 @@ from resgroups.access import (
 )
 from resgroups.auth import hash_password, md5_verifier
 from resgroups.catalog import Principal, Snapshot
+from resgroups.catalog.model import RuleDef
+from resgroups.catalog.names import Ident
+from resgroups.catalog.rules import format_conditions, format_duration
 from resgroups.errors import CatalogError, FeatureNotSupported, PermissionDenied, did_you_mean
 from resgroups.result import Result
 from resgroups.sql import ast
@@ -265,8 +268,23 @@ def explain_resource_group(session: Session, stmt: ast.ExplainResourceGroup) -> 
         )
         rows: list[tuple[object, ...]] = [(None, "unmanaged", None, True, why, True)]
     else:
-        rows = [
-            (c.candidate, c.source, c.priority, c.eligible, c.reason, c.chosen)
-            for c in explain(snap, who, chosen, access_control=engine.access_control)
-        ]
+        candidates = explain(snap, who, chosen, access_control=engine.access_control)
+        rows = [(c.candidate, c.source, c.priority, c.eligible, c.reason, c.chosen)
+                for c in candidates]  # fmt: skip
+        picked = next((c.candidate for c in candidates if c.chosen), None)
+        group = snap.find_group(Ident(picked, quoted=True)) if picked is not None else None
+        if group is not None:
+            for rule in snap.rules_of(group.id):
+                rows.append((group.name, "rule", None, True, _rule_text(snap, rule), False))
     return Result.table(EXPLAIN_COLUMNS, rows, EXPLAIN_TYPES)
+
+
+def _rule_text(snap: Snapshot, rule: RuleDef) -> str:
+    """A rule as EXPLAIN shows it: what applies to the queries of the group it picks."""
+    action = rule.action.upper()
+    if rule.target_id is not None:
+        action = f"MOVE TO RESOURCE GROUP {snap.group_name(rule.target_id)}"
+    watch = f" WITH (watch = {format_duration(rule.watch_ms)})" if rule.watch_ms else ""
+    return (
+        f"resource rule {rule.name}: WHEN {format_conditions(rule.conditions)} THEN {action}{watch}"
+    )

@@ -53,8 +53,14 @@ class Spinner:
     """A managed query on a thread of its own that checkpoints between bursts of
     real CPU (numpy releases the GIL) until ``finish`` is set or a rule acts."""
 
-    def __init__(self, session: resgroups.Session, body: Callable[[Any], None] | None = None):
+    def __init__(
+        self,
+        session: resgroups.Session,
+        body: Callable[[Any], None] | None = None,
+        after: Callable[[Any], None] | None = None,
+    ):
         self.query = session.query(kind="select", statement="SELECT spin()")
+        self._after = after
         self.entered = threading.Event()
         self.finish = threading.Event()
         self.error: BaseException | None = None
@@ -74,6 +80,8 @@ class Spinner:
                     q.checkpoint()
                     float(np.sqrt(data).sum())
                 self.group_at_end = q.group
+                if self._after is not None:
+                    self._after(q)
         except BaseException as exc:
             self.error = exc
         finally:
@@ -479,3 +487,66 @@ RulesAndQueries.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_nothing_is_held_after_kills_and_moves = RulesAndQueries.TestCase
+
+
+# ---- MOVE in fleet mode: the target's limit holds across processes -------------------------
+
+FLEET = {"lease_heartbeat": 0.3, "lease_expiry": 1.5, "sweep_interval": 0.3, "workers": 4}
+
+
+@pytest.mark.parametrize("mode", ["lease", "quota"])
+def test_a_move_takes_the_targets_fleet_slot_like_any_admission(pg_catalog: str, mode: str) -> None:
+    """Engine A runs a query in ``slow`` (limit 1 fleet-wide); engine B's query of
+    ``g`` is moved to ``slow`` by a rule: it waits until A's query ends, and from
+    then on runs in ``slow`` alone: never two in ``slow`` across the fleet."""
+    options = {**FLEET, "fleet_admission": mode}
+    with (
+        resgroups.Engine(catalog=pg_catalog, coordination=pg_catalog, **options) as a,
+        resgroups.Engine(catalog=pg_catalog, coordination=pg_catalog, **options) as b,
+    ):
+        a.connect().execute_script(
+            """CREATE RESOURCE GROUP g;
+            CREATE RESOURCE GROUP slow WITH (max_active_queries = 1, queue_timeout = '60s');
+            CREATE RESOURCE RULE demote ON RESOURCE GROUP g WHEN rows > 10
+                THEN MOVE TO RESOURCE GROUP slow;"""
+        )
+        wait_until(lambda: len(b.snapshot.rules) == 1, timeout=10)
+        running = [0]
+        peak = [0]
+        lock = threading.Lock()
+
+        def in_slow(q: Any) -> None:
+            while q.group != "slow":
+                q.checkpoint()
+                time.sleep(0.001)
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+
+        def out_of_slow(q: Any) -> None:
+            q.checkpoint()  # still holding its slot in slow
+            with lock:
+                running[0] -= 1
+
+        session_a = a.connect()
+        session_a.execute("SET RESOURCE GROUP slow")
+        holder = Spinner(session_a, in_slow, out_of_slow)
+        assert holder.entered.wait(20)
+        wait_until(lambda: running[0] == 1, timeout=20)
+        session_b = b.connect()
+        session_b.execute("SET RESOURCE GROUP g")
+        mover = Spinner(session_b, lambda q: (q.scanned(11), in_slow(q)), out_of_slow)
+        assert mover.entered.wait(20)
+        wait_until(lambda: any(r["moved_from"] == "g" for r in _queries(b.connect())), 20)
+        (row,) = [r for r in _queries(b.connect()) if r["moved_from"] == "g"]
+        assert row["resource_group"] == "slow"
+        assert row["state"] == "queued"  # its fleet slot is A's: it waits
+        assert running[0] == 1
+        holder.join()
+        wait_until(lambda: mover.query.group == "slow" and running[0] == 1, timeout=30)
+        mover.join()
+        assert (holder.error, mover.error) == (None, None)
+        assert mover.group_at_end == "slow"
+        assert peak[0] == 1
+        _idle(a)
+        _idle(b)

@@ -39,6 +39,8 @@ def test_pg_class_lists_tables_views_and_the_catalog(engine: resgroups.Engine) -
     assert listed == [
         ("public", "resource_group_instances", "v"),
         ("public", "resource_group_queries", "v"),
+        ("public", "resource_group_rules", "v"),
+        ("public", "resource_group_watches", "v"),
         ("public", "resource_groups", "v"),
         ("public", "t", "r"),
     ]
@@ -225,7 +227,12 @@ def test_group_by_array_agg_derived_tables_and_offset(engine: resgroups.Engine) 
         " WHERE relnamespace = 2200) AS d GROUP BY d.kind ORDER BY 1",
     )
     assert [(k, n, str(a)) for k, n, a in got] == [
-        ("v", 3, "{resource_groups,resource_group_queries,resource_group_instances}")
+        (
+            "v",
+            5,
+            "{resource_groups,resource_group_watches,resource_group_rules,"
+            "resource_group_queries,resource_group_instances}",
+        )
     ]
     assert rows(s, "SELECT relkind, count(*) FROM pg_class GROUP BY 1 ORDER BY 2 DESC LIMIT 1")[0][
         0

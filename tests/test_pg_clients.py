@@ -145,6 +145,8 @@ def test_sqlalchemy_lists_tables_and_views(inspector: Any) -> None:
         "resource_groups",
         "resource_group_queries",
         "resource_group_instances",
+        "resource_group_rules",
+        "resource_group_watches",
     }
     assert inspector.has_table("readings")
     assert not inspector.has_table("nothing_here")

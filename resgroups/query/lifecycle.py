@@ -47,6 +47,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from resgroups import interrupts
+from resgroups.catalog.selectors import Attributes, Estimate
 from resgroups.errors import (
     CoordinationUnavailable,
     Error,
@@ -104,6 +105,7 @@ class Query:
         "_cpu_mark",
         "_dispatcher",
         "_engine",
+        "_estimate",
         "_failure",
         "_fence",
         "_fence_at",
@@ -150,6 +152,7 @@ class Query:
         pool: str,
         statement: str | None = None,
         fingerprint: str | None = None,
+        estimate: Estimate | None = None,
     ) -> None:
         if kind not in KINDS:
             raise InvalidParameter(f"query kind {kind!r} is not one of {', '.join(KINDS)}")
@@ -170,6 +173,7 @@ class Query:
         # what it is, and what rules see of it (SPEC §16; resgroups.query.rules)
         self.statement = statement  # the text the executor gave, if any
         self.fingerprint = fingerprint  # the statement's, for watches
+        self._estimate = estimate  # what the executor expects it to read (selectors)
         self.rows_scanned = self.bytes_scanned = 0  # what q.scanned() reported
         self.rule: str | None = None  # the last rule that acted on it
         self.moved_from: str | None = None  # the group a rule moved it from
@@ -554,7 +558,9 @@ class Query:
             # an unmanaged query resolves nothing: a dropped or forbidden choice
             # cannot fail what consumes nothing
             if self.kind in MANAGED_KINDS:
-                placement = session.placement(export=self.kind == "export")
+                placement = session.placement(
+                    export=self.kind == "export", attributes=self._attributes
+                )
                 if placement is not None and self.fingerprint is not None:
                     target = watched(self, placement.group)  # or refused (RunawayQuery)
                     if target is not None:  # watched after a MOVE: admitted there at once
@@ -791,6 +797,10 @@ class Query:
             self.state = RUNNING
         if self._watched:  # its timeout runs again, later than it was
             self._engine.deadlines.watch(self)
+
+    def _attributes(self) -> Attributes:
+        """What selectors route this query on (SPEC §15)."""
+        return self.session.attributes(self.kind, self.statement, self._estimate)
 
     # ---- progress the body reports --------------------------------------------------
 

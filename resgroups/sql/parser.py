@@ -28,6 +28,9 @@ from lark.lexer import BasicLexer, PatternStr
 from resgroups.catalog.params import INT32_MAX, RawValue, lookup, parse_param, parse_size
 from resgroups.catalog.rules import KILL, LOG, MOVE, parse_watch
 from resgroups.catalog.rules import metric as rule_metric
+from resgroups.catalog.selectors import ATTRIBUTES as SELECTOR_ATTRIBUTES
+from resgroups.catalog.selectors import KINDS as SELECTOR_KINDS
+from resgroups.catalog.selectors import condition_problem as selector_condition_problem
 from resgroups.errors import (
     InvalidParameter,
     NumericOverflow,
@@ -291,6 +294,95 @@ class _ToAst(Transformer[Token, Any]):
     def drop_resource_rule(self, if_exists: bool | None, name: ast.Ident) -> ast.DropResourceRule:
         return ast.DropResourceRule(name, bool(if_exists))
 
+    # ---- selectors
+    def selector_attribute(self, name: Token) -> str:
+        attribute = str(name).lower()
+        if attribute not in SELECTOR_ATTRIBUTES:
+            raise InvalidParameter(
+                f"unknown selector condition {str(name)!r}; a condition is one of "
+                f"{', '.join(SELECTOR_ATTRIBUTES)}." + did_you_mean(str(name), SELECTOR_ATTRIBUTES)
+            )
+        return attribute
+
+    def user_attribute(self) -> str:
+        return "user"
+
+    def _selector_condition(self, attribute: str, op: str, raw: RawValue) -> tuple[Any, ...]:
+        ops, numeric = SELECTOR_ATTRIBUTES[attribute]
+        if op not in ops:
+            allowed = " or ".join(o.upper() if o == "like" else o for o in ops)
+            raise InvalidParameter(
+                f"selector condition {attribute} {op.upper()} {raw}: {attribute} takes {allowed}"
+            )
+        value: str | int
+        if attribute == "estimated_memory":
+            if raw.kind in ("word", "string") and raw.text.lower() == "unlimited":
+                raise InvalidParameter(f"invalid value {raw} for estimated_memory: expected a size")
+            value = parse_size(raw, "estimated_memory")
+        elif numeric:
+            text = raw.text.strip()
+            if raw.kind != "number" or not text.isdigit() or len(text) > 19:
+                raise InvalidParameter(
+                    f"invalid value {raw} for {attribute}: expected an integer 0..2^63-1"
+                )
+            value = int(text)
+        elif raw.kind == "string" or (attribute == "kind" and raw.kind == "word"):
+            value = raw.text.lower() if attribute == "kind" else raw.text
+        else:
+            raise InvalidParameter(
+                f"invalid value {raw} for {attribute}: expected a quoted string ('...')"
+            )
+        problem = selector_condition_problem((attribute, op, value))
+        if problem is not None:
+            raise InvalidParameter(f"invalid selector condition: {problem}")
+        return attribute, op, value
+
+    def selector_eq(self, attribute: str, raw: RawValue) -> tuple[Any, ...]:
+        return self._selector_condition(attribute, "=", raw)
+
+    def selector_like(self, attribute: str, raw: RawValue) -> tuple[Any, ...]:
+        return self._selector_condition(attribute, "like", raw)
+
+    def selector_lt(self, attribute: str, raw: RawValue) -> tuple[Any, ...]:
+        return self._selector_condition(attribute, "<", raw)
+
+    def selector_gt(self, attribute: str, raw: RawValue) -> tuple[Any, ...]:
+        return self._selector_condition(attribute, ">", raw)
+
+    def selector_option(self, name: Token, raw: RawValue) -> tuple[str, int]:
+        raise InvalidParameter(
+            f"unknown resource selector option {str(name)!r}; allowed: priority."
+            + did_you_mean(str(name), ("priority",))
+        )
+
+    def selector_priority(self, raw: RawValue) -> tuple[str, int]:
+        text = raw.text.strip()
+        if raw.kind != "number" or not text.isdigit() or len(text) > 10 or int(text) > INT32_MAX:
+            raise InvalidParameter(f"invalid value {raw} for priority: expected 0..{INT32_MAX}")
+        return "priority", int(text)
+
+    def selector_options(self, *options: tuple[str, int]) -> int:
+        priority: int = dict(_no_repeats(options))["priority"]
+        return priority
+
+    def create_resource_selector(
+        self, if_not_exists: bool | None, name: ast.Ident, *rest: Any
+    ) -> ast.CreateResourceSelector:
+        priority, group, conditions = rest[-1], rest[-2], rest[:-2]
+        return ast.CreateResourceSelector(
+            name, tuple(conditions), group, priority or 0, bool(if_not_exists)
+        )
+
+    def rename_resource_selector(
+        self, name: ast.Ident, new_name: ast.Ident
+    ) -> ast.RenameResourceSelector:
+        return ast.RenameResourceSelector(name, new_name)
+
+    def drop_resource_selector(
+        self, if_exists: bool | None, name: ast.Ident
+    ) -> ast.DropResourceSelector:
+        return ast.DropResourceSelector(name, bool(if_exists))
+
     # ---- principals
     def kind_user(self) -> ast.PrincipalKind:
         return ast.PrincipalKind.USER
@@ -401,11 +493,55 @@ class _ToAst(Transformer[Token, Any]):
         return ast.DiscardAll()
 
     def explain_resource_group(
-        self, target: tuple[ast.PrincipalKind, ast.Ident] | None
+        self, target: tuple[ast.PrincipalKind, ast.Ident] | None, *attributes: Any
     ) -> ast.ExplainResourceGroup:
-        if target is None:
-            return ast.ExplainResourceGroup()
-        return ast.ExplainResourceGroup(*target)
+        kind, name = target if target is not None else (None, None)
+        given: dict[str, Any] = {}
+        for word, value in attributes:
+            if word in given:
+                raise InvalidParameter(f"EXPLAIN RESOURCE GROUP: {word.upper()} given twice")
+            given[word] = value
+        return ast.ExplainResourceGroup(
+            kind, name, given.get("application"), given.get("tags"), given.get("kind")
+        )
+
+    def _explain_word(self, word: Token) -> str:
+        name = str(word).lower()
+        if name not in ("application", "tags", "kind"):
+            raise _PositionedError(
+                f"unknown EXPLAIN RESOURCE GROUP attribute {str(word)!r}: expected "
+                "APPLICATION 'name', TAGS ('tag', ...) or KIND kind",
+                word,
+            )
+        return name
+
+    def explain_value(self, word: Token, raw: RawValue) -> tuple[str, Any]:
+        name = self._explain_word(word)
+        if name == "tags":
+            return name, (self._explain_text(name, raw),)
+        if name == "kind":
+            kind = raw.text.lower()
+            if kind not in SELECTOR_KINDS:
+                raise InvalidParameter(f"KIND {raw}: expected one of {', '.join(SELECTOR_KINDS)}")
+            return name, kind
+        return name, self._explain_text(name, raw)
+
+    def explain_list(self, word: Token, *raws: RawValue) -> tuple[str, Any]:
+        name = self._explain_word(word)
+        if name != "tags":
+            raise _PositionedError(f"{name.upper()} takes one value, not a list", word)
+        return name, tuple(self._explain_text(name, raw) for raw in raws)
+
+    def explain_kind_select(self, word: Token) -> tuple[str, Any]:
+        if self._explain_word(word) != "kind":
+            raise _PositionedError(f"{str(word).upper()} SELECT: only KIND takes SELECT", word)
+        return "kind", "select"
+
+    @staticmethod
+    def _explain_text(name: str, raw: RawValue) -> str:
+        if raw.kind != "string":
+            raise InvalidParameter(f"{name.upper()} {raw}: expected a quoted string ('...')")
+        return raw.text
 
     def explain_for_user(self, name: ast.Ident) -> tuple[ast.PrincipalKind, ast.Ident]:
         return ast.PrincipalKind.USER, name

@@ -28,7 +28,7 @@ from resgroups.sql.expr import CATALOG_FUNCTIONS, EvalContext, Scope, compile_ex
 from resgroups.sql.format import format_sql
 from resgroups.sql.relational import SERIES, run_query
 from resgroups.sql.select import Relation, run_select, select_shape
-from resgroups.statements import groups, principals, rules
+from resgroups.statements import groups, principals, rules, selectors
 from resgroups.statements.pg_catalog import CatalogRows, unknown_relation
 from resgroups.statements.table_functions import TABLE_FUNCTIONS, relation, table_function
 
@@ -345,6 +345,9 @@ RULES: Final[dict[type, Rule]] = {
     ast.CreateResourceRule: Rule(rules.create_resource_rule, _DDL),
     ast.RenameResourceRule: Rule(rules.rename_resource_rule, _DDL),
     ast.DropResourceRule: Rule(rules.drop_resource_rule, _DDL),
+    ast.CreateResourceSelector: Rule(selectors.create_resource_selector, _DDL),
+    ast.RenameResourceSelector: Rule(selectors.rename_resource_selector, _DDL),
+    ast.DropResourceSelector: Rule(selectors.drop_resource_selector, _DDL),
     ast.CreatePrincipal: Rule(principals.create_principal, Needs.ADMIN, True),
     ast.DropPrincipal: Rule(principals.drop_principal, Needs.ADMIN, True),
     ast.AddUser: Rule(principals.add_user, Needs.ADMIN, True),

@@ -21,6 +21,7 @@ from resgroups.catalog import Principal, Snapshot
 from resgroups.catalog.model import RuleDef
 from resgroups.catalog.names import Ident
 from resgroups.catalog.rules import format_conditions, format_duration
+from resgroups.catalog.selectors import Attributes
 from resgroups.errors import CatalogError, FeatureNotSupported, PermissionDenied, did_you_mean
 from resgroups.result import Result
 from resgroups.sql import ast
@@ -250,6 +251,7 @@ def explain_resource_group(session: Session, stmt: ast.ExplainResourceGroup) -> 
     snap = engine.snapshot
     if stmt.name is None:
         who, chosen = session.identity, session.chosen_group_id
+        application, tags = session.application, session.tags
     else:
         if not engine.access_control:
             raise FeatureNotSupported(
@@ -260,6 +262,14 @@ def explain_resource_group(session: Session, stmt: ast.ExplainResourceGroup) -> 
         assert stmt.kind is not None
         principal = find_principal(session, snap, stmt.name, stmt.kind)
         who, chosen = Identity(principal.name, login_id=principal.id), None
+        application, tags = None, frozenset()
+    if stmt.application is not None:
+        application = stmt.application
+    if stmt.tags is not None:
+        tags = frozenset(stmt.tags)
+    attributes = Attributes(who.login_name, stmt.query_kind or "select", application, tags)
+    if attributes.kind == "export":  # exports keep the principal's group (SPEC §3)
+        chosen = None
     if not engine.enabled or not snap.has_catalog:
         why = (
             "resource groups are disabled: queries run unmanaged"
@@ -268,7 +278,9 @@ def explain_resource_group(session: Session, stmt: ast.ExplainResourceGroup) -> 
         )
         rows: list[tuple[object, ...]] = [(None, "unmanaged", None, True, why, True)]
     else:
-        candidates = explain(snap, who, chosen, access_control=engine.access_control)
+        candidates = explain(
+            snap, who, chosen, access_control=engine.access_control, attributes=attributes
+        )
         rows = [(c.candidate, c.source, c.priority, c.eligible, c.reason, c.chosen)
                 for c in candidates]  # fmt: skip
         picked = next((c.candidate for c in candidates if c.chosen), None)

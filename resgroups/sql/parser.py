@@ -515,33 +515,38 @@ class _ToAst(Transformer[Token, Any]):
             )
         return name
 
-    def explain_value(self, word: Token, raw: RawValue) -> tuple[str, Any]:
+    def explain_value(self, word: Token, text: Token) -> tuple[str, Any]:
         name = self._explain_word(word)
+        value = _unquote(text, "'")
         if name == "tags":
-            return name, (self._explain_text(name, raw),)
+            return name, (value,)
         if name == "kind":
-            kind = raw.text.lower()
-            if kind not in SELECTOR_KINDS:
-                raise InvalidParameter(f"KIND {raw}: expected one of {', '.join(SELECTOR_KINDS)}")
-            return name, kind
-        return name, self._explain_text(name, raw)
+            return self._explain_kind(value)
+        return name, value
 
-    def explain_list(self, word: Token, *raws: RawValue) -> tuple[str, Any]:
+    def explain_word(self, word: Token, value: Token) -> tuple[str, Any]:
+        if self._explain_word(word) != "kind":
+            raise _PositionedError(
+                f"{str(word).upper()} takes a quoted string ('...'), not {value!s}", value
+            )
+        return self._explain_kind(str(value))
+
+    @staticmethod
+    def _explain_kind(kind: str) -> tuple[str, Any]:
+        if kind.lower() not in SELECTOR_KINDS:
+            raise InvalidParameter(f"KIND {kind}: expected one of {', '.join(SELECTOR_KINDS)}")
+        return "kind", kind.lower()
+
+    def explain_list(self, word: Token, *texts: Token) -> tuple[str, Any]:
         name = self._explain_word(word)
         if name != "tags":
             raise _PositionedError(f"{name.upper()} takes one value, not a list", word)
-        return name, tuple(self._explain_text(name, raw) for raw in raws)
+        return name, tuple(_unquote(t, "'") for t in texts)
 
     def explain_kind_select(self, word: Token) -> tuple[str, Any]:
         if self._explain_word(word) != "kind":
             raise _PositionedError(f"{str(word).upper()} SELECT: only KIND takes SELECT", word)
         return "kind", "select"
-
-    @staticmethod
-    def _explain_text(name: str, raw: RawValue) -> str:
-        if raw.kind != "string":
-            raise InvalidParameter(f"{name.upper()} {raw}: expected a quoted string ('...')")
-        return raw.text
 
     def explain_for_user(self, name: ast.Ident) -> tuple[ast.PrincipalKind, ast.Ident]:
         return ast.PrincipalKind.USER, name

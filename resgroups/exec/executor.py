@@ -70,13 +70,18 @@ class Source:
     types: tuple[str, ...]  # the SQL type of each column
     rows: int
     morsel: Callable[[int, int], list[Array]]  # (start, stop) -> one array per column
+    sequence: bool = False  # long_sequence(n): x is 1..n, so bounds on x give row counts
 
 
 def long_sequence(n: int) -> Source:
     # arange(start, stop) + 1, not arange(start + 1, stop + 1): x = n = 2^63 - 1
     # must not need 2^63 on the way
     return Source(
-        ("x",), (INT,), n, lambda start, stop: [np.arange(start, stop, dtype=np.int64) + 1]
+        ("x",),
+        (INT,),
+        n,
+        lambda start, stop: [np.arange(start, stop, dtype=np.int64) + 1],
+        sequence=True,
     )
 
 
@@ -113,7 +118,7 @@ def estimate(stmt: ast.Select, source: Source) -> Estimate:
     the upper bound; its memory, those rows of every source column, 8 bytes a
     value (one morsel at a time is what it holds, but this is what it reads)."""
     rows = source.rows
-    if source.names == ("x",) and stmt.where is not None:
+    if source.sequence and stmt.where is not None:
         low, high = _x_bounds(stmt.where, 1, source.rows)
         rows = max(0, high - low + 1)
     return Estimate(rows=rows, memory=rows * 8 * len(source.names))

@@ -74,6 +74,7 @@ from resgroups.sched.rules import RuleHits, WatchList
 from resgroups.sched.runtime import GroupRuntime
 from resgroups.sched.stats import GroupStatistics
 from resgroups.session import Session
+from resgroups.sql.fingerprint import fingerprint
 
 if TYPE_CHECKING:
     from resgroups.fleet.coordinator import FleetCoordinator
@@ -220,6 +221,7 @@ class Engine:
         self.tables = TableStore()  # the built-in executor's tables
         self.rule_hits = RuleHits()  # what runaway-query rules did (SPEC §16)
         self.watches = WatchList(self.clock.monotonic)
+        self.fingerprint = fingerprint  # a statement's, for the watch list (resgroups.sql)
         self.runtimes = GroupRuntimes(
             self.clock.monotonic,
             self.dispatcher,

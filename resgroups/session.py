@@ -13,7 +13,6 @@ from resgroups.query import Placement, Query, QueryState
 from resgroups.result import Cursor, Result
 from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext
-from resgroups.sql.fingerprint import fingerprint
 from resgroups.sql.parser import parse_script
 from resgroups.statements.dispatch import describe, execute_statement, open_cursor
 
@@ -161,7 +160,7 @@ class Session:
             raise InvalidParameter(f"statement must be text, not {type(statement).__name__}")
         if statement is None:
             return Query(self, kind, pool)
-        return Query(self, kind, pool, statement, fingerprint(statement))
+        return Query(self, kind, pool, statement)  # its fingerprint: made when a watch asks
 
     def run(self, stmt: ast.Statement) -> Result:
         """One parsed statement (what execute_script does for each of its own)."""

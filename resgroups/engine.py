@@ -74,6 +74,7 @@ from resgroups.sched.rules import RuleHits, WatchList
 from resgroups.sched.runtime import GroupRuntime
 from resgroups.sched.stats import GroupStatistics
 from resgroups.session import Session
+from resgroups.sql.fingerprint import fingerprint
 
 if TYPE_CHECKING:
     from resgroups.fleet.coordinator import FleetCoordinator
@@ -221,6 +222,7 @@ class Engine:
         self.rule_hits = RuleHits()  # what runaway-query rules did (SPEC §16)
         self.selector_matches: dict[int, int] = {}  # queries each selector routed (§15)
         self.watches = WatchList(self.clock.monotonic)
+        self.fingerprint = fingerprint  # a statement's, for the watch list (resgroups.sql)
         self.runtimes = GroupRuntimes(
             self.clock.monotonic,
             self.dispatcher,

@@ -16,7 +16,6 @@ from resgroups.query import Placement, Query, QueryState
 from resgroups.result import Cursor, Result
 from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext
-from resgroups.sql.fingerprint import fingerprint
 from resgroups.sql.parser import parse_script
 from resgroups.statements.dispatch import describe, execute_statement, open_cursor
 
@@ -262,8 +261,7 @@ class Session:
             )
         if statement is None and estimate is None:
             return Query(self, kind, pool)
-        printed = fingerprint(statement) if statement is not None else None
-        return Query(self, kind, pool, statement, printed, estimate)
+        return Query(self, kind, pool, statement, None, estimate)  # fingerprint: when asked
 
     def run(self, stmt: ast.Statement) -> Result:
         """One parsed statement (what execute_script does for each of its own)."""

@@ -550,3 +550,172 @@ def test_a_move_takes_the_targets_fleet_slot_like_any_admission(pg_catalog: str,
         assert peak[0] == 1
         _idle(a)
         _idle(b)
+
+
+# ---- found by review: each a regression test ----------------------------------------------
+
+
+def test_a_kill_on_elapsed_interrupts_native_work() -> None:
+    """A body inside one long native call (a DuckDB aggregation) is interrupted
+    through q.on_cancel when an elapsed KILL comes due, as at its query timeout."""
+    duckdb = pytest.importorskip("duckdb")
+    from resgroups.integrations import duckdb as integration
+
+    with resgroups.Engine(workers=2, query_timeout=60) as engine:
+        session = engine.connect()
+        session.execute("CREATE RESOURCE GROUP g")
+        session.execute(
+            "CREATE RESOURCE RULE slow ON RESOURCE GROUP g WHEN elapsed > 300ms THEN KILL"
+        )
+        session.execute("SET RESOURCE GROUP g")
+        con = duckdb.connect()
+        with pytest.raises(resgroups.RunawayQuery, match="rule slow"):  # not QueryTimeout
+            integration.execute(session, con, "SELECT sum(hash(i)) FROM range(100000000000) t(i)")
+        _idle(engine)
+
+
+def test_moves_between_two_groups_act_once_each(engine: resgroups.Engine) -> None:
+    """Two groups whose rules move queries to each other: each rule acts once."""
+    session = engine.connect()
+    session.execute_script(
+        """CREATE RESOURCE GROUP g; CREATE RESOURCE GROUP h;
+        CREATE RESOURCE RULE a ON RESOURCE GROUP g WHEN rows > 0 THEN MOVE TO RESOURCE GROUP h;
+        CREATE RESOURCE RULE b ON RESOURCE GROUP h WHEN rows > 0 THEN MOVE TO RESOURCE GROUP g"""
+    )
+    session.execute("SET RESOURCE GROUP g")
+    seen: list[str | None] = []
+    with session.query() as q:
+        q.scanned(1)
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            q.checkpoint()
+            if not seen or seen[-1] != q.group:
+                seen.append(q.group)
+            time.sleep(0.001)
+    assert seen == ["g", "h", "g"]
+    assert (_hits(session, "a"), _hits(session, "b")) == (1, 1)
+    _idle(engine)
+
+
+def test_a_watch_is_its_groups_alone(engine: resgroups.Engine) -> None:
+    session = engine.connect()
+    session.execute_script(
+        """CREATE RESOURCE GROUP g; CREATE RESOURCE GROUP h; CREATE RESOURCE GROUP p;
+        CREATE RESOURCE RULE gk ON RESOURCE GROUP g WHEN rows > 10 THEN KILL WITH (watch = '1h');
+        CREATE RESOURCE RULE hm ON RESOURCE GROUP h WHEN rows > 10
+            THEN MOVE TO RESOURCE GROUP p WITH (watch = '1h')"""
+    )
+
+    def run(group: str, rows: int) -> str | None:
+        session.execute(f"SET RESOURCE GROUP {group}")
+        with session.query(statement="SELECT big FROM t WHERE x = 1") as q:
+            q.scanned(rows)
+            deadline = time.monotonic() + 0.2
+            while time.monotonic() < deadline:
+                q.checkpoint()
+                time.sleep(0.001)
+            return q.group
+
+    with pytest.raises(resgroups.RunawayQuery, match="killed"):
+        run("g", 11)
+    assert run("DEFAULT", 11) == "DEFAULT"  # another group's statement: not caught, not counted
+    assert run("h", 11) == "p"  # h's own MOVE, and a watch of h's
+    with pytest.raises(resgroups.RunawayQuery, match="watched"):  # g's watch still stands
+        run("g", 0)
+    watches = {
+        (w[1], w[2], w[4]) for w in session.execute("SELECT * FROM resource_group_watches()").rows
+    }
+    assert watches == {("gk", "KILL", 1), ("hm", "MOVE", 0)}
+    _idle(engine)
+
+
+def test_a_rule_dropped_while_a_query_runs_stops_acting(engine: resgroups.Engine) -> None:
+    session = engine.connect()
+    session.execute("CREATE RESOURCE GROUP g")
+    session.execute("CREATE RESOURCE RULE k ON RESOURCE GROUP g WHEN rows > 100 THEN KILL")
+    session.execute("SET RESOURCE GROUP g")
+    with session.query() as q:
+        engine.connect().execute("DROP RESOURCE RULE k")
+        q.scanned(1000)
+        deadline = time.monotonic() + 0.2
+        while time.monotonic() < deadline:
+            q.checkpoint()
+            time.sleep(0.001)
+    _idle(engine)
+
+
+def test_queries_moved_into_a_full_group_keep_their_order(engine: resgroups.Engine) -> None:
+    admin = engine.connect()
+    admin.execute_script(
+        """CREATE RESOURCE GROUP g; CREATE RESOURCE GROUP h WITH (max_active_queries = 1);
+        CREATE RESOURCE RULE m ON RESOURCE GROUP g WHEN rows > 10 THEN MOVE TO RESOURCE GROUP h"""
+    )
+    holder_session = engine.connect()
+    holder_session.execute("SET RESOURCE GROUP h")
+    holder = Spinner(holder_session)
+    assert holder.entered.wait(10)
+    movers = []
+    for _ in range(3):
+        session = engine.connect()
+        session.execute("SET RESOURCE GROUP g")
+        mover = Spinner(session, lambda q: q.scanned(11))
+        movers.append(mover)
+        n = len(movers)
+        wait_until(lambda n=n: sum(r["moved_from"] == "g" for r in _queries(admin)) == n)
+    late_session = engine.connect()
+    late_session.execute("SET RESOURCE GROUP h")
+    late = Spinner(late_session)
+    wait_until(lambda: sum(r["state"] == "queued" for r in _queries(admin)) == 4)
+    places = {r["query_id"]: r["queue_position"] for r in _queries(admin)}
+    assert [places[m.query.id] for m in movers] == [1, 2, 3]  # first moved, first served
+    assert places[late.query.id] == 4
+    for spinner in (holder, *movers, late):
+        spinner.join()
+        assert spinner.error is None
+    _idle(engine)
+
+
+def test_a_cursor_suspended_at_its_end_still_counts_for_log_rules(
+    engine: resgroups.Engine,
+) -> None:
+    session = engine.connect()
+    session.execute("CREATE RESOURCE GROUP g")
+    session.execute("CREATE RESOURCE RULE l ON RESOURCE GROUP g WHEN rows > 1000 THEN LOG")
+    session.execute("SET RESOURCE GROUP g")
+    with session.query() as q:
+        q.scanned(5000)
+        q.suspend()
+    assert _hits(session, "l") == 1
+    _idle(engine)
+
+
+def test_rule_words_stay_names_and_options_are_checked(engine: resgroups.Engine) -> None:
+    session = engine.connect()
+    assert session.execute("SELECT x AS rule FROM long_sequence(1)").columns == ["rule"]
+    session.execute("CREATE RESOURCE GROUP g")
+    with pytest.raises(resgroups.InvalidParameter, match="watch applies to KILL and MOVE"):
+        session.execute(
+            "CREATE RESOURCE RULE r ON RESOURCE GROUP g WHEN rows > 1 THEN LOG WITH (watch = 1s)"
+        )
+    session.execute("CREATE RESOURCE RULE z ON RESOURCE GROUP g WHEN cpu_time > '0ms' THEN LOG")
+    (conditions,) = session.execute("SELECT conditions FROM resource_group_rules()").rows[0]
+    session.execute(f"CREATE RESOURCE RULE z2 ON RESOURCE GROUP g WHEN {conditions} THEN LOG")
+    with pytest.raises(resgroups.InvalidParameter, match=r"optional B\)$"):
+        session.execute("CREATE RESOURCE RULE m ON RESOURCE GROUP g WHEN memory > 'lots' THEN LOG")
+    with pytest.raises(resgroups.SqlSyntaxError, match="expected RESOURCE GROUP, RESOURCE RULE"):
+        session.execute("DROP RESOURCE RULES z")
+
+
+def test_explain_shows_rules_to_group_admins_only(ac_engine: resgroups.Engine) -> None:
+    admin = ac_engine.connect()
+    admin.execute_script(
+        """CREATE RESOURCE GROUP g; CREATE USER ann WITH PASSWORD 'pw';
+        ALTER USER ann SET RESOURCE GROUP g;
+        CREATE RESOURCE RULE r ON RESOURCE GROUP g WHEN rows > 1 THEN KILL"""
+    )
+    ann = ac_engine.connect("ann", "pw")
+    assert all(row[1] != "resource_rule" for row in ann.execute("EXPLAIN RESOURCE GROUP").rows)
+    rows = admin.execute("EXPLAIN RESOURCE GROUP FOR USER ann").rows
+    (rule,) = [row for row in rows if row[1] == "resource_rule"]
+    assert (rule[0], rule[3]) == ("g", False)
+    assert "resource rule r" in rule[4]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from resgroups.auth import is_md5_verifier, is_password_hash
 from resgroups.catalog.model import (
@@ -32,7 +32,7 @@ from resgroups.catalog.model import (
 )
 from resgroups.catalog.names import Ident, PrincipalKind, name_problem
 from resgroups.catalog.params import INT32_MAX, INT64_MAX, PARAMETERS, ParamValue
-from resgroups.catalog.rules import ACTIONS, MOVE, conditions_problem
+from resgroups.catalog.rules import ACTIONS, KILL, MOVE, conditions_problem
 from resgroups.catalog.selectors import conditions_problem as selector_problem
 from resgroups.errors import CatalogError
 
@@ -111,8 +111,12 @@ def _params(a: Mapping[str, Any], key: str) -> dict[str, ParamValue]:
     return dict(params)
 
 
+def _is_id(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _group(snap: Snapshot, group_id: object) -> GroupDef:
-    group = snap.group(group_id) if isinstance(group_id, int) else None
+    group = snap.group(group_id) if _is_id(group_id) else None
     if group is None:
         raise _Invalid(f"refers to missing resource group id {group_id!r}")
     return group
@@ -126,7 +130,7 @@ def _runtime_group(snap: Snapshot, group_id: object) -> GroupDef:
 
 
 def _principal(snap: Snapshot, principal_id: object, *kinds: PrincipalKind) -> Principal:
-    principal = snap.principal(principal_id) if isinstance(principal_id, int) else None
+    principal = snap.principal(principal_id) if _is_id(principal_id) else None
     if principal is None:
         raise _Invalid(f"refers to missing principal id {principal_id!r}")
     if kinds and principal.kind not in kinds:
@@ -382,7 +386,7 @@ def _assume(grant: bool) -> Callable[[Snapshot, Mapping[str, Any]], Snapshot]:
 
 
 def _rule(snap: Snapshot, rule_id: object) -> RuleDef:
-    rule = snap.rules.get(rule_id) if isinstance(rule_id, int) else None
+    rule = snap.rules.get(rule_id) if _is_id(rule_id) else None
     if rule is None:
         raise _Invalid(f"refers to missing rule id {rule_id!r}")
     return rule
@@ -403,8 +407,13 @@ def _create_rule(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     target = a.get("target")
     if (action == MOVE) != (target is not None):
         raise _Invalid(f"action {action} with target {target!r}")
+    if target is not None and not _is_id(target):
+        raise _Invalid(f"target = {target!r}: expected a group id")
     if target is not None and _runtime_group(snap, target).id == group.id:
         raise _Invalid(f"rule {name} moves queries of {group.name} to itself")
+    watch = _int(a, "watch", 0, INT32_MAX)
+    if watch and action not in (KILL, MOVE):
+        raise _Invalid(f"watch = {watch} on a {action} rule: only KILL and MOVE are watched")
     rule = RuleDef(
         rule_id,
         name,
@@ -413,7 +422,7 @@ def _create_rule(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
         tuple((str(m), int(v)) for m, v in a["conditions"]),
         action,
         target,
-        _int(a, "watch", 0, INT32_MAX),
+        watch,
     )
     return snap.with_rule(rule).evolve(next_id=rule_id + 1)
 

@@ -49,20 +49,23 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from resgroups import interrupts
 from resgroups.catalog.selectors import Attributes, Estimate
 from resgroups.errors import (
+    AdmissionRejected,
     CoordinationUnavailable,
     Error,
     FeatureNotSupported,
     InternalError,
     InvalidParameter,
+    MemoryLimitExceeded,
     QueryCancelled,
     QueryTimeout,
+    QueueTimeout,
 )
 from resgroups.fleet.modes import seconds_left
 from resgroups.interrupts import MAIN_IDENT, PENDING, Hold
 from resgroups.query.holdings import Holdings
 from resgroups.query.parallel import MapBatch, Task, run_map
 from resgroups.query.progress import QueryProgress, progress_of
-from resgroups.query.rules import check_rules, log_at_end, rules_for, watched
+from resgroups.query.rules import check_rules, current, log_at_end, rules_for, watched
 from resgroups.query.states import (
     ADMITTING,
     DONE,
@@ -109,6 +112,7 @@ class Query:
         "_failure",
         "_fence",
         "_fence_at",
+        "_fingerprint",
         "_memory",
         "_meter",
         "_mode",
@@ -127,7 +131,6 @@ class Query:
         "admitted_at",
         "bytes_scanned",
         "cpu_ns",
-        "fingerprint",
         "group",
         "held",
         "id",
@@ -172,7 +175,7 @@ class Query:
         self.held = Holdings(self)  # what it holds; the engine's registry keeps it too
         # what it is, and what rules see of it (SPEC §16; resgroups.query.rules)
         self.statement = statement  # the text the executor gave, if any
-        self.fingerprint = fingerprint  # the statement's, for watches
+        self._fingerprint = fingerprint  # the statement's, for watches (made on first use)
         self._estimate = estimate  # what the executor expects it to read (selectors)
         self.rows_scanned = self.bytes_scanned = 0  # what q.scanned() reported
         self.rule: str | None = None  # the last rule that acted on it
@@ -209,6 +212,14 @@ class Query:
         """The wall clock at submission (None: not entered yet)."""
         started = self._started_wall
         return datetime.fromtimestamp(started, UTC) if started else None
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The statement's fingerprint (SPEC §16), computed the first time a watch
+        needs it (None: no statement)."""
+        if self._fingerprint is None and self.statement is not None:
+            self._fingerprint = self._engine.fingerprint(self.statement)
+        return self._fingerprint
 
     @property
     def runtime(self) -> GroupRuntime | None:
@@ -351,7 +362,9 @@ class Query:
         most once a slice; resgroups.query.rules). While the query's own thread is
         not scheduled, its CPU is metered here for rules on cpu_time."""
         rules = self._rules
-        if rules is None:  # moved to a group without rules since the caller looked
+        if rules is not None:
+            rules = self._rules = current(self, rules)  # a dropped rule stops acting
+        if rules is None:  # no rule left, or moved to a group without rules
             self._rules_at = math.inf
             return
         self._rules_at = now + self._engine.slice_s
@@ -379,26 +392,39 @@ class Query:
         placement = engine.placement(self.session, target)
         held = self.held
         old_runtime, old_group = held.runtime, self.group
+        acted = self._rules.acted if self._rules is not None else frozenset()
         with Hold(self._interrupted):
             published = held.published
             if published is not None:
                 if self._memory is not None:
                     self._memory.flush()
-                published.move_to(
-                    placement.runtime.group_id,
-                    placement.budget,
-                    f"group={target.name}, user={self.user}",
-                )
+                try:
+                    published.move_to(
+                        placement.runtime.group_id,
+                        placement.budget,
+                        f"group={target.name}, user={self.user}",
+                    )
+                except MemoryLimitExceeded as exc:  # the query fails, every thread of it
+                    error = MemoryLimitExceeded(
+                        f"{exc.message} (moving there by resource rule {rule.name})"
+                    )
+                    self.fail(error)
+                    raise error from None
             self._give_back()
             self._placement = placement
             held.runtime = placement.runtime
             self.group = held.group = target.name
             self.moved_from = old_group
             self._fence = None  # fleet mode: the target's, taken as it is admitted
-            self._rules = rules_for(self, target)
+            self._rules = rules_for(self, target.id, acted)  # a rule acts once per query
             if old_runtime is not None and old_runtime.dropped:
                 engine.runtimes.query_ended(old_runtime)
-            self._admit(front=True)
+            try:
+                self._admit(front=True)
+            except (AdmissionRejected, QueueTimeout, QueryTimeout) as exc:
+                raise type(exc)(
+                    f"{exc.message} (moved there by resource rule {rule.name} from {old_group})"
+                ) from None
             self._meter_for_rules()
             self._rules_at = (
                 self._checked_at + engine.slice_s if self._rules is not None else math.inf
@@ -485,13 +511,22 @@ class Query:
             return -math.inf
         if self.state is SUSPENDED:  # the timeout does not run meanwhile
             return math.inf
+        due = self._timeout_at
+        rules = self._rules
+        if rules is not None and rules.kill_after_ms is not None and self.admitted_at:
+            # a rule that KILLs on elapsed alone interrupts native work at its threshold
+            # (a millisecond past it: the rule needs elapsed > its threshold)
+            kill_at = self.admitted_at + self.suspended_s + (rules.kill_after_ms + 1) / 1000
+            due = min(due, kill_at)
         if self._fence is not None:  # fleet mode: native work stops at the fence too
-            return min(self._timeout_at, self._now() + seconds_left(self._fence))
-        return self._timeout_at
+            return min(due, self._now() + seconds_left(self._fence))
+        return due
 
     def fire(self) -> None:
         """The watcher's thread: call each pending callback once."""
         callbacks, self._on_cancel = self._on_cancel, ()
+        if self._rules is not None:  # an interrupted body checks its rules at once
+            self._rules_at = self._check_at = -math.inf
         for callback in callbacks:
             try:
                 callback()
@@ -561,7 +596,7 @@ class Query:
                 placement = session.placement(
                     export=self.kind == "export", attributes=self._attributes
                 )
-                if placement is not None and self.fingerprint is not None:
+                if placement is not None and self.statement is not None:
                     target = watched(self, placement.group)  # or refused (RunawayQuery)
                     if target is not None:  # watched after a MOVE: admitted there at once
                         placement = self._engine.placement(session, target)
@@ -572,7 +607,7 @@ class Query:
                     held.runtime = placement.runtime
                     if self._memory is not None:  # q.memory was read before entry
                         self._memory = MemoryCounter(self._memory_state())
-                    rules = self._rules = rules_for(self, placement.group)  # or refused
+                    rules = self._rules = rules_for(self, placement.group.id)
                     self._admit()  # arms the checkpoint as it returns (_checked_at: now)
                     self.admitted_at = self._checked_at
                     if rules is not None:
@@ -733,7 +768,7 @@ class Query:
         state = self.state
         if state is DONE:
             return
-        if self._rules is not None and state is RUNNING:
+        if self._rules is not None and state in (RUNNING, SUSPENDED):
             try:
                 log_at_end(self, self._rules, self._now())
             except Exception:  # a fault here must not keep what the query holds

@@ -39,13 +39,35 @@ if TYPE_CHECKING:
 log = logging.getLogger("resgroups.rules")
 
 
-def rules_for(query: Query, group: GroupDef) -> QueryRules | None:
-    """The rules of ``group`` for one query (None: the group has none)."""
+def rules_for(
+    query: Query, group_id: int, acted: frozenset[int] = frozenset()
+) -> QueryRules | None:
+    """The rules of group ``group_id`` for one query (None: the group has none);
+    ``acted``: the rules that already acted on it (in a group it was moved from)."""
     snap = query.session.engine.snapshot
     if not snap.rules:
         return None
-    rules = snap.rules_by_group.get(group.id)
-    return QueryRules(rules) if rules else None
+    rules = snap.rules_by_group.get(group_id)
+    return QueryRules(rules, snap, acted) if rules else None
+
+
+def current(query: Query, rules: QueryRules) -> QueryRules | None:
+    """``rules`` as the catalog has them now: a rule dropped since the query was
+    admitted stops acting on it, one altered acts as it is now (rules created
+    since apply to the queries admitted after them). O(1) while the catalog
+    does not change."""
+    snap = query.session.engine.snapshot
+    if rules.snapshot is snap:
+        return rules
+    runtime = query.held.runtime
+    if runtime is None:
+        return rules
+    kept = [r for r in snap.rules_by_group.get(runtime.group_id, ()) if r.id in _ids(rules)]
+    return QueryRules(kept, snap, rules.acted) if kept else None
+
+
+def _ids(rules: QueryRules) -> frozenset[int]:
+    return frozenset(r.id for r in rules.rules)
 
 
 def watched(query: Query, group: GroupDef) -> GroupDef | None:
@@ -54,11 +76,10 @@ def watched(query: Query, group: GroupDef) -> GroupDef | None:
     MOVE names the group it is admitted to instead; None when it is not watched."""
     engine = query.session.engine
     snap = engine.snapshot
-    fingerprint = query.fingerprint
-    if fingerprint is None or not snap.rules:
-        return None
-    watch = engine.watches.matching(fingerprint, snap.rules)
-    if watch is None or snap.rules[watch.rule_id].group_id != group.id:
+    if not engine.watches or not snap.rules or query.statement is None:
+        return None  # nothing watched: the fingerprint is not even computed
+    watch = engine.watches.matching(group.id, query.fingerprint or "", snap.rules)
+    if watch is None:
         return None
     rule = snap.rules[watch.rule_id]
     engine.rule_hits.record(rule.id)
@@ -128,15 +149,13 @@ def check_rules(query: Query, rules: QueryRules, now: float, *, can_move: bool) 
                 hit,
             )
         elif rule.action == KILL:
-            if rule.watch_ms and query.fingerprint is not None:
-                engine.watches.watch(query.fingerprint, rule.id, KILL, rule.watch_ms / 1000)
+            _watch(query, rule)
             killed = RunawayQuery(
                 f"query killed by resource rule {rule.name} [group={query.group}, "
                 f"user={query.user}]: {hit}"
             )
         elif rule.action == MOVE and moved is None:  # the first MOVE due, in creation order
-            if rule.watch_ms and query.fingerprint is not None:
-                engine.watches.watch(query.fingerprint, rule.id, MOVE, rule.watch_ms / 1000)
+            _watch(query, rule)
             moved = rule, hit
     if killed is not None:
         log.warning("resource rule: query %d: %s", query.id, killed.message)
@@ -155,6 +174,15 @@ def check_rules(query: Query, rules: QueryRules, now: float, *, can_move: bool) 
             hit,
         )
         query.move(rule)
+
+
+def _watch(query: Query, rule: RuleDef) -> None:
+    """After a KILL or a MOVE: watch the query's statement in its group."""
+    fingerprint = query.fingerprint if rule.watch_ms else None
+    if fingerprint is not None:
+        query.session.engine.watches.watch(
+            rule.group_id, fingerprint, rule.id, rule.action, rule.watch_ms / 1000
+        )
 
 
 def _clock(wall: float) -> str:

@@ -166,7 +166,8 @@ class Gate:
         self._positions: dict[Ticket, int] | None = None  # position(), until a change
         self.slack = 32  # the views are rebuilt beyond 2 x queued + slack (tests lower it)
         self._arrivals = itertools.count()
-        self._fronts = itertools.count(-1, -1)  # arrivals of tickets put at the head
+        # arrivals of tickets put at the head: below every other, in their own order
+        self._fronts = itertools.count(-(2**62))
         self._held: dict[str, int] = {}  # user -> active tickets
         self._last_admitted: dict[str, float] = {}  # user -> time of last admission
         self.waiting = 0  # the tickets queued, read on the fast path without a call
@@ -226,9 +227,13 @@ class Gate:
         return _first_deadline(first) if first is not None else math.inf
 
     def _enqueue(self, ticket: Ticket, *, front: bool = False) -> None:
-        if front:  # before everyone: an arrival below every other
+        if front:  # before every other arrival, after the earlier tickets put at the head
             ticket.arrival = arrival = next(self._fronts)
-            self._queue.appendleft(ticket)
+            queue = self._queue
+            place = 0
+            while place < len(queue) and queue[place].arrival < 0:
+                place += 1  # O(tickets put at the head and still in the view)
+            queue.insert(place, ticket)
         else:
             ticket.arrival = arrival = next(self._arrivals)
             self._queue.append(ticket)

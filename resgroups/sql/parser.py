@@ -269,13 +269,20 @@ class _ToAst(Transformer[Token, Any]):
 
     def create_resource_rule(
         self,
+        word: Token,
         if_not_exists: bool | None,
         name: ast.Ident,
         group: ast.Ident,
         *rest: Any,
     ) -> ast.CreateResourceRule:
+        _resource_object(word, ("rule",))
         watch = rest[-1]  # rule_options, or None
         action, target = rest[-2]
+        if watch and action == LOG:
+            raise InvalidParameter(
+                f"rule {name.text}: watch applies to KILL and MOVE, not to LOG "
+                "(a LOG does nothing to the query to repeat)"
+            )
         conditions = rest[:-2]
         metrics = [m for m, _ in conditions]
         repeated = sorted({m for m in metrics if metrics.count(m) > 1})
@@ -288,10 +295,18 @@ class _ToAst(Transformer[Token, Any]):
             name, group, tuple(conditions), action, target, watch or 0, bool(if_not_exists)
         )
 
-    def rename_resource_rule(self, name: ast.Ident, new_name: ast.Ident) -> ast.RenameResourceRule:
+    def rename_resource_object(
+        self, word: Token, name: ast.Ident, new_name: ast.Ident
+    ) -> ast.Statement:
+        if _resource_object(word, RESOURCE_OBJECTS) == "selector":
+            return ast.RenameResourceSelector(name, new_name)
         return ast.RenameResourceRule(name, new_name)
 
-    def drop_resource_rule(self, if_exists: bool | None, name: ast.Ident) -> ast.DropResourceRule:
+    def drop_resource_object(
+        self, word: Token, if_exists: bool | None, name: ast.Ident
+    ) -> ast.Statement:
+        if _resource_object(word, RESOURCE_OBJECTS) == "selector":
+            return ast.DropResourceSelector(name, bool(if_exists))
         return ast.DropResourceRule(name, bool(if_exists))
 
     # ---- selectors
@@ -366,22 +381,13 @@ class _ToAst(Transformer[Token, Any]):
         return priority
 
     def create_resource_selector(
-        self, if_not_exists: bool | None, name: ast.Ident, *rest: Any
+        self, word: Token, if_not_exists: bool | None, name: ast.Ident, *rest: Any
     ) -> ast.CreateResourceSelector:
+        _resource_object(word, ("selector",))
         priority, group, conditions = rest[-1], rest[-2], rest[:-2]
         return ast.CreateResourceSelector(
             name, tuple(conditions), group, priority or 0, bool(if_not_exists)
         )
-
-    def rename_resource_selector(
-        self, name: ast.Ident, new_name: ast.Ident
-    ) -> ast.RenameResourceSelector:
-        return ast.RenameResourceSelector(name, new_name)
-
-    def drop_resource_selector(
-        self, if_exists: bool | None, name: ast.Ident
-    ) -> ast.DropResourceSelector:
-        return ast.DropResourceSelector(name, bool(if_exists))
 
     # ---- principals
     def kind_user(self) -> ast.PrincipalKind:
@@ -899,6 +905,19 @@ class _ToAst(Transformer[Token, Any]):
 
 _ESCAPES: Final = re.compile(r"\\(.)", re.DOTALL)
 _ESCAPED: Final = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}
+
+
+# what ALTER and DROP RESOURCE ... name besides GROUP (read as names: not reserved)
+RESOURCE_OBJECTS: Final = ("rule", "selector")
+
+
+def _resource_object(word: Token, allowed: tuple[str, ...]) -> str:
+    """``RULE`` after RESOURCE (any case); a syntax error naming what may follow."""
+    kind = str(word).lower()
+    if kind not in allowed:
+        shown = ", ".join(f"RESOURCE {w.upper()}" for w in ("group", *allowed))
+        raise _PositionedError(f"unexpected {str(word)!r} after RESOURCE: expected {shown}", word)
+    return kind
 
 
 def _no_repeats(params: tuple[tuple[str, ast.ParamValue], ...]) -> tuple[Any, ...]:

@@ -14,6 +14,7 @@ from resgroups.access import (
     check_group_admin,
     explain,
     find_runtime_group,
+    is_group_admin,
     may_assume,
 )
 from resgroups.auth import hash_password, md5_verifier
@@ -285,9 +286,11 @@ def explain_resource_group(session: Session, stmt: ast.ExplainResourceGroup) -> 
                 for c in candidates]  # fmt: skip
         picked = next((c.candidate for c in candidates if c.chosen), None)
         group = snap.find_group(Ident(picked, quoted=True)) if picked is not None else None
-        if group is not None:
+        admin = is_group_admin(snap, session.identity, access_control=engine.access_control)
+        if group is not None and admin:  # the rules are RESOURCE GROUP ADMIN's to read
             for rule in snap.rules_of(group.id):
-                rows.append((group.name, "rule", None, True, _rule_text(snap, rule), False))
+                text = _rule_text(snap, rule)
+                rows.append((group.name, "resource_rule", None, False, text, False))
     return Result.table(EXPLAIN_COLUMNS, rows, EXPLAIN_TYPES)
 
 

@@ -218,10 +218,10 @@ class Session:
         selector = snap.select(attributes)
         if selector is None:
             return None
-        self._refresh_identity()
         engine.selector_matched(selector.id)
         cached = self._selected
         if cached is None or cached[0] is not snap or cached[1] is not self._identity:
+            self._refresh_identity()  # the catalog changed: is the login still there?
             cached = self._selected = (snap, self._identity, {})
         placement = cached[2].get(selector.group_id)
         if placement is None:

@@ -200,10 +200,10 @@ class SelectorIndex:
                 by_value.setdefault(key, []).append(selector_id)
         return cls({k: tuple(v) for k, v in by_value.items()}, tuple(unindexed))
 
-    def candidates(self, attrs: Attributes) -> list[int]:
+    def candidates(self, attrs: Attributes) -> tuple[int, ...]:
         """The ids of the selectors that could match ``attrs``: O(tags + unindexed)."""
-        found = list(self.unindexed)
         get = self.by_value.get
+        found = self.unindexed
         if attrs.application is not None:
             found += get(("application", attrs.application), ())
         found += get(("user", attrs.user.casefold()), ())

@@ -22,8 +22,18 @@ resource group, every user in one ACL group. Per size:
     ms to open the directory catalog holding those 2N statements (replay and
     the whole-snapshot check) and close it again.
 
-The goal (issue 10): ``ddl`` at 10,000 groups within 3x of ``ddl`` at 10.
-The ratios print at the end.
+``route``
+    µs per managed query routed by selectors (SPEC §15), at 0, 10 and 1,000
+    selectors (``--selectors``) on a catalog of 10 groups: each selector is
+    ``application = 'appK' AND estimated_rows < 1000`` to one of the groups, and
+    the query's session has the application of one of them and a row estimate
+    of 10, so one selector routes it; with 0 selectors the same query is
+    routed by its user's ACL group. The index files each selector under its
+    application, so routing reads one candidate, not all of them.
+
+The goals: ``ddl`` at 10,000 groups within 3x of ``ddl`` at 10 (issue 10);
+``route`` at 1,000 selectors within 1.5x of none (issue 33). The ratios print
+at the end.
 """
 
 from __future__ import annotations
@@ -92,6 +102,35 @@ def resource_groups(loops: int, n: int) -> float:
     return pyperf.perf_counter() - t0
 
 
+_routing: dict[int, resgroups.Session] = {}
+
+
+def _routed_session(k: int) -> resgroups.Session:
+    if k not in _routing:
+        engine = resgroups.Engine(access_control=True, workers=2)
+        admin = engine.connect("admin")
+        admin.execute_script(_script(10)[0])
+        lines = [
+            f"CREATE RESOURCE SELECTOR s{i} WHEN application = 'app{i}' AND "
+            f"estimated_rows < 1000 THEN RESOURCE GROUP g{i % 10}"
+            for i in range(k)
+        ]
+        for i in range(0, len(lines), 500):
+            admin.execute_script(";\n".join(lines[i : i + 500]))
+        _routing[k] = engine.connect("u5", application=f"app{k // 2}")
+    return _routing[k]
+
+
+def route(loops: int, k: int) -> float:
+    session = _routed_session(k)
+    estimate = resgroups.Estimate(rows=10)
+    t0 = pyperf.perf_counter()
+    for _ in range(loops):
+        with session.query(estimate=estimate):
+            pass
+    return pyperf.perf_counter() - t0
+
+
 def _directory(n: int) -> Path:
     return Path(tempfile.gettempdir()) / f"resgroups-bench-scale-{n}"
 
@@ -118,14 +157,16 @@ def reopen(loops: int, n: int) -> float:
 
 
 def _add_cmdline_args(cmd: list[str], args: object) -> None:
-    cmd.extend(["--sizes", args.sizes])
+    cmd.extend(["--sizes", args.sizes, "--selectors", args.selectors])
 
 
 if __name__ == "__main__":
     runner = pyperf.Runner(add_cmdline_args=_add_cmdline_args)
     runner.argparser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    runner.argparser.add_argument("--selectors", default="0,10,1000")
     args = runner.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    selector_counts = [int(s) for s in args.selectors.split(",") if s]
     built: dict[int, float] = {}
     results: dict[str, float] = {}
     for n in sizes:
@@ -140,6 +181,10 @@ if __name__ == "__main__":
             bench = runner.bench_time_func(f"{name}_{n}", fn, n)
             if bench is not None and not args.worker:
                 results[f"{name}_{n}"] = bench.median()
+    for k in selector_counts:
+        bench = runner.bench_time_func(f"route_{k}", route, k)
+        if bench is not None and not args.worker:
+            results[f"route_{k}"] = bench.median()
     if not args.worker and results:
         print()
         for n in sizes:
@@ -152,7 +197,14 @@ if __name__ == "__main__":
             if n in built:
                 line.append(f"(creating it: {built[n]:.1f} s, fsync per statement)")
             print("  ".join(line))
-        low, high = min(sizes), max(sizes)
-        for name in ("ddl", "resolve"):
-            ratio = results[f"{name}_{high}"] / results[f"{name}_{low}"]
-            print(f"{name} at {high} groups / at {low}: {ratio:.2f}x")
+        if sizes:
+            low, high = min(sizes), max(sizes)
+            for name in ("ddl", "resolve"):
+                ratio = results[f"{name}_{high}"] / results[f"{name}_{low}"]
+                print(f"{name} at {high} groups / at {low}: {ratio:.2f}x")
+        for k in selector_counts:
+            print(f"{k:>6} selectors: route {results[f'route_{k}'] * 1e6:7.1f} µs per query")
+        if len(selector_counts) > 1:
+            few, many = min(selector_counts), max(selector_counts)
+            ratio = results[f"route_{many}"] / results[f"route_{few}"]
+            print(f"route at {many} selectors / at {few}: {ratio:.2f}x")

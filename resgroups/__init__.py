@@ -14,6 +14,7 @@ observed through ``resource_groups()``.
 
 from __future__ import annotations
 
+from resgroups.catalog.selectors import Estimate
 from resgroups.engine import Engine
 from resgroups.errors import (
     AdmissionRejected,
@@ -69,6 +70,7 @@ __all__ = [
     "Engine",
     "EngineClosed",
     "Error",
+    "Estimate",
     "FeatureNotSupported",
     "GroupingError",
     "InternalError",

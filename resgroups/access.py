@@ -24,6 +24,7 @@ from typing import Final
 from resgroups.auth import hash_password, md5_verifier, verify_password
 from resgroups.catalog.model import GroupDef, Principal, Snapshot
 from resgroups.catalog.names import Ident, PrincipalKind
+from resgroups.catalog.selectors import Attributes, failing, format_condition, format_conditions
 from resgroups.errors import AuthenticationFailed, CatalogError, PermissionDenied, did_you_mean
 
 
@@ -171,15 +172,29 @@ def _lost_choice(snap: Snapshot, chosen: int) -> str:
     )
 
 
-def resolve(snap: Snapshot, who: Identity, chosen: int | None, *, access_control: bool) -> GroupDef:
-    """The group a managed query starting now runs in (SPEC §5); ``chosen`` is
-    the id of the session's choice (SET RESOURCE GROUP), named as it is now."""
+def resolve(
+    snap: Snapshot,
+    who: Identity,
+    chosen: int | None,
+    *,
+    access_control: bool,
+    attributes: Attributes | None = None,
+) -> GroupDef:
+    """The group a managed query starting now runs in (SPEC §5, §15); ``chosen``
+    is the id of the session's choice (SET RESOURCE GROUP), named as it is now;
+    ``attributes`` what the query is, for selectors (None: none apply)."""
     if chosen is not None:
         group = snap.runtime_group(chosen)
         if group is None:
             raise CatalogError(_lost_choice(snap, chosen), sqlstate=CatalogError.UNDEFINED)
         check_use(snap, who, group, access_control=access_control)
         return group
+    if attributes is not None and snap.selectors:
+        selector = snap.select(attributes)
+        if selector is not None:
+            routed = snap.runtime_group(selector.group_id)
+            if routed is not None:
+                return routed
     return own_group(snap, login_principal(snap, who))
 
 
@@ -200,7 +215,12 @@ def _order(n: int) -> str:
 
 
 def explain(
-    snap: Snapshot, who: Identity, chosen: int | None, *, access_control: bool
+    snap: Snapshot,
+    who: Identity,
+    chosen: int | None,
+    *,
+    access_control: bool,
+    attributes: Attributes | None = None,
 ) -> list[Candidate]:
     """Every rule :func:`resolve` considers for ``who``, in its order, and which one
     decides: the same decision ``resolve`` makes (a property test holds them
@@ -224,6 +244,8 @@ def explain(
             )
             rows.append(Candidate(group.name, "session", None, False, error))
             failed = True
+    if attributes is not None:
+        rows.extend(_selector_rows(snap, attributes))
     principal = login_principal(snap, who)
     if not access_control:
         rows.append(Candidate(None, "principal", None, False, "access control is off: no mappings"))
@@ -260,6 +282,34 @@ def explain(
         decided = next(i for i, row in enumerate(rows) if row.eligible)
         rows[decided] = replace(rows[decided], chosen=True)
     return rows
+
+
+def _selector_rows(snap: Snapshot, attributes: Attributes) -> list[Candidate]:
+    """Every selector in the order routing considers them (highest priority first,
+    ties: created first), eligible when all its conditions hold, else with the
+    first that does not."""
+    ordered = sorted(snap.selectors.values(), key=lambda s: (-s.priority, s.id))
+    rows = []
+    for selector in ordered:
+        group = snap.group(selector.group_id)
+        name = group.name if group is not None else None
+        missing = failing(selector.conditions, attributes)
+        if missing is None:
+            why = f"selector {selector.name}: {format_conditions(selector.conditions)}"
+        else:
+            attribute = missing[0]
+            actual = _shown_attribute(attributes, attribute)
+            why = f"selector {selector.name}: {format_condition(missing)} does not hold ({actual})"
+        rows.append(Candidate(name, "selector", selector.priority, missing is None, why))
+    return rows
+
+
+def _shown_attribute(attributes: Attributes, attribute: str) -> str:
+    if attribute == "tag":
+        tags = ", ".join(sorted(attributes.tags))
+        return f"tags: {tags}" if tags else "no tags"
+    value = getattr(attributes, attribute)
+    return f"{attribute} is unknown" if value is None else f"{attribute} is {value!r}"
 
 
 def _use_reason(snap: Snapshot, who: Identity, group: GroupDef, access_control: bool) -> str:

@@ -42,7 +42,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +74,7 @@ from resgroups.sched.rules import RuleHits, WatchList
 from resgroups.sched.runtime import GroupRuntime
 from resgroups.sched.stats import GroupStatistics
 from resgroups.session import Session
+from resgroups.sql.fingerprint import fingerprint
 
 if TYPE_CHECKING:
     from resgroups.fleet.coordinator import FleetCoordinator
@@ -219,7 +220,9 @@ class Engine:
         self.memory_ledger = MemoryLedger(c.process_memory_limit)
         self.tables = TableStore()  # the built-in executor's tables
         self.rule_hits = RuleHits()  # what runaway-query rules did (SPEC §16)
+        self.selector_matches: dict[int, int] = {}  # queries each selector routed (§15)
         self.watches = WatchList(self.clock.monotonic)
+        self.fingerprint = fingerprint  # a statement's, for the watch list (resgroups.sql)
         self.runtimes = GroupRuntimes(
             self.clock.monotonic,
             self.dispatcher,
@@ -428,17 +431,31 @@ class Engine:
 
     # ---- sessions ------------------------------------------------------------------
 
-    def connect(self, user: str | None = None, password: str | None = None) -> Session:
+    def connect(
+        self,
+        user: str | None = None,
+        password: str | None = None,
+        *,
+        application: str | None = None,
+        tags: Iterable[str] = (),
+    ) -> Session:
         """A session for ``user`` (default: the admin name).
 
         With access control on, ``user`` names a user, a service account or the
         admin; an unknown name and a wrong or missing password (checked when
         the principal has one) fail alike, with AuthenticationFailed (28P01)
-        and in the same time.
+        and in the same time. ``application`` and ``tags`` are what selectors
+        route its queries on (SPEC §15).
         """
         self._check_open()
         name = user if user is not None else self.admin_user
-        return Session(self, self.authenticator.login(self.snapshot, name, password))
+        identity = self.authenticator.login(self.snapshot, name, password)
+        return Session(self, identity, application, tags)
+
+    def selector_matched(self, selector_id: int) -> None:
+        """A selector routed a query: counted for ``resource_selectors()``."""
+        with self._unmanaged_lock:
+            self.selector_matches[selector_id] = self.selector_matches.get(selector_id, 0) + 1
 
     # ---- observation ----------------------------------------------------------------
 

@@ -79,6 +79,14 @@ class _Collector(Collector):
                 if value is not None:
                     bucket.add_metric([s.name], value)
             yield bucket
+        hits = CounterMetricFamily(
+            "resgroups_resource_rule_hits",
+            "Times a runaway-query rule acted (SPEC §16), by rule and action.",
+            labels=["rule", "action"],
+        )
+        for rule in engine.snapshot.all_rules:
+            hits.add_metric([rule.name, rule.action.upper()], engine.rule_hits.get(rule.id).total)
+        yield hits
         stalled = GaugeMetricFamily(
             "resgroups_pool_stalled_workers",
             "Workers held by queries with no checkpoint for longer than the stall threshold.",

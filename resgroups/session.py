@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from resgroups.access import Identity, login_principal, resolve, still_assumed
+from resgroups.catalog import Snapshot
 from resgroups.catalog.model import GroupDef
-from resgroups.errors import QueryCancelled
+from resgroups.catalog.selectors import MAX_APPLICATION, MAX_TAG, MAX_TAGS, Attributes, Estimate
+from resgroups.errors import InternalError, InvalidParameter, QueryCancelled
 from resgroups.query import Placement, Query, QueryState
 from resgroups.result import Cursor, Result
 from resgroups.sql import ast
@@ -28,9 +31,20 @@ class Session:
     [('default',)]
     """
 
-    def __init__(self, engine: Engine, identity: Identity) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        identity: Identity,
+        application: str | None = None,
+        tags: Iterable[str] = (),
+    ) -> None:
         self.engine = engine
         self._identity = identity
+        # what selectors route on beside the query itself (SPEC §15)
+        self.application: str | None = None
+        self.tags: frozenset[str] = frozenset()
+        self.set_application(application)
+        self.set_tags(tags)
         self.database = "resgroups"  # current_database(): what a wire client named
         self._chosen: int | None = None  # the chosen group's id (a rename keeps it)
         # the ids of this session's queries in flight: a query adds its own as it
@@ -43,7 +57,54 @@ class Session:
         self.work_cpu_ns = 0  # CPU the built-in executor spent on this session's queries
         # the last placement, with the snapshot, identity and choice it was resolved for
         self._placed: tuple[object, Identity, int | None, Placement] | None = None
+        # placements of the groups selectors routed to, for one snapshot and identity
+        self._selected: tuple[object, Identity, dict[int, Placement]] | None = None
         self._cpu_lock = threading.Lock()
+
+    def set_application(self, application: str | None) -> None:
+        """The application name selectors see (``application_name`` over the wire)."""
+        if application is not None and not isinstance(application, str):
+            raise InvalidParameter(f"application must be text, not {type(application).__name__}")
+        if application is not None and len(application) > MAX_APPLICATION:
+            raise InvalidParameter(
+                f"application name of {len(application)} characters: at most {MAX_APPLICATION}"
+            )
+        self.application = application or None
+
+    def set_tags(self, tags: Iterable[str]) -> None:
+        """The client tags selectors see (``client_tags`` over the wire)."""
+        if isinstance(tags, str):
+            raise InvalidParameter(
+                f"tags must be a collection of text, not the string {tags!r} "
+                "(write tags=('a', 'b'))"
+            )
+        given = list(tags)
+        for tag in given:
+            if not isinstance(tag, str) or not tag or len(tag) > MAX_TAG:
+                raise InvalidParameter(
+                    f"client tag {tag!r}: expected text of 1..{MAX_TAG} characters"
+                )
+        if len(given) > MAX_TAGS:
+            raise InvalidParameter(f"{len(given)} client tags: at most {MAX_TAGS}")
+        self.tags = frozenset(given)
+
+    def attributes(
+        self,
+        kind: str = "select",
+        statement: str | None = None,
+        estimate: Estimate | None = None,
+    ) -> Attributes:
+        """What a query of this session with ``kind``, ``statement`` and ``estimate``
+        is, for selectors (SPEC §15)."""
+        return Attributes(
+            self._identity.login_name,
+            kind,
+            self.application,
+            self.tags,
+            statement,
+            estimate.rows if estimate is not None else None,
+            estimate.memory if estimate is not None else None,
+        )
 
     def add_work_cpu(self, nanos: int) -> None:
         with self._cpu_lock:
@@ -118,13 +179,21 @@ class Session:
             engine.snapshot, self._identity, chosen, access_control=engine.access_control
         )
 
-    def placement(self, *, export: bool = False) -> Placement | None:
+    def placement(
+        self, *, export: bool = False, attributes: Callable[[], Attributes] | None = None
+    ) -> Placement | None:
         """Where a managed query starting now runs (None: unmanaged). Resolution
         depends only on the catalog snapshot, this session's identity and its
         choice, so while those are the same objects the last answer is reused:
-        the per-query path then resolves nothing."""
+        the per-query path then resolves nothing. When selectors exist and no
+        group is chosen, the query's ``attributes()`` are matched first, through
+        the snapshot's index (SPEC §15)."""
         snap = self.engine.snapshot
         chosen = None if export else self._chosen
+        if chosen is None and attributes is not None and snap.selectors:
+            selected = self._selected_placement(snap, attributes())
+            if selected is not None:
+                return selected
         placed = self._placed
         if (
             placed is not None
@@ -140,19 +209,59 @@ class Session:
         self._placed = (snap, self._identity, chosen, placement)
         return placement
 
+    def _selected_placement(self, snap: Snapshot, attributes: Attributes) -> Placement | None:
+        """The placement a selector routes a query with ``attributes`` to (None: no
+        selector matches, or the queries run unmanaged)."""
+        engine = self.engine
+        if not engine.enabled or not snap.has_catalog:
+            return None
+        selector = snap.select(attributes)
+        if selector is None:
+            return None
+        engine.selector_matched(selector.id)
+        cached = self._selected
+        if cached is None or cached[0] is not snap or cached[1] is not self._identity:
+            self._refresh_identity()  # the catalog changed: is the login still there?
+            cached = self._selected = (snap, self._identity, {})
+        placement = cached[2].get(selector.group_id)
+        if placement is None:
+            group = snap.runtime_group(selector.group_id)
+            if group is None:  # the catalog's invariant says it exists
+                raise InternalError(f"selector {selector.name} routes to a missing group")
+            placement = cached[2][selector.group_id] = engine.placement(self, group)
+        return placement
+
     def eval_context(self, group: str | None = None) -> EvalContext:
         """What an expression of this session may ask (current_user, ...)."""
         return EvalContext(current_group=group, user=self.user, database=self.database)
 
-    def query(self, kind: str = "select", pool: str = "default") -> Query:
+    def query(
+        self,
+        kind: str = "select",
+        pool: str = "default",
+        *,
+        statement: str | None = None,
+        estimate: Estimate | None = None,
+    ) -> Query:
         """A managed query: ``with session.query(kind="select") as q: ...``.
 
         ``__enter__`` returns once the query is admitted to its group and holds
         a worker of ``pool``; everything it holds is given back before
         ``__exit__`` returns, however the body ends. Kind "other" runs
-        unmanaged (no slot, no worker, ``q.group`` is None).
+        unmanaged (no slot, no worker, ``q.group`` is None). ``statement``, the
+        text the query runs, is shown in ``resource_group_queries()`` and its
+        fingerprint is what a rule's ``watch`` recognises (SPEC §16); selectors
+        route on it and on ``estimate``, what the executor expects to read (§15).
         """
-        return Query(self, kind, pool)
+        if statement is not None and not isinstance(statement, str):
+            raise InvalidParameter(f"statement must be text, not {type(statement).__name__}")
+        if estimate is not None and not isinstance(estimate, Estimate):
+            raise InvalidParameter(
+                f"estimate must be a resgroups.Estimate, not {type(estimate).__name__}"
+            )
+        if statement is None and estimate is None:
+            return Query(self, kind, pool)
+        return Query(self, kind, pool, statement, None, estimate)  # fingerprint: when asked
 
     def run(self, stmt: ast.Statement) -> Result:
         """One parsed statement (what execute_script does for each of its own)."""

@@ -17,12 +17,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+from resgroups.catalog.rules import METRICS
 from resgroups.errors import Error, SqlSyntaxError
 from resgroups.result import Result
 from resgroups.sql.parser import keywords
 from resgroups.sql.split import Splitter, is_complete
+
+# what a rule is written with beside the grammar's keywords (names to the grammar, so
+# that they stay usable as names elsewhere): its metrics, actions and option
+RULE_WORDS: Final = (*METRICS, "KILL", "MOVE", "LOG", "watch")
 
 if TYPE_CHECKING:
     from resgroups.session import Session
@@ -250,6 +255,7 @@ def interactive(runner: ShellRunner, *, input: Any = None, output: Any = None) -
     from prompt_toolkit.key_binding import KeyBindings
 
     from resgroups.sched.stats import COLUMN_NAMES
+    from resgroups.statements.table_functions import TABLE_FUNCTIONS
 
     bindings = KeyBindings()
 
@@ -268,7 +274,13 @@ def interactive(runner: ShellRunner, *, input: Any = None, output: Any = None) -
         history = FileHistory(str(path))
     except OSError:
         history = InMemoryHistory()
-    words = [*keywords(), *COLUMN_NAMES, "resource_groups()", "current_resource_group()"]
+    words = [
+        *keywords(),
+        *COLUMN_NAMES,
+        *(f"{name}()" for name in TABLE_FUNCTIONS),
+        "current_resource_group()",
+        *RULE_WORDS,
+    ]
     prompt: PromptSession[str] = PromptSession(
         multiline=True,
         key_bindings=bindings,

@@ -187,11 +187,19 @@ def test_current_resource_group_reports_the_group_a_query_ran_in() -> None:
 
 def test_statement_kinds_are_declared(monkeypatch: pytest.MonkeyPatch) -> None:
     kinds: list[str] = []
+    statements: list[str | None] = []
     real = resgroups.Session.query
 
-    def spy(self: resgroups.Session, kind: str = "select", pool: str = "default") -> object:
+    def spy(
+        self: resgroups.Session,
+        kind: str = "select",
+        pool: str = "default",
+        *,
+        statement: str | None = None,
+    ) -> object:
         kinds.append(kind)
-        return real(self, kind, pool)
+        statements.append(statement)
+        return real(self, kind, pool, statement=statement)
 
     monkeypatch.setattr(resgroups.Session, "query", spy)
     with resgroups.Engine() as engine:
@@ -201,6 +209,11 @@ def test_statement_kinds_are_declared(monkeypatch: pytest.MonkeyPatch) -> None:
         session.execute("INSERT INTO k SELECT x FROM long_sequence(3)")
         session.execute("DROP TABLE k")
     assert kinds == ["select", "ctas", "insert_select"]
+    assert statements == [  # the text each query runs, for rules and resource_group_queries()
+        "SELECT count(*) FROM long_sequence(3)",
+        "CREATE TABLE k AS (SELECT x FROM long_sequence(3))",
+        "INSERT INTO k SELECT x FROM long_sequence(3)",
+    ]
 
 
 def test_memory_of_every_morsel_is_accounted_and_returned() -> None:

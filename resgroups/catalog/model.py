@@ -26,6 +26,7 @@ from immutables import Map
 from resgroups.catalog.names import Ident, PrincipalKind
 from resgroups.catalog.params import PARAMETERS, ParamValue
 from resgroups.catalog.relation import EMPTY, Relation
+from resgroups.catalog.selectors import Attributes, Condition, SelectorIndex, failing
 from resgroups.errors import InternalError
 
 DEFAULT_GROUP_ID: Final = 0
@@ -194,6 +195,20 @@ class RuleDef:
     watch_ms: int = 0
 
 
+@dataclass(frozen=True)
+class SelectorDef:
+    """A selector (SPEC §15, :mod:`resgroups.catalog.selectors`): a query whose
+    attributes meet every condition runs in ``group_id``; among the selectors
+    that match, the highest ``priority`` wins, ties to the one created first."""
+
+    id: int
+    name: str
+    quoted: bool
+    conditions: tuple[Condition, ...]
+    group_id: int
+    priority: int = 0
+
+
 def _indexed(
     index: Map[str, tuple[int, ...]], name: str, object_id: int
 ) -> Map[str, tuple[int, ...]]:
@@ -214,6 +229,7 @@ _NO_PRINCIPALS: Final[Map[int, Principal]] = Map()
 _NO_DROPPED: Final[Map[int, str]] = Map()
 _NO_GROUPS: Final[Map[int, GroupDef]] = Map()
 _NO_RULES: Final[Map[int, RuleDef]] = Map()
+_NO_SELECTORS: Final[Map[int, SelectorDef]] = Map()
 _ONLY_DEFAULT: Final = _NO_GROUPS.set(
     DEFAULT_GROUP_ID, GroupDef(DEFAULT_GROUP_ID, DEFAULT_GROUP_NAME)
 )
@@ -248,6 +264,7 @@ class Snapshot:
     # it ("": a log whose genesis record predates the field, or none yet)
     catalog_uid: str = ""
     rules: Map[int, RuleDef] = _NO_RULES  # runaway-query rules, by id
+    selectors: Map[int, SelectorDef] = _NO_SELECTORS  # by id
 
     def evolve(self, **changes: Any) -> Snapshot:
         """A copy with ``changes``: ``dataclasses.replace`` without re-running
@@ -258,7 +275,9 @@ class Snapshot:
         new = object.__new__(Snapshot)
         state = new.__dict__  # frozen: __setattr__ refuses, the instance dict does not
         state.update(self.__dict__)
-        state.pop("groups", None)  # the cached listing belongs to self alone
+        state.pop("groups", None)  # the cached listings belong to self alone
+        state.pop("rules_by_group", None)
+        state.pop("selector_index", None)
         state.update(changes)
         return new
 
@@ -376,7 +395,16 @@ class Snapshot:
 
     def rules_of(self, group_id: int) -> list[RuleDef]:
         """The rules on a group's queries, in creation order (the order they act)."""
-        return [r for r in self.all_rules if r.group_id == group_id]
+        return list(self.rules_by_group.get(group_id, ()))
+
+    @cached_property
+    def rules_by_group(self) -> Mapping[int, tuple[RuleDef, ...]]:
+        """Each group's rules, in creation order, computed once per snapshot (the
+        query path asks it for its group's; empty while there are none)."""
+        by_group: dict[int, tuple[RuleDef, ...]] = {}
+        for rule in self.all_rules:
+            by_group[rule.group_id] = (*by_group.get(rule.group_id, ()), rule)
+        return by_group
 
     def rules_moving_to(self, group_id: int) -> list[RuleDef]:
         """The rules of other groups whose MOVE names this one, in creation order."""
@@ -398,6 +426,53 @@ class Snapshot:
 
     def without_rule(self, rule_id: int) -> Snapshot:
         return self.evolve(rules=self.rules.delete(rule_id))
+
+    # ---- selectors
+    @property
+    def all_selectors(self) -> list[SelectorDef]:
+        """Every selector, in creation order."""
+        return sorted(self.selectors.values(), key=lambda r: r.id)
+
+    def selectors_to(self, group_id: int) -> list[SelectorDef]:
+        """The selectors that route queries to a group, in creation order."""
+        return [r for r in self.all_selectors if r.group_id == group_id]
+
+    def find_selector(self, ref: Ident) -> SelectorDef | None:
+        same = [r for r in self.all_selectors if r.name.casefold() == ref.text.casefold()]
+        exact = [r for r in same if r.name == ref.text]
+        loose = [r for r in same if _matches(r.name, r.quoted, ref)]
+        return next(iter(exact or loose), None)
+
+    def selector_name_taken(self, new: Ident) -> SelectorDef | None:
+        clash = [r for r in self.selectors.values() if conflicts(r.name, r.quoted, new)]
+        return clash[0] if clash else None
+
+    def with_selector(self, selector: SelectorDef) -> Snapshot:
+        return self.evolve(selectors=self.selectors.set(selector.id, selector))
+
+    def without_selector(self, selector_id: int) -> Snapshot:
+        return self.evolve(selectors=self.selectors.delete(selector_id))
+
+    @cached_property
+    def selector_index(self) -> SelectorIndex:
+        """The selectors filed for routing, built once per snapshot."""
+        return SelectorIndex.build((r.id, r.conditions) for r in self.selectors.values())
+
+    def select(self, attrs: Attributes) -> SelectorDef | None:
+        """The selector a query with ``attrs`` is routed by: of those whose every
+        condition holds, the highest priority, ties to the one created first
+        (None: none matches). O(candidates) through the index."""
+        best: SelectorDef | None = None
+        for selector_id in self.selector_index.candidates(attrs):
+            selector = self.selectors[selector_id]
+            if best is not None and (selector.priority, -selector.id) <= (
+                best.priority,
+                -best.id,
+            ):
+                continue
+            if failing(selector.conditions, attrs) is None:
+                best = selector
+        return best
 
     # ---- principals
     def principal(self, principal_id: int) -> Principal | None:
@@ -469,6 +544,7 @@ class Snapshot:
         """Check the whole snapshot, indexes included: O(n), for replay and tests."""
         problems: list[str] = []
         ids = list(self.group_by_id) + list(self.principals) + list(self.rules)
+        ids += list(self.selectors)
         if len(ids) != len(set(ids)):
             problems.append(f"duplicate ids {sorted(ids)}")
         if ids and max(ids) >= self.next_id:
@@ -495,6 +571,12 @@ class Snapshot:
         problems += self._rule_problems()
         problems += _name_clashes((g.name, g.quoted) for g in self.group_by_id.values())
         problems += _name_clashes((r.name, r.quoted) for r in self.rules.values())
+        problems += _name_clashes((r.name, r.quoted) for r in self.selectors.values())
+        for sid, sel in self.selectors.items():
+            if sid != sel.id:
+                problems.append(f"selector {sel.name} filed under {sid}")
+            if self.runtime_group(sel.group_id) is None:
+                problems.append(f"selector {sel.name} routes to missing or base group")
         problems += _name_clashes((p.name, p.quoted) for p in self.principals.values())
         for user_id, acl_id in self.memberships:
             user, acl = self.principals.get(user_id), self.principals.get(acl_id)

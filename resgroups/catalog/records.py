@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from resgroups.auth import is_md5_verifier, is_password_hash
 from resgroups.catalog.model import (
@@ -26,12 +26,14 @@ from resgroups.catalog.model import (
     GroupDef,
     Principal,
     RuleDef,
+    SelectorDef,
     Snapshot,
     variant_name,
 )
 from resgroups.catalog.names import Ident, PrincipalKind, name_problem
 from resgroups.catalog.params import INT32_MAX, INT64_MAX, PARAMETERS, ParamValue
-from resgroups.catalog.rules import ACTIONS, MOVE, conditions_problem
+from resgroups.catalog.rules import ACTIONS, KILL, MOVE, conditions_problem
+from resgroups.catalog.selectors import conditions_problem as selector_problem
 from resgroups.errors import CatalogError
 
 LOG_FORMAT: Final = 1
@@ -109,8 +111,12 @@ def _params(a: Mapping[str, Any], key: str) -> dict[str, ParamValue]:
     return dict(params)
 
 
+def _is_id(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _group(snap: Snapshot, group_id: object) -> GroupDef:
-    group = snap.group(group_id) if isinstance(group_id, int) else None
+    group = snap.group(group_id) if _is_id(group_id) else None
     if group is None:
         raise _Invalid(f"refers to missing resource group id {group_id!r}")
     return group
@@ -124,7 +130,7 @@ def _runtime_group(snap: Snapshot, group_id: object) -> GroupDef:
 
 
 def _principal(snap: Snapshot, principal_id: object, *kinds: PrincipalKind) -> Principal:
-    principal = snap.principal(principal_id) if isinstance(principal_id, int) else None
+    principal = snap.principal(principal_id) if _is_id(principal_id) else None
     if principal is None:
         raise _Invalid(f"refers to missing principal id {principal_id!r}")
     if kinds and principal.kind not in kinds:
@@ -200,6 +206,8 @@ def _add_variant(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
         raise _Invalid(f"{base.name} is mapped or granted, so it cannot become a base")
     if not base.is_base and (snap.rules_of(base.id) or snap.rules_moving_to(base.id)):
         raise _Invalid(f"{base.name} has rules or is a rule's target, so it cannot become a base")
+    if not base.is_base and snap.selectors_to(base.id):
+        raise _Invalid(f"{base.name} is a selector's group, so it cannot become a base")
     full, full_quoted = variant_name(base.name, name), base.quoted or quoted
     if snap.group_name_taken(Ident(full, full_quoted)) is not None:
         raise _Invalid(f"variant name {full} is taken")
@@ -283,6 +291,8 @@ def _drop_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     members = {g.id for g in family}
     if any(r.group_id not in members for g in family for r in snap.rules_moving_to(g.id)):
         raise _Invalid(f"drops {group.name}, which a rule of another group moves queries to")
+    if any(snap.selectors_to(g.id) for g in family):
+        raise _Invalid(f"drops {group.name}, which a selector routes queries to")
     for member in family:
         for rule in snap.rules_of(member.id):  # a group's rules go with it
             snap = snap.without_rule(rule.id)
@@ -376,7 +386,7 @@ def _assume(grant: bool) -> Callable[[Snapshot, Mapping[str, Any]], Snapshot]:
 
 
 def _rule(snap: Snapshot, rule_id: object) -> RuleDef:
-    rule = snap.rules.get(rule_id) if isinstance(rule_id, int) else None
+    rule = snap.rules.get(rule_id) if _is_id(rule_id) else None
     if rule is None:
         raise _Invalid(f"refers to missing rule id {rule_id!r}")
     return rule
@@ -397,8 +407,13 @@ def _create_rule(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     target = a.get("target")
     if (action == MOVE) != (target is not None):
         raise _Invalid(f"action {action} with target {target!r}")
+    if target is not None and not _is_id(target):
+        raise _Invalid(f"target = {target!r}: expected a group id")
     if target is not None and _runtime_group(snap, target).id == group.id:
         raise _Invalid(f"rule {name} moves queries of {group.name} to itself")
+    watch = _int(a, "watch", 0, INT32_MAX)
+    if watch and action not in (KILL, MOVE):
+        raise _Invalid(f"watch = {watch} on a {action} rule: only KILL and MOVE are watched")
     rule = RuleDef(
         rule_id,
         name,
@@ -407,7 +422,7 @@ def _create_rule(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
         tuple((str(m), int(v)) for m, v in a["conditions"]),
         action,
         target,
-        _int(a, "watch", 0, INT32_MAX),
+        watch,
     )
     return snap.with_rule(rule).evolve(next_id=rule_id + 1)
 
@@ -423,6 +438,42 @@ def _rename_rule(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
 
 def _drop_rule(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     return snap.without_rule(_rule(snap, a["id"]).id)
+
+
+def _selector(snap: Snapshot, selector_id: object) -> SelectorDef:
+    selector = snap.selectors.get(selector_id) if isinstance(selector_id, int) else None
+    if selector is None:
+        raise _Invalid(f"refers to missing selector id {selector_id!r}")
+    return selector
+
+
+def _create_selector(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
+    selector_id = _new_id(snap, a)
+    name, quoted = _name(a)
+    if snap.selector_name_taken(Ident(name, quoted)) is not None:
+        raise _Invalid(f"resource selector {name} already exists")
+    problem = selector_problem(a["conditions"])
+    if problem is not None:
+        raise _Invalid(problem)
+    group = _runtime_group(snap, a["group"])
+    conditions = tuple((str(c), str(o), v) for c, o, v in a["conditions"])
+    selector = SelectorDef(
+        selector_id, name, quoted, conditions, group.id, _int(a, "priority", 0, INT32_MAX)
+    )
+    return snap.with_selector(selector).evolve(next_id=selector_id + 1)
+
+
+def _rename_selector(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
+    selector = _selector(snap, a["id"])
+    name, quoted = _name(a)
+    taken = snap.selector_name_taken(Ident(name, quoted))
+    if taken is not None and taken.id != selector.id:
+        raise _Invalid(f"cannot rename selector {selector.name} to {name}: taken")
+    return snap.with_selector(replace(selector, name=name, quoted=quoted))
+
+
+def _drop_selector(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
+    return snap.without_selector(_selector(snap, a["id"]).id)
 
 
 APPLY: Final[dict[str, Callable[[Snapshot, Mapping[str, Any]], Snapshot]]] = {
@@ -446,6 +497,9 @@ APPLY: Final[dict[str, Callable[[Snapshot, Mapping[str, Any]], Snapshot]]] = {
     "create_rule": _create_rule,
     "rename_rule": _rename_rule,
     "drop_rule": _drop_rule,
+    "create_selector": _create_selector,
+    "rename_selector": _rename_selector,
+    "drop_selector": _drop_selector,
 }
 
 

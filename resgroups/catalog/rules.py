@@ -21,6 +21,7 @@ ranges.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -50,10 +51,13 @@ class Metric:
     format: Callable[[int], str]
 
 
+_ZERO: Final = re.compile(r"^\s*0+\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
+
+
 def _duration(metric: str) -> Callable[[RawValue], int]:
     def parse(raw: RawValue) -> int:
-        if raw.kind == "number" and raw.text.strip() == "0":
-            return 0
+        if raw.kind in ("number", "string", "quantity") and _ZERO.match(raw.text):
+            return 0  # '0ms', 0s: what format_duration writes for 0 reads back
         return parse_duration_ms(raw, metric)
 
     return parse
@@ -61,12 +65,15 @@ def _duration(metric: str) -> Callable[[RawValue], int]:
 
 def _size(metric: str) -> Callable[[RawValue], int]:
     def parse(raw: RawValue) -> int:
-        if raw.kind in ("word", "string") and raw.text.lower() == "unlimited":
+        try:
+            if raw.kind in ("word", "string") and raw.text.lower() == "unlimited":
+                raise InvalidParameter("unlimited")
+            return parse_size(raw, metric)
+        except InvalidParameter:
             raise InvalidParameter(
                 f"invalid threshold {raw} for {metric}: expected integer bytes or a size "
-                "such as '512K', '64M', '2G'"
-            )
-        return parse_size(raw, metric)
+                "such as '512K', '64M', '2G' (powers of 1024, optional B)"
+            ) from None
 
     return parse
 
@@ -124,9 +131,7 @@ def metric(name: str) -> Metric:
 
 def parse_watch(raw: RawValue) -> int:
     """The ``watch`` option: a duration in milliseconds (0: no watch)."""
-    if raw.kind == "number" and raw.text.strip() == "0":
-        return 0
-    return parse_duration_ms(raw, "watch")
+    return _duration("watch")(raw)
 
 
 def format_conditions(conditions: tuple[tuple[str, int], ...]) -> str:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from resgroups.catalog.selectors import Estimate
 from resgroups.errors import CatalogError, DatatypeMismatch, InvalidParameter
 from resgroups.exec.tables import Table
 from resgroups.exec.vector import (
@@ -46,6 +47,7 @@ from resgroups.query import Query, QueryState, Task
 from resgroups.result import Result
 from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext, Scope, compile_expr, find_aggregates
+from resgroups.sql.format import format_sql
 from resgroups.sql.select import Relation, run_select, select_shape
 from resgroups.sql.semantics import INT, INT64_MAX
 
@@ -68,13 +70,18 @@ class Source:
     types: tuple[str, ...]  # the SQL type of each column
     rows: int
     morsel: Callable[[int, int], list[Array]]  # (start, stop) -> one array per column
+    sequence: bool = False  # long_sequence(n): x is 1..n, so bounds on x give row counts
 
 
 def long_sequence(n: int) -> Source:
     # arange(start, stop) + 1, not arange(start + 1, stop + 1): x = n = 2^63 - 1
     # must not need 2^63 on the way
     return Source(
-        ("x",), (INT,), n, lambda start, stop: [np.arange(start, stop, dtype=np.int64) + 1]
+        ("x",),
+        (INT,),
+        n,
+        lambda start, stop: [np.arange(start, stop, dtype=np.int64) + 1],
+        sequence=True,
     )
 
 
@@ -102,6 +109,51 @@ def source_of(session: Session, stmt: ast.Select) -> Source:
         case ast.TableName(name=name):
             return table_source(session.engine.tables.get(name))
     raise DatatypeMismatch(f"the executor cannot scan {stmt.source!r}")
+
+
+def estimate(stmt: ast.Select, source: Source) -> Estimate:
+    """What a scan expects to read, for selectors (SPEC §15): the source's rows,
+    narrowed where the WHERE's selectivity is known here (bounds on x of
+    ``long_sequence``, AND-ed: ``x > 10 AND x <= 500`` reads 490 rows), else
+    the upper bound; its memory, those rows of every source column, 8 bytes a
+    value (one morsel at a time is what it holds, but this is what it reads)."""
+    rows = source.rows
+    if source.sequence and stmt.where is not None:
+        low, high = _x_bounds(stmt.where, 1, source.rows)
+        rows = max(0, high - low + 1)
+    return Estimate(rows=rows, memory=rows * 8 * len(source.names))
+
+
+_BOUND_OPS: Final = {"<", "<=", ">", ">=", "="}
+
+
+def _x_bounds(where: ast.Expr, low: int, high: int) -> tuple[int, int]:
+    """Narrow [low, high] of x by the comparisons of x with integer literals that
+    the WHERE ANDs together; anything else leaves the bounds as they are."""
+    if isinstance(where, ast.Binary) and where.op == "and":
+        low, high = _x_bounds(where.left, low, high)
+        return _x_bounds(where.right, low, high)
+    if not isinstance(where, ast.Binary) or where.op not in _BOUND_OPS:
+        return low, high
+    left, right, op = where.left, where.right, where.op
+    if isinstance(right, ast.Column) and isinstance(left, ast.Literal):  # 10 < x
+        left, right = right, left
+        op = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "=": "="}[op]
+    if not (
+        isinstance(left, ast.Column)
+        and left.name.text.lower() == "x"
+        and isinstance(right, ast.Literal)
+        and type(right.value) is int
+    ):
+        return low, high
+    k = right.value
+    if op in ("<", "<="):
+        high = min(high, k - 1 if op == "<" else k)
+    elif op in (">", ">="):
+        low = max(low, k + 1 if op == ">" else k)
+    else:
+        low, high = max(low, k), min(high, k)
+    return low, high
 
 
 def is_executor_source(stmt: ast.Select) -> bool:
@@ -171,6 +223,7 @@ class Scan:
         try:
             start, stop = morsel
             width = len(self.source.names) * 8 * (stop - start)
+            task.query.scanned(stop - start, width)  # for rules on rows and bytes
             with task.memory.track(_Bytes(width)):  # the morsel's source columns
                 return body(self._filtered(task, start, stop))
         finally:
@@ -247,7 +300,9 @@ def _timings(q: Query, started: float, scan: Scan) -> dict[str, float]:
 def select(session: Session, stmt: ast.Select) -> Result:
     source = source_of(session, stmt)
     started = time.monotonic()
-    with session.query(kind="select") as q:
+    with session.query(
+        kind="select", statement=format_sql(stmt), estimate=estimate(stmt, source)
+    ) as q:
         scan = Scan(session, q, stmt, source)
         types = scan.types
         if scan.aggregates:
@@ -286,7 +341,9 @@ class ScanCursor:
         self._paging = paging
         self._started = time.monotonic()
         source = source_of(session, stmt)
-        self._q = q = session.query(kind="select")
+        self._q = q = session.query(
+            kind="select", statement=format_sql(stmt), estimate=estimate(stmt, source)
+        )
         q.__enter__()
         try:
             self._scan = scan = Scan(session, q, stmt, source)
@@ -395,11 +452,11 @@ class ScanCursor:
 
 
 def _materialize(
-    session: Session, query: ast.Select, kind: str
+    session: Session, query: ast.Select, kind: str, statement: str
 ) -> tuple[tuple[str, ...], list[Array]]:
     """Run the source query of a CTAS or an INSERT ... SELECT into column arrays."""
     source = source_of(session, query) if query.source is not None else long_sequence(1)
-    with session.query(kind=kind) as q:
+    with session.query(kind=kind, statement=statement, estimate=estimate(query, source)) as q:
         scan = Scan(session, q, query, source)
         if scan.aggregates:
             names, rows = scan.aggregate()
@@ -418,7 +475,7 @@ def create_table_as(session: Session, stmt: ast.CreateTableAs) -> Result:
     tables.check_new(stmt.name)
     if stmt.query.order_by or stmt.query.limit is not None:
         raise DatatypeMismatch("CREATE TABLE ... AS takes no ORDER BY or LIMIT here")
-    names, arrays = _materialize(session, stmt.query, "ctas")
+    names, arrays = _materialize(session, stmt.query, "ctas", format_sql(stmt))
     if len({n.lower() for n in names}) != len(names):
         raise CatalogError(f"duplicate column names in {list(names)}", sqlstate="42701")
     tables.create(stmt.name, Table(names, arrays))
@@ -428,7 +485,7 @@ def create_table_as(session: Session, stmt: ast.CreateTableAs) -> Result:
 def insert_select(session: Session, stmt: ast.InsertSelect) -> Result:
     tables = session.engine.tables
     table = tables.get(stmt.name)
-    _, arrays = _materialize(session, stmt.query, "insert_select")
+    _, arrays = _materialize(session, stmt.query, "insert_select", format_sql(stmt))
     if len(arrays) != len(table.names):
         raise DatatypeMismatch(
             f"INSERT has {len(arrays)} columns, table {stmt.name.text} has {len(table.names)}"

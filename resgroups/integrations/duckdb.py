@@ -64,7 +64,7 @@ def execute(
     the statement; ``timings``, when given, receives ``wait_ms`` (the wait
     for a slot and a worker).
     """
-    with session.query(kind=kind or statement_kind(sql)) as q:
+    with session.query(kind=kind or statement_kind(sql), statement=sql) as q:
         if timings is not None:
             timings["wait_ms"] = q.waited_s * 1000
         cursor = con.cursor()
@@ -76,6 +76,7 @@ def execute(
                 reader = cursor.sql(sql, params=parameters).to_arrow_reader(BATCH_ROWS)
                 for batch in reader:
                     q.checkpoint()
+                    q.scanned(batch.num_rows, batch.nbytes)  # for rules on rows and bytes
                     q.memory.allocate(batch.nbytes)  # held until the query ends
                     rows.extend(zip(*(column.to_pylist() for column in batch.columns), strict=True))
             except duckdb.InterruptException:

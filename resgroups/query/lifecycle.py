@@ -47,20 +47,25 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from resgroups import interrupts
+from resgroups.catalog.selectors import Attributes, Estimate
 from resgroups.errors import (
+    AdmissionRejected,
     CoordinationUnavailable,
     Error,
     FeatureNotSupported,
     InternalError,
     InvalidParameter,
+    MemoryLimitExceeded,
     QueryCancelled,
     QueryTimeout,
+    QueueTimeout,
 )
 from resgroups.fleet.modes import seconds_left
 from resgroups.interrupts import MAIN_IDENT, PENDING, Hold
 from resgroups.query.holdings import Holdings
 from resgroups.query.parallel import MapBatch, Task, run_map
 from resgroups.query.progress import QueryProgress, progress_of
+from resgroups.query.rules import check_rules, current, log_at_end, rules_for, watched
 from resgroups.query.states import (
     ADMITTING,
     DONE,
@@ -75,9 +80,10 @@ from resgroups.query.states import (
 from resgroups.sched.admission import Ticket
 from resgroups.sched.cpu import RUNNER_RUNNING, Runner
 from resgroups.sched.memory import MemoryCounter, QueryMemory
+from resgroups.sched.rules import QueryRules
 
 if TYPE_CHECKING:
-    from resgroups.catalog.model import GroupDef
+    from resgroups.catalog.model import GroupDef, RuleDef
     from resgroups.engine import Engine
     from resgroups.fleet.modes import AdmissionMode, Fenced
     from resgroups.sched.pool import Dispatcher
@@ -102,15 +108,19 @@ class Query:
         "_cpu_mark",
         "_dispatcher",
         "_engine",
+        "_estimate",
         "_failure",
         "_fence",
         "_fence_at",
+        "_fingerprint",
         "_memory",
         "_meter",
         "_mode",
         "_now",
         "_on_cancel",
         "_placement",
+        "_rules",
+        "_rules_at",
         "_slice_end",
         "_started_wall",
         "_stop_at",
@@ -118,20 +128,35 @@ class Query:
         "_suspended_at",
         "_timeout_at",
         "_watched",
+        "admitted_at",
+        "bytes_scanned",
         "cpu_ns",
         "group",
         "held",
         "id",
         "kind",
         "leaked_bytes",
+        "moved_from",
         "pool_name",
+        "rows_scanned",
+        "rule",
         "session",
         "state",
+        "statement",
+        "suspended_s",
         "user",
         "waited_s",
     )
 
-    def __init__(self, session: Session, kind: str, pool: str) -> None:
+    def __init__(
+        self,
+        session: Session,
+        kind: str,
+        pool: str,
+        statement: str | None = None,
+        fingerprint: str | None = None,
+        estimate: Estimate | None = None,
+    ) -> None:
         if kind not in KINDS:
             raise InvalidParameter(f"query kind {kind!r} is not one of {', '.join(KINDS)}")
         engine = session.engine
@@ -148,6 +173,17 @@ class Query:
         self.cpu_ns = 0  # CPU charged to the group for this query (while scheduled)
         self.leaked_bytes = 0  # tracked bytes it had not released when it ended
         self.held = Holdings(self)  # what it holds; the engine's registry keeps it too
+        # what it is, and what rules see of it (SPEC §16; resgroups.query.rules)
+        self.statement = statement  # the text the executor gave, if any
+        self._fingerprint = fingerprint  # the statement's, for watches (made on first use)
+        self._estimate = estimate  # what the executor expects it to read (selectors)
+        self.rows_scanned = self.bytes_scanned = 0  # what q.scanned() reported
+        self.rule: str | None = None  # the last rule that acted on it
+        self.moved_from: str | None = None  # the group a rule moved it from
+        self.admitted_at = 0.0  # the engine clock at its first admission (0: not yet)
+        self.suspended_s = 0.0  # time spent suspended since (elapsed leaves it out)
+        self._rules: QueryRules | None = None  # its group's rules (None: there are none)
+        self._rules_at = math.inf  # when they are checked next (at most once a slice)
         # what it uses of its engine, read once
         self._engine: Engine = engine
         self._now = engine.now
@@ -176,6 +212,14 @@ class Query:
         """The wall clock at submission (None: not entered yet)."""
         started = self._started_wall
         return datetime.fromtimestamp(started, UTC) if started else None
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The statement's fingerprint (SPEC §16), computed the first time a watch
+        needs it (None: no statement)."""
+        if self._fingerprint is None and self.statement is not None:
+            self._fingerprint = self._engine.fingerprint(self.statement)
+        return self._fingerprint
 
     @property
     def runtime(self) -> GroupRuntime | None:
@@ -309,7 +353,90 @@ class Query:
                 self._dispatcher.slice_end(runner, used, self._wait_error, self._timeout_at)
                 self._cpu_mark = self._meter()
             now = self._now()
+        if self._rules is not None and now >= self._rules_at:
+            self.check_rules(now)
         self._arm(now)
+
+    def check_rules(self, now: float, *, own_thread: bool = True) -> None:
+        """Act on the rules of its group that are due (any thread of the query, at
+        most once a slice; resgroups.query.rules). While the query's own thread is
+        not scheduled, its CPU is metered here for rules on cpu_time."""
+        rules = self._rules
+        if rules is not None:
+            rules = self._rules = current(self, rules)  # a dropped rule stops acting
+        if rules is None:  # no rule left, or moved to a group without rules
+            self._rules_at = math.inf
+            return
+        self._rules_at = now + self._engine.slice_s
+        runner = self.held.runner
+        scheduled = runner is not None and runner.scheduled
+        if own_thread and not scheduled and self._cpu_mark and "cpu_time" in rules.metrics:
+            mark = self._meter()
+            self.cpu_ns += mark - self._cpu_mark
+            self._cpu_mark = mark
+        can_move = own_thread and self.state is RUNNING and self._batch is None
+        check_rules(self, rules, now, can_move=can_move)
+
+    def move(self, rule: RuleDef) -> None:
+        """A rule's MOVE (SPEC §16), on the query's own thread at a checkpoint: its
+        tracked memory goes to the target group's budget (or MemoryLimitExceeded,
+        and it stays), the slot and the worker in its group are given back, and it
+        passes the target's gate at the head of its queue holding no worker (a
+        QueueTimeout there ends it), then takes a worker charged to the target.
+        The target's rules apply to it from here."""
+        engine = self._engine
+        snap = engine.snapshot
+        target = snap.runtime_group(rule.target_id) if rule.target_id is not None else None
+        if target is None:  # the rule changed meanwhile (it cannot be dropped under it)
+            return
+        placement = engine.placement(self.session, target)
+        held = self.held
+        old_runtime, old_group = held.runtime, self.group
+        acted = self._rules.acted if self._rules is not None else frozenset()
+        with Hold(self._interrupted):
+            published = held.published
+            if published is not None:
+                if self._memory is not None:
+                    self._memory.flush()
+                try:
+                    published.move_to(
+                        placement.runtime.group_id,
+                        placement.budget,
+                        f"group={target.name}, user={self.user}",
+                    )
+                except MemoryLimitExceeded as exc:  # the query fails, every thread of it
+                    error = MemoryLimitExceeded(
+                        f"{exc.message} (moving there by resource rule {rule.name})"
+                    )
+                    self.fail(error)
+                    raise error from None
+            self._give_back()
+            self._placement = placement
+            held.runtime = placement.runtime
+            self.group = held.group = target.name
+            self.moved_from = old_group
+            self._fence = None  # fleet mode: the target's, taken as it is admitted
+            self._rules = rules_for(self, target.id, acted)  # a rule acts once per query
+            if old_runtime is not None and old_runtime.dropped:
+                engine.runtimes.query_ended(old_runtime)
+            try:
+                self._admit(self._now(), front=True)
+            except (AdmissionRejected, QueueTimeout, QueryTimeout) as exc:
+                raise type(exc)(
+                    f"{exc.message} (moved there by resource rule {rule.name} from {old_group})"
+                ) from None
+            self._meter_for_rules()
+            self._rules_at = (
+                self._checked_at + engine.slice_s if self._rules is not None else math.inf
+            )
+            self._arm(self._checked_at)
+
+    def _meter_for_rules(self) -> None:
+        """Start metering its thread for rules on cpu_time when it is not scheduled
+        (the scheduler meters a scheduled one)."""
+        rules = self._rules
+        if rules is not None and "cpu_time" in rules.metrics and not self._cpu_mark:
+            self._cpu_mark = self._meter()
 
     def _check_fence(self) -> None:
         """Fleet mode: fail (for good, every thread of the query) once the
@@ -343,6 +470,8 @@ class Query:
             check_at = slice_end
         if self._stop_at < check_at:
             check_at = self._stop_at
+        if self._rules_at < check_at:  # runaway-query rules, once a slice
+            check_at = self._rules_at
         if self._fence is not None:  # fleet mode: a checkpoint at the fence
             fence_at = self._fence_at = now + seconds_left(self._fence)
             check_at = min(check_at, fence_at)
@@ -382,13 +511,22 @@ class Query:
             return -math.inf
         if self.state is SUSPENDED:  # the timeout does not run meanwhile
             return math.inf
+        due = self._timeout_at
+        rules = self._rules
+        if rules is not None and rules.kill_after_ms is not None and self.admitted_at:
+            # a rule that KILLs on elapsed alone interrupts native work at its threshold
+            # (a millisecond past it: the rule needs elapsed > its threshold)
+            kill_at = self.admitted_at + self.suspended_s + (rules.kill_after_ms + 1) / 1000
+            due = min(due, kill_at)
         if self._fence is not None:  # fleet mode: native work stops at the fence too
-            return min(self._timeout_at, self._now() + seconds_left(self._fence))
-        return self._timeout_at
+            return min(due, self._now() + seconds_left(self._fence))
+        return due
 
     def fire(self) -> None:
         """The watcher's thread: call each pending callback once."""
         callbacks, self._on_cancel = self._on_cancel, ()
+        if self._rules is not None:  # an interrupted body checks its rules at once
+            self._rules_at = self._check_at = -math.inf
         for callback in callbacks:
             try:
                 callback()
@@ -455,7 +593,13 @@ class Query:
             # an unmanaged query resolves nothing: a dropped or forbidden choice
             # cannot fail what consumes nothing
             if self.kind in MANAGED_KINDS:
-                placement = session.placement(export=self.kind == "export")
+                placement = session.placement(
+                    export=self.kind == "export", attributes=self._attributes
+                )
+                if placement is not None and self.statement is not None:
+                    target = watched(self, placement.group)  # or refused (RunawayQuery)
+                    if target is not None:  # watched after a MOVE: admitted there at once
+                        placement = self._engine.placement(session, target)
                 if placement is not None:
                     self._placement = placement
                     held = self.held
@@ -463,7 +607,13 @@ class Query:
                     held.runtime = placement.runtime
                     if self._memory is not None:  # q.memory was read before entry
                         self._memory = MemoryCounter(self._memory_state())
+                    rules = self._rules = rules_for(self, placement.group.id)
                     self._admit(now)  # arms the checkpoint as it returns (_checked_at)
+                    self.admitted_at = self._checked_at
+                    if rules is not None:
+                        self._rules_at = self._checked_at + self._engine.slice_s
+                        self._meter_for_rules()
+                        self._arm(self._checked_at)
             self.waited_s = self._checked_at - now
             self.state = RUNNING
         except BaseException:
@@ -497,7 +647,7 @@ class Query:
 
     # ---- admission ---------------------------------------------------------------------
 
-    def _admit(self, now: float) -> None:
+    def _admit(self, now: float, *, front: bool = False) -> None:
         """Pass the gate, then take a worker (keeping the slot while waiting for one).
 
         The fast path first: when nobody waits in the group's queue or for a
@@ -529,7 +679,7 @@ class Query:
                     self._cpu_mark = self._meter() if runner.scheduled else 0
                     self._arm(self._now())
                     return
-        self._admit_slow(runtime, mode)
+        self._admit_slow(runtime, mode, front)
 
     def _ticket_and_runner(self, runtime: GroupRuntime) -> tuple[Ticket, Runner]:
         """What a query that may wait or be sliced holds while it does: made now."""
@@ -538,7 +688,7 @@ class Query:
         runner = held.runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
         return ticket, runner
 
-    def _admit_slow(self, runtime: GroupRuntime, mode: AdmissionMode) -> None:
+    def _admit_slow(self, runtime: GroupRuntime, mode: AdmissionMode, front: bool = False) -> None:
         """The fleet's fence, the gate's queue, what the admission mode holds after
         the slot (a fleet lease), then a worker of the pool: each may wait."""
         held = self.held
@@ -561,7 +711,7 @@ class Query:
         if mode.fast:  # who gives this ticket its slot may hand it a worker too
             ticket.runner = runner
         try:
-            runtime.gate.enter(ticket, self._is_cancelled, mode.queued)
+            runtime.gate.enter(ticket, self._is_cancelled, mode.queued, front=front)
         finally:
             ticket.runner = None
         mode.after_slot(  # the local slot first, then the fleet's (SPEC §11)
@@ -635,6 +785,11 @@ class Query:
         state = self.state
         if state is DONE:
             return
+        if self._rules is not None and state in (RUNNING, SUSPENDED):
+            try:
+                log_at_end(self, self._rules, self._now())
+            except Exception:  # a fault here must not keep what the query holds
+                log.exception("%s: checking its rules at its end failed", self)
         try:
             if self._watched:  # nothing interrupts the query once it has ended
                 self._on_cancel = ()
@@ -679,6 +834,7 @@ class Query:
         # the query timeout does not run while the cursor is suspended
         now = self._now()
         self._timeout_at += now - self._suspended_at
+        self.suspended_s += now - self._suspended_at
         self._suspended_at = now  # a refused resume may be retried
         if not self._cancelled and self._failure is None:
             self._stop_at = self._check_at = self._timeout_at
@@ -690,11 +846,36 @@ class Query:
                 except BaseException:
                     self._give_back()
                     raise
+                self._meter_for_rules()
                 runtime.suspend(-1)
                 self.held.suspended = False
             self.state = RUNNING
         if self._watched:  # its timeout runs again, later than it was
             self._engine.deadlines.watch(self)
+
+    def _attributes(self) -> Attributes:
+        """What selectors route this query on (SPEC §15)."""
+        return self.session.attributes(self.kind, self.statement, self._estimate)
+
+    # ---- progress the body reports --------------------------------------------------
+
+    def scanned(self, rows: int, nbytes: int = 0) -> None:
+        """Report what the body read since its last report: ``rows`` and ``nbytes``
+        add to ``rows_scanned`` and ``bytes_scanned`` (resource_group_queries(),
+        and the rules on rows and bytes, SPEC §16). Any thread of the query."""
+        if (
+            not isinstance(rows, int)
+            or isinstance(rows, bool)
+            or not isinstance(nbytes, int)
+            or isinstance(nbytes, bool)
+            or rows < 0
+            or nbytes < 0
+        ):
+            raise InvalidParameter(
+                f"scanned({rows!r}, {nbytes!r}): rows and nbytes are integers >= 0"
+            )
+        self.rows_scanned += rows
+        self.bytes_scanned += nbytes
 
     # ---- cancellation and parallel work ---------------------------------------------
 

@@ -64,6 +64,8 @@ class Task:
                 query._checkpoint_slow()
             if now >= query._fence_at:  # fleet mode: the instance's fence, for tasks too
                 query._check_fence()
+            if now >= query._rules_at:  # runaway-query rules, for tasks too
+                query.check_rules(now, own_thread=False)
             if now >= self._slice_end:
                 self._charge_slice(now)
         if self._batch.failed:

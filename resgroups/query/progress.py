@@ -38,6 +38,12 @@ class QueryProgress(NamedTuple):
     started_at: datetime | None
     stalled: bool  # running, but no checkpoint for longer than the stall threshold
     pool: str  # the pool whose workers it holds
+    cpu_time_millis: int  # CPU charged to it, as rules on cpu_time see it (SPEC §16)
+    rows_scanned: int  # what the body reported with q.scanned()
+    bytes_scanned: int
+    statement: str | None  # the statement text the executor gave
+    rule: str | None  # the last runaway-query rule that acted on it
+    moved_from: str | None  # the group a rule's MOVE took it from
 
 
 PROGRESS_COLUMNS: Final = (
@@ -45,7 +51,9 @@ PROGRESS_COLUMNS: Final = (
     ("blocked_by", "text"), ("queue_position", "int"), ("waited_millis", "int"),
     ("timeout_in_millis", "int"), ("cpu_nanos", "int"), ("memory_used_bytes", "int"),
     ("workers_held", "int"), ("kind", "text"), ("started_at", "timestamptz"),
-    ("stalled", "bool"), ("pool", "text"),
+    ("stalled", "bool"), ("pool", "text"), ("cpu_time_millis", "int"),
+    ("rows_scanned", "int"), ("bytes_scanned", "int"), ("statement", "text"), ("rule", "text"),
+    ("moved_from", "text"),
 )  # fmt: skip
 
 
@@ -101,4 +109,10 @@ def progress_of(query: Query) -> QueryProgress | None:
         started_at=query.started_at,
         stalled=shown == "running" and query.stalled(now),
         pool=query.pool_name,
+        cpu_time_millis=query.cpu_ns // 1_000_000,
+        rows_scanned=query.rows_scanned,
+        bytes_scanned=query.bytes_scanned,
+        statement=query.statement,
+        rule=query.rule,
+        moved_from=query.moved_from,
     )

@@ -189,6 +189,8 @@ class Gate:
         self._positions: dict[Ticket, int] | None = None  # position(), until a change
         self.slack = 32  # the views are rebuilt beyond 2 x queued + slack (tests lower it)
         self._arrivals = itertools.count()
+        # arrivals of tickets put at the head: below every other, in their own order
+        self._fronts = itertools.count(-(2**62))
         self._held: dict[str, int] = {}  # user -> active tickets
         self._last_admitted: dict[str, float] = {}  # user -> time of last admission
         self.waiting = 0  # the tickets queued, read on the fast path without a call
@@ -248,9 +250,17 @@ class Gate:
         first = self._first_to_expire()
         return _first_deadline(first) if first is not None else math.inf
 
-    def _enqueue(self, ticket: Ticket) -> None:
-        ticket.arrival = arrival = next(self._arrivals)
-        self._queue.append(ticket)
+    def _enqueue(self, ticket: Ticket, *, front: bool = False) -> None:
+        if front:  # before every other arrival, after the earlier tickets put at the head
+            ticket.arrival = arrival = next(self._fronts)
+            queue = self._queue
+            place = 0
+            while place < len(queue) and queue[place].arrival < 0:
+                place += 1  # O(tickets put at the head and still in the view)
+            queue.insert(place, ticket)
+        else:
+            ticket.arrival = arrival = next(self._arrivals)
+            self._queue.append(ticket)
         heapq.heappush(self._deadlines, (_first_deadline(ticket), arrival, ticket))
         self.waiting += 1
         self._positions = None
@@ -337,11 +347,12 @@ class Gate:
 
     # ---- transitions ---------------------------------------------------------------
 
-    def submit(self, ticket: Ticket, now: float) -> bool:
+    def submit(self, ticket: Ticket, now: float, *, front: bool = False) -> bool:
         """Admit (True) or queue (False) a new ticket; AdmissionRejected when full.
 
         O(1). A ticket whose query deadline has already passed fails with
-        QueryTimeout rather than taking a place.
+        QueryTimeout rather than taking a place. ``front``: queued at the head, as
+        a query a rule moved here is (SPEC §16); a fifo gate admits it first.
         """
         if ticket.state is not TICKET_NEW:
             raise InternalError(f"{ticket!r} submitted twice")
@@ -360,7 +371,7 @@ class Gate:
         ticket.state = TICKET_QUEUED
         ticket.enqueued_at = now
         ticket.queue_deadline = now + self.config.queue_timeout_ms / 1000
-        self._enqueue(ticket)
+        self._enqueue(ticket, front=front)
         self._note_demand()
         return False
 
@@ -553,12 +564,14 @@ class GateRuntime:
         ticket: Ticket,
         cancelled: Callable[[], bool] | None = None,
         queued: Callable[[], None] | None = None,
+        *,
+        front: bool = False,
     ) -> None:
         """Block until ``ticket`` holds a slot; raise why not otherwise. ``queued``
         is called once the ticket waits in the queue (fleet quota mode asks for
-        more quota then)."""
+        more quota then); ``front`` queues it at the head."""
         with self.lock:
-            if self.gate.submit(ticket, self.now()):
+            if self.gate.submit(ticket, self.now(), front=front):
                 return
             wake = ticket.wake = Wakeup()
         if queued is not None:

@@ -173,6 +173,23 @@ class QueryMemory:
                 )
         return None
 
+    def move_to(self, group_id: int, group: Budget, describe: str) -> None:
+        """A runaway-query rule moved the query to another group (SPEC §16): what it
+        has published leaves its group's budget for ``group``'s, or, when that
+        budget cannot take it, MemoryLimitExceeded (scope=group) and nothing moves."""
+        ledger = self.ledger
+        with ledger.lock:
+            held = self.published
+            if group.limit and group.used + held > group.limit:
+                raise MemoryLimitExceeded(
+                    f"query memory limit exceeded [scope=group, {describe}, "
+                    f"limit={group.limit}, used={group.used}, request={held}]: the query "
+                    "holds more than the group it is moved to can take"
+                )
+            self.group.used -= held
+            group.used += held
+            self.group, self.group_id, self.describe = group, group_id, describe
+
     def finish(self) -> int:
         """The query ended: return every byte it still holds; the bytes leaked."""
         with self.ledger.lock:

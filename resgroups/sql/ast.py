@@ -195,6 +195,30 @@ class DropResourceRule:
     if_exists: bool = False
 
 
+@dataclass(frozen=True)
+class CreateResourceSelector:
+    """CREATE RESOURCE SELECTOR (SPEC §15): conditions as (attribute, operator,
+    value) (:mod:`resgroups.catalog.selectors`)."""
+
+    name: Ident
+    conditions: tuple[tuple[str, str, str | int], ...]
+    group: Ident
+    priority: int = 0
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class RenameResourceSelector:
+    name: Ident
+    new_name: Ident
+
+
+@dataclass(frozen=True)
+class DropResourceSelector:
+    name: Ident
+    if_exists: bool = False
+
+
 # --------------------------------------------------------------------------
 # principals, mappings, permissions
 
@@ -320,6 +344,10 @@ class ExplainResourceGroup:
 
     kind: PrincipalKind | None = None  # None: the current session
     name: Ident | None = None
+    # what the query would be: application, tags, kind (SPEC §15); unset: the session's
+    application: str | None = None
+    tags: tuple[str, ...] | None = None
+    query_kind: str | None = None
 
 
 @dataclass(frozen=True)
@@ -425,6 +453,9 @@ Statement = (
     | CreateResourceRule
     | RenameResourceRule
     | DropResourceRule
+    | CreateResourceSelector
+    | RenameResourceSelector
+    | DropResourceSelector
     | CreatePrincipal
     | DropPrincipal
     | AddUser

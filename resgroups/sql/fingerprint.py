@@ -18,7 +18,10 @@ can fingerprint every statement it sees.
 from __future__ import annotations
 
 import re
+from functools import cache
 from typing import Final
+
+from resgroups.sql.parser import keywords
 
 _TOKEN: Final = re.compile(
     r"""
@@ -32,8 +35,19 @@ _TOKEN: Final = re.compile(
     """,
     re.VERBOSE | re.DOTALL,
 )
-_NO_SPACE_BEFORE: Final = frozenset({")", ",", ".", ";", "(", "[", "]", "::"})
+_NO_SPACE_BEFORE: Final = frozenset({")", ",", ".", ";", "[", "]", "::"})
 _NO_SPACE_AFTER: Final = frozenset({"(", ".", "[", "::"})
+
+
+@cache
+def _keywords() -> frozenset[str]:
+    return frozenset(k.lower() for k in keywords())
+
+
+def _call(before: str) -> bool:
+    """Is a ``(`` after ``before`` a call's (``count(``), not a group (``where (``)?"""
+    first = before[:1]
+    return first == '"' or ((first.isalpha() or first == "_") and before not in _keywords())
 
 
 def fingerprint(statement: str) -> str:
@@ -54,7 +68,12 @@ def fingerprint(statement: str) -> str:
         tokens.pop()
     parts: list[str] = []
     for token in tokens:
-        if parts and token not in _NO_SPACE_BEFORE and parts[-1] not in _NO_SPACE_AFTER:
+        if (
+            parts
+            and token not in _NO_SPACE_BEFORE
+            and parts[-1] not in _NO_SPACE_AFTER
+            and not (token == "(" and _call(parts[-1]))
+        ):
             parts.append(" ")
         parts.append(token)
     return "".join(parts)

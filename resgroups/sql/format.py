@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from resgroups.catalog.params import PARAMETERS
 from resgroups.catalog.rules import format_conditions
+from resgroups.catalog.selectors import format_conditions as format_selector_conditions
 from resgroups.sql import ast
 
 
@@ -172,6 +173,13 @@ def _create_rule(s: ast.CreateResourceRule) -> str:
     return text + (f" WITH (watch = {s.watch_ms})" if s.watch_ms else "")
 
 
+def _create_selector(s: ast.CreateResourceSelector) -> str:
+    text = "CREATE RESOURCE SELECTOR " + ("IF NOT EXISTS " if s.if_not_exists else "")
+    text += f"{quote_ident(s.name)} WHEN {format_selector_conditions(s.conditions)} "
+    text += f"THEN RESOURCE GROUP {quote_ident(s.group)}"
+    return text + (f" WITH (priority = {s.priority})" if s.priority else "")
+
+
 def _mapping(s: ast.SetMapping) -> str:
     head = f"ALTER {s.kind.sql} {quote_ident(s.name)}"
     if s.group is None:
@@ -223,6 +231,13 @@ _FORMATTERS: Final[dict[type, Callable[[Any], str]]] = {
     ),
     ast.DropResourceRule: lambda s: (
         "DROP RESOURCE RULE " + ("IF EXISTS " if s.if_exists else "") + quote_ident(s.name)
+    ),
+    ast.CreateResourceSelector: _create_selector,
+    ast.RenameResourceSelector: lambda s: (
+        f"ALTER RESOURCE SELECTOR {quote_ident(s.name)} RENAME TO {quote_ident(s.new_name)}"
+    ),
+    ast.DropResourceSelector: lambda s: (
+        "DROP RESOURCE SELECTOR " + ("IF EXISTS " if s.if_exists else "") + quote_ident(s.name)
     ),
     ast.CreatePrincipal: lambda s: (
         f"CREATE {s.kind.sql} {quote_ident(s.name)}{_password(s.password)}"

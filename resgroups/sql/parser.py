@@ -28,6 +28,9 @@ from lark.lexer import BasicLexer, PatternStr
 from resgroups.catalog.params import INT32_MAX, RawValue, lookup, parse_param, parse_size
 from resgroups.catalog.rules import KILL, LOG, MOVE, parse_watch
 from resgroups.catalog.rules import metric as rule_metric
+from resgroups.catalog.selectors import ATTRIBUTES as SELECTOR_ATTRIBUTES
+from resgroups.catalog.selectors import KINDS as SELECTOR_KINDS
+from resgroups.catalog.selectors import condition_problem as selector_condition_problem
 from resgroups.errors import (
     InvalidParameter,
     NumericOverflow,
@@ -266,13 +269,20 @@ class _ToAst(Transformer[Token, Any]):
 
     def create_resource_rule(
         self,
+        word: Token,
         if_not_exists: bool | None,
         name: ast.Ident,
         group: ast.Ident,
         *rest: Any,
     ) -> ast.CreateResourceRule:
+        _resource_object(word, ("rule",))
         watch = rest[-1]  # rule_options, or None
         action, target = rest[-2]
+        if watch and action == LOG:
+            raise InvalidParameter(
+                f"rule {name.text}: watch applies to KILL and MOVE, not to LOG "
+                "(a LOG does nothing to the query to repeat)"
+            )
         conditions = rest[:-2]
         metrics = [m for m, _ in conditions]
         repeated = sorted({m for m in metrics if metrics.count(m) > 1})
@@ -285,11 +295,99 @@ class _ToAst(Transformer[Token, Any]):
             name, group, tuple(conditions), action, target, watch or 0, bool(if_not_exists)
         )
 
-    def rename_resource_rule(self, name: ast.Ident, new_name: ast.Ident) -> ast.RenameResourceRule:
+    def rename_resource_object(
+        self, word: Token, name: ast.Ident, new_name: ast.Ident
+    ) -> ast.Statement:
+        if _resource_object(word, RESOURCE_OBJECTS) == "selector":
+            return ast.RenameResourceSelector(name, new_name)
         return ast.RenameResourceRule(name, new_name)
 
-    def drop_resource_rule(self, if_exists: bool | None, name: ast.Ident) -> ast.DropResourceRule:
+    def drop_resource_object(
+        self, word: Token, if_exists: bool | None, name: ast.Ident
+    ) -> ast.Statement:
+        if _resource_object(word, RESOURCE_OBJECTS) == "selector":
+            return ast.DropResourceSelector(name, bool(if_exists))
         return ast.DropResourceRule(name, bool(if_exists))
+
+    # ---- selectors
+    def selector_attribute(self, name: Token) -> str:
+        attribute = str(name).lower()
+        if attribute not in SELECTOR_ATTRIBUTES:
+            raise InvalidParameter(
+                f"unknown selector condition {str(name)!r}; a condition is one of "
+                f"{', '.join(SELECTOR_ATTRIBUTES)}." + did_you_mean(str(name), SELECTOR_ATTRIBUTES)
+            )
+        return attribute
+
+    def user_attribute(self) -> str:
+        return "user"
+
+    def _selector_condition(self, attribute: str, op: str, raw: RawValue) -> tuple[Any, ...]:
+        ops, numeric = SELECTOR_ATTRIBUTES[attribute]
+        if op not in ops:
+            allowed = " or ".join(o.upper() if o == "like" else o for o in ops)
+            raise InvalidParameter(
+                f"selector condition {attribute} {op.upper()} {raw}: {attribute} takes {allowed}"
+            )
+        value: str | int
+        if attribute == "estimated_memory":
+            if raw.kind in ("word", "string") and raw.text.lower() == "unlimited":
+                raise InvalidParameter(f"invalid value {raw} for estimated_memory: expected a size")
+            value = parse_size(raw, "estimated_memory")
+        elif numeric:
+            text = raw.text.strip()
+            if raw.kind != "number" or not text.isdigit() or len(text) > 19:
+                raise InvalidParameter(
+                    f"invalid value {raw} for {attribute}: expected an integer 0..2^63-1"
+                )
+            value = int(text)
+        elif raw.kind == "string" or (attribute == "kind" and raw.kind == "word"):
+            value = raw.text.lower() if attribute == "kind" else raw.text
+        else:
+            raise InvalidParameter(
+                f"invalid value {raw} for {attribute}: expected a quoted string ('...')"
+            )
+        problem = selector_condition_problem((attribute, op, value))
+        if problem is not None:
+            raise InvalidParameter(f"invalid selector condition: {problem}")
+        return attribute, op, value
+
+    def selector_eq(self, attribute: str, raw: RawValue) -> tuple[Any, ...]:
+        return self._selector_condition(attribute, "=", raw)
+
+    def selector_like(self, attribute: str, raw: RawValue) -> tuple[Any, ...]:
+        return self._selector_condition(attribute, "like", raw)
+
+    def selector_lt(self, attribute: str, raw: RawValue) -> tuple[Any, ...]:
+        return self._selector_condition(attribute, "<", raw)
+
+    def selector_gt(self, attribute: str, raw: RawValue) -> tuple[Any, ...]:
+        return self._selector_condition(attribute, ">", raw)
+
+    def selector_option(self, name: Token, raw: RawValue) -> tuple[str, int]:
+        raise InvalidParameter(
+            f"unknown resource selector option {str(name)!r}; allowed: priority."
+            + did_you_mean(str(name), ("priority",))
+        )
+
+    def selector_priority(self, raw: RawValue) -> tuple[str, int]:
+        text = raw.text.strip()
+        if raw.kind != "number" or not text.isdigit() or len(text) > 10 or int(text) > INT32_MAX:
+            raise InvalidParameter(f"invalid value {raw} for priority: expected 0..{INT32_MAX}")
+        return "priority", int(text)
+
+    def selector_options(self, *options: tuple[str, int]) -> int:
+        priority: int = dict(_no_repeats(options))["priority"]
+        return priority
+
+    def create_resource_selector(
+        self, word: Token, if_not_exists: bool | None, name: ast.Ident, *rest: Any
+    ) -> ast.CreateResourceSelector:
+        _resource_object(word, ("selector",))
+        priority, group, conditions = rest[-1], rest[-2], rest[:-2]
+        return ast.CreateResourceSelector(
+            name, tuple(conditions), group, priority or 0, bool(if_not_exists)
+        )
 
     # ---- principals
     def kind_user(self) -> ast.PrincipalKind:
@@ -401,11 +499,60 @@ class _ToAst(Transformer[Token, Any]):
         return ast.DiscardAll()
 
     def explain_resource_group(
-        self, target: tuple[ast.PrincipalKind, ast.Ident] | None
+        self, target: tuple[ast.PrincipalKind, ast.Ident] | None, *attributes: Any
     ) -> ast.ExplainResourceGroup:
-        if target is None:
-            return ast.ExplainResourceGroup()
-        return ast.ExplainResourceGroup(*target)
+        kind, name = target if target is not None else (None, None)
+        given: dict[str, Any] = {}
+        for word, value in attributes:
+            if word in given:
+                raise InvalidParameter(f"EXPLAIN RESOURCE GROUP: {word.upper()} given twice")
+            given[word] = value
+        return ast.ExplainResourceGroup(
+            kind, name, given.get("application"), given.get("tags"), given.get("kind")
+        )
+
+    def _explain_word(self, word: Token) -> str:
+        name = str(word).lower()
+        if name not in ("application", "tags", "kind"):
+            raise _PositionedError(
+                f"unknown EXPLAIN RESOURCE GROUP attribute {str(word)!r}: expected "
+                "APPLICATION 'name', TAGS ('tag', ...) or KIND kind",
+                word,
+            )
+        return name
+
+    def explain_value(self, word: Token, text: Token) -> tuple[str, Any]:
+        name = self._explain_word(word)
+        value = _unquote(text, "'")
+        if name == "tags":
+            return name, (value,)
+        if name == "kind":
+            return self._explain_kind(value)
+        return name, value
+
+    def explain_word(self, word: Token, value: Token) -> tuple[str, Any]:
+        if self._explain_word(word) != "kind":
+            raise _PositionedError(
+                f"{str(word).upper()} takes a quoted string ('...'), not {value!s}", value
+            )
+        return self._explain_kind(str(value))
+
+    @staticmethod
+    def _explain_kind(kind: str) -> tuple[str, Any]:
+        if kind.lower() not in SELECTOR_KINDS:
+            raise InvalidParameter(f"KIND {kind}: expected one of {', '.join(SELECTOR_KINDS)}")
+        return "kind", kind.lower()
+
+    def explain_list(self, word: Token, *texts: Token) -> tuple[str, Any]:
+        name = self._explain_word(word)
+        if name != "tags":
+            raise _PositionedError(f"{name.upper()} takes one value, not a list", word)
+        return name, tuple(_unquote(t, "'") for t in texts)
+
+    def explain_kind_select(self, word: Token) -> tuple[str, Any]:
+        if self._explain_word(word) != "kind":
+            raise _PositionedError(f"{str(word).upper()} SELECT: only KIND takes SELECT", word)
+        return "kind", "select"
 
     def explain_for_user(self, name: ast.Ident) -> tuple[ast.PrincipalKind, ast.Ident]:
         return ast.PrincipalKind.USER, name
@@ -758,6 +905,19 @@ class _ToAst(Transformer[Token, Any]):
 
 _ESCAPES: Final = re.compile(r"\\(.)", re.DOTALL)
 _ESCAPED: Final = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}
+
+
+# what ALTER and DROP RESOURCE ... name besides GROUP (read as names: not reserved)
+RESOURCE_OBJECTS: Final = ("rule", "selector")
+
+
+def _resource_object(word: Token, allowed: tuple[str, ...]) -> str:
+    """``RULE`` after RESOURCE (any case); a syntax error naming what may follow."""
+    kind = str(word).lower()
+    if kind not in allowed:
+        shown = ", ".join(f"RESOURCE {w.upper()}" for w in ("group", *allowed))
+        raise _PositionedError(f"unexpected {str(word)!r} after RESOURCE: expected {shown}", word)
+    return kind
 
 
 def _no_repeats(params: tuple[tuple[str, ast.ParamValue], ...]) -> tuple[Any, ...]:

@@ -25,9 +25,10 @@ from resgroups.exec.vector import dtype_type
 from resgroups.result import Cursor, Result, RowsCursor
 from resgroups.sql import ast
 from resgroups.sql.expr import CATALOG_FUNCTIONS, EvalContext, Scope, compile_expr
+from resgroups.sql.format import format_sql
 from resgroups.sql.relational import SERIES, run_query
 from resgroups.sql.select import Relation, run_select, select_shape
-from resgroups.statements import groups, principals, rules
+from resgroups.statements import groups, principals, rules, selectors
 from resgroups.statements.pg_catalog import CatalogRows, unknown_relation
 from resgroups.statements.table_functions import TABLE_FUNCTIONS, relation, table_function
 
@@ -211,7 +212,7 @@ def select(session: Session, stmt: ast.Select) -> Result:
         return _select_simple(session, stmt)
     group = None
     if _reads_tables(session, stmt):  # the workload's tables: a managed query
-        with session.query(kind="select") as q:
+        with session.query(kind="select", statement=format_sql(stmt)) as q:
             out, _ = _run(session, stmt, session.eval_context(q.group))
             group = q.group
     else:  # the catalog and engine state: unmanaged, like resource_groups()
@@ -223,7 +224,7 @@ def union(session: Session, stmt: ast.Union) -> Result:
     """``SELECT ... UNION [ALL] SELECT ...`` over the catalog (unmanaged) or, when
     a branch reads the workload's tables, as one managed query."""
     if _reads_tables(session, stmt):
-        with session.query(kind="select") as q:
+        with session.query(kind="select", statement=format_sql(stmt)) as q:
             out = _union(session, stmt, session.eval_context(q.group))
         return replace(Result.table(out.columns, out.rows, out.types), group=q.group)
     out = _union(session, stmt, session.eval_context())
@@ -290,7 +291,7 @@ def _select_simple(session: Session, stmt: ast.Select) -> Result:
     if not managed:
         out = run_select(stmt, source, session.eval_context())
     else:
-        with session.query(kind="select") as q:
+        with session.query(kind="select", statement=format_sql(stmt)) as q:
             out = run_select(stmt, source, session.eval_context(q.group))
             group = q.group
     return replace(Result.table(out.columns, out.rows, out.types), group=group)
@@ -344,6 +345,9 @@ RULES: Final[dict[type, Rule]] = {
     ast.CreateResourceRule: Rule(rules.create_resource_rule, _DDL),
     ast.RenameResourceRule: Rule(rules.rename_resource_rule, _DDL),
     ast.DropResourceRule: Rule(rules.drop_resource_rule, _DDL),
+    ast.CreateResourceSelector: Rule(selectors.create_resource_selector, _DDL),
+    ast.RenameResourceSelector: Rule(selectors.rename_resource_selector, _DDL),
+    ast.DropResourceSelector: Rule(selectors.drop_resource_selector, _DDL),
     ast.CreatePrincipal: Rule(principals.create_principal, Needs.ADMIN, True),
     ast.DropPrincipal: Rule(principals.drop_principal, Needs.ADMIN, True),
     ast.AddUser: Rule(principals.add_user, Needs.ADMIN, True),

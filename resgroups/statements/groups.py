@@ -12,6 +12,7 @@ from resgroups.errors import CatalogError
 from resgroups.result import Result
 from resgroups.sql import ast
 from resgroups.statements.rules import check_not_a_rule_target
+from resgroups.statements.selectors import check_not_selected
 
 if TYPE_CHECKING:
     from resgroups.session import Session
@@ -117,6 +118,15 @@ def add_variant(session: Session, stmt: ast.AddVariant) -> Result:
                     "unset the mappings and revoke USE first",
                     sqlstate=CatalogError.FORBIDDEN,
                 )
+            selected = snap.selectors_to(base.id)
+            if selected:
+                names = ",".join(r.name for r in selected)
+                raise CatalogError(
+                    f"resource group {base.name} is the target of resource selectors "
+                    f"[selector={names}], and with variants it would no longer be a group "
+                    "queries run in; drop the selectors first",
+                    sqlstate=CatalogError.FORBIDDEN,
+                )
             ruled = snap.rules_of(base.id) + snap.rules_moving_to(base.id)
             if ruled:
                 names = ",".join(r.name for r in ruled)
@@ -150,6 +160,7 @@ def drop_variant(session: Session, stmt: ast.DropVariant) -> Result:
             )
         _check_unmapped(snap, variant)
         check_not_a_rule_target(snap, {variant.id}, variant.name)
+        check_not_selected(snap, {variant.id}, variant.name)
         return "drop_group", {"id": variant.id}
 
     session.engine.write_catalog(build)
@@ -239,6 +250,7 @@ def drop_resource_group(session: Session, stmt: ast.DropResourceGroup) -> Result
         _check_unmapped(snap, group)
         family = {group.id, *group.variants}
         check_not_a_rule_target(snap, family, group.name)
+        check_not_selected(snap, family, group.name)
         return "drop_group", {"id": group.id}
 
     session.engine.write_catalog(build)

@@ -14,10 +14,15 @@ from resgroups.access import (
     check_group_admin,
     explain,
     find_runtime_group,
+    is_group_admin,
     may_assume,
 )
 from resgroups.auth import hash_password, md5_verifier
 from resgroups.catalog import Principal, Snapshot
+from resgroups.catalog.model import RuleDef
+from resgroups.catalog.names import Ident
+from resgroups.catalog.rules import format_conditions, format_duration
+from resgroups.catalog.selectors import Attributes
 from resgroups.errors import CatalogError, FeatureNotSupported, PermissionDenied, did_you_mean
 from resgroups.result import Result
 from resgroups.sql import ast
@@ -247,6 +252,7 @@ def explain_resource_group(session: Session, stmt: ast.ExplainResourceGroup) -> 
     snap = engine.snapshot
     if stmt.name is None:
         who, chosen = session.identity, session.chosen_group_id
+        application, tags = session.application, session.tags
     else:
         if not engine.access_control:
             raise FeatureNotSupported(
@@ -257,6 +263,14 @@ def explain_resource_group(session: Session, stmt: ast.ExplainResourceGroup) -> 
         assert stmt.kind is not None
         principal = find_principal(session, snap, stmt.name, stmt.kind)
         who, chosen = Identity(principal.name, login_id=principal.id), None
+        application, tags = None, frozenset()
+    if stmt.application is not None:
+        application = stmt.application
+    if stmt.tags is not None:
+        tags = frozenset(stmt.tags)
+    attributes = Attributes(who.login_name, stmt.query_kind or "select", application, tags)
+    if attributes.kind == "export":  # exports keep the principal's group (SPEC §3)
+        chosen = None
     if not engine.enabled or not snap.has_catalog:
         why = (
             "resource groups are disabled: queries run unmanaged"
@@ -265,8 +279,27 @@ def explain_resource_group(session: Session, stmt: ast.ExplainResourceGroup) -> 
         )
         rows: list[tuple[object, ...]] = [(None, "unmanaged", None, True, why, True)]
     else:
-        rows = [
-            (c.candidate, c.source, c.priority, c.eligible, c.reason, c.chosen)
-            for c in explain(snap, who, chosen, access_control=engine.access_control)
-        ]
+        candidates = explain(
+            snap, who, chosen, access_control=engine.access_control, attributes=attributes
+        )
+        rows = [(c.candidate, c.source, c.priority, c.eligible, c.reason, c.chosen)
+                for c in candidates]  # fmt: skip
+        picked = next((c.candidate for c in candidates if c.chosen), None)
+        group = snap.find_group(Ident(picked, quoted=True)) if picked is not None else None
+        admin = is_group_admin(snap, session.identity, access_control=engine.access_control)
+        if group is not None and admin:  # the rules are RESOURCE GROUP ADMIN's to read
+            for rule in snap.rules_of(group.id):
+                text = _rule_text(snap, rule)
+                rows.append((group.name, "resource_rule", None, False, text, False))
     return Result.table(EXPLAIN_COLUMNS, rows, EXPLAIN_TYPES)
+
+
+def _rule_text(snap: Snapshot, rule: RuleDef) -> str:
+    """A rule as EXPLAIN shows it: what applies to the queries of the group it picks."""
+    action = rule.action.upper()
+    if rule.target_id is not None:
+        action = f"MOVE TO RESOURCE GROUP {snap.group_name(rule.target_id)}"
+    watch = f" WITH (watch = {format_duration(rule.watch_ms)})" if rule.watch_ms else ""
+    return (
+        f"resource rule {rule.name}: WHEN {format_conditions(rule.conditions)} THEN {action}{watch}"
+    )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from resgroups.access import check_group_admin, is_group_admin
 from resgroups.catalog.rules import format_conditions
+from resgroups.catalog.selectors import format_conditions as format_selector_conditions
 from resgroups.errors import (
     DatatypeMismatch,
     FeatureNotSupported,
@@ -144,6 +145,32 @@ def _resource_group_watches(session: Session, args: tuple[Any, ...]) -> list[tup
     return rows
 
 
+SELECTOR_COLUMNS: Final = (
+    ("name", "text"), ("conditions", "text"), ("group", "text"), ("priority", "int"),
+    ("matches_total", "int"),
+)  # fmt: skip
+
+
+def _resource_selectors(session: Session, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """Every selector, in creation order, with how many queries it routed (SPEC §15);
+    RESOURCE GROUP ADMIN."""
+    if args:
+        raise DatatypeMismatch(f"resource_selectors() takes no arguments, got {len(args)}")
+    engine = session.engine
+    snap = engine.snapshot
+    check_group_admin(snap, session.identity, access_control=engine.access_control)
+    return [
+        (
+            selector.name,
+            format_selector_conditions(selector.conditions),
+            snap.group_name(selector.group_id),
+            selector.priority,
+            engine.selector_matches.get(selector.id, 0),
+        )
+        for selector in snap.all_selectors
+    ]
+
+
 TABLE_FUNCTIONS: Final[dict[str, TableFunction]] = {
     "resource_groups": TableFunction("resource_groups", COLUMNS, _resource_groups, True),
     "resource_group_queries": TableFunction(
@@ -157,6 +184,9 @@ TABLE_FUNCTIONS: Final[dict[str, TableFunction]] = {
     ),
     "resource_group_watches": TableFunction(
         "resource_group_watches", WATCH_COLUMNS, _resource_group_watches, True
+    ),
+    "resource_selectors": TableFunction(
+        "resource_selectors", SELECTOR_COLUMNS, _resource_selectors, True
     ),
 }
 

@@ -14,7 +14,12 @@ from resgroups.result import Cursor, Result
 from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext
 from resgroups.sql.parser import parse_script
-from resgroups.statements.dispatch import describe, execute_statement, open_cursor
+from resgroups.statements.dispatch import (
+    describe,
+    describe_parameters,
+    execute_statement,
+    open_cursor,
+)
 
 if TYPE_CHECKING:
     from resgroups.engine import Engine
@@ -173,6 +178,11 @@ class Session:
         not a SELECT)."""
         self._refresh_identity()
         return describe(self, stmt)
+
+    def describe_parameters(self, stmt: ast.Statement) -> dict[int, str]:
+        """The type each ``$n`` of ``stmt`` (parsed with its placeholders) takes from
+        its context; a parameter no context types is left out."""
+        return describe_parameters(self, stmt)
 
     def clear_cancel(self) -> None:
         """A new request begins: a cancel that came before it is forgotten."""

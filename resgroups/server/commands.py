@@ -116,6 +116,18 @@ def _choice(*allowed: str, canonical: str) -> Callable[[str], str]:
     return check
 
 
+def _encoding(value: str) -> str:
+    """An encoding name in any spelling PostgreSQL accepts: it keeps only letters and
+    digits, case-insensitively (asyncpg sends ``'utf-8'``, quotes included)."""
+    cleaned = "".join(c for c in value.lower() if c.isascii() and c.isalnum())
+    if cleaned not in ("utf8", "unicode"):
+        raise FeatureNotSupported(
+            f"client_encoding {value[:64]!r} is not supported: the server speaks UTF8 "
+            "(allowed: UTF8 in any spelling, e.g. utf-8, UNICODE)"
+        )
+    return "UTF8"
+
+
 def _datestyle(value: str) -> str:
     words = {w.strip().lower() for w in value.split(",")}
     if not words <= {"iso", "mdy", "dmy", "ymd", "us", "european", "noneuropean", "postgres"} or (
@@ -176,7 +188,7 @@ SETTINGS: Final[dict[str, Setting]] = {
         Setting(
             "client_encoding",
             "UTF8",
-            _choice("UTF8", "UNICODE", canonical="UTF8"),
+            _encoding,
             True,
             "the client's character set (UTF8 only)",
         ),

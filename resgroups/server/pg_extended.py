@@ -35,7 +35,7 @@ from resgroups.server.pg_state import (
 from resgroups.server.wire import Body, ProtocolViolation
 from resgroups.sql import ast
 from resgroups.sql.params import bind, placeholders
-from resgroups.sql.parser import interruptible
+from resgroups.sql.parser import interruptible, parse_one, placeholders_allowed
 from resgroups.sql.split import split_statements
 
 
@@ -108,7 +108,7 @@ class Extended(ConnectionBase):
                 "characters)"
             )
         formats = formats_for(param_formats, len(raw), "parameter")
-        oids = prepared.oids + [0] * (len(raw) - len(prepared.oids))
+        oids = self.parameter_oids(prepared, len(raw))
         values = [
             types.decode_parameter(data, oid, fmt, i + 1)
             for i, (data, oid, fmt) in enumerate(zip(raw, oids, formats, strict=False))
@@ -136,8 +136,7 @@ class Extended(ConnectionBase):
                     f'prepared statement "{name}" does not exist', sqlstate="26000"
                 )
             count = max(placeholders(prepared.text), len(prepared.oids))
-            oids = prepared.oids + [types.TEXT] * (count - len(prepared.oids))
-            self.send(wire.parameter_description([o or types.TEXT for o in oids]))
+            self.send(wire.parameter_description(self.parameter_oids(prepared, count)))
             plan = prepared.plan if prepared.planned else self._typed_plan(prepared.text, count)
             self._describe_plan(Portal(plan), [])
         elif what == b"P":
@@ -147,6 +146,34 @@ class Extended(ConnectionBase):
             self._describe_plan(portal, portal.formats)
         else:
             raise ProtocolViolation(f"invalid DESCRIBE message subtype {what!r}")
+
+    def parameter_oids(self, prepared: Prepared, count: int) -> list[int]:
+        """The type of each of ``count`` parameters: as the client gave it, else as
+        its context in the statement wants it (``long_sequence($1)``: int8), else
+        text. Inferred once per prepared statement; a statement that cannot be
+        parsed with its placeholders has them all text (DDL values, LIMIT $1)."""
+        if prepared.parameter_oids is None or len(prepared.parameter_oids) < count:
+            given = prepared.oids + [0] * (count - len(prepared.oids))
+            inferred: dict[int, str] = {}
+            if any(oid in (0, types.UNKNOWN) for oid in given):
+                inferred = self._inferred_types(prepared.text)
+            prepared.parameter_oids = [
+                oid if oid not in (0, types.UNKNOWN) else types.oid_of(inferred.get(n, "text"))[0]
+                for n, oid in enumerate(given, 1)
+            ]
+        return prepared.parameter_oids[:count]
+
+    def _inferred_types(self, text: str) -> dict[int, str]:
+        assert self.session is not None
+        if wc.recognize(text) is not None:
+            return {}
+        try:
+            with interruptible(self.check_interrupt), placeholders_allowed():
+                stmt = parse_one(text)
+            return self.session.describe_parameters(stmt)
+        except Error:
+            self.check_interrupt()  # a cancel during the parse is not a typing failure
+            return {}
 
     def _typed_plan(self, text: str, count: int) -> Plan:
         """A statement with placeholders planned for Describe before any value is

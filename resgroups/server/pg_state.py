@@ -104,6 +104,9 @@ class Prepared:
     oids: list[int]
     plan: Plan = None  # parsed at Parse when it has no placeholders
     planned: bool = False
+    # each parameter's type: as the client gave it, else inferred from its context
+    # (sql/param_types.py) at the first Describe or Bind that needs it
+    parameter_oids: list[int] | None = None
     charged: int = 0  # bytes charged to the session's memory budget
 
 

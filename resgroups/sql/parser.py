@@ -35,6 +35,7 @@ from resgroups.errors import (
     UndefinedType,
 )
 from resgroups.sql import ast
+from resgroups.sql.params import UndefinedParameter, placeholder_number
 from resgroups.sql.semantics import ARRAY, cast_target
 
 MAX_SELECT_ITEMS: Final = 1664  # as PostgreSQL (and a RowDescription's int16 count)
@@ -47,6 +48,7 @@ __all__ = [
     "keywords",
     "parse_one",
     "parse_script",
+    "placeholders_allowed",
 ]
 
 # The front end's limits (docs/sql.md): every statement is answered in bounded
@@ -108,6 +110,30 @@ class _PositionedError(Exception):
 
 class _PositionedLimit(_PositionedError):
     """A limit of MAX_* exceeded: ProgramLimitExceeded, with its position."""
+
+
+class _PositionedParameter(_PositionedError):
+    """``$n`` where no value is bound: UndefinedParameter (42P02), with its position."""
+
+
+class _Placeholders(threading.local):
+    allowed: bool = False
+
+
+_placeholders: Final = _Placeholders()
+
+
+@contextmanager
+def placeholders_allowed() -> Iterator[None]:
+    """Parses on this thread keep ``$n`` as :class:`~resgroups.sql.ast.Param`
+    (to infer the types of a prepared statement's parameters) instead of
+    refusing it: a statement runs only with its values bound."""
+    before = _placeholders.allowed
+    _placeholders.allowed = True
+    try:
+        yield
+    finally:
+        _placeholders.allowed = before
 
 
 def _unquote(text: str, quote: str) -> str:
@@ -483,6 +509,11 @@ class _ToAst(Transformer[Token, Any]):
     def null(self) -> ast.Literal:
         return ast.Literal(None)
 
+    def parameter(self, tok: Token) -> ast.Param:
+        if not _placeholders.allowed:
+            raise _PositionedParameter(f"there is no parameter {tok}", tok)
+        return ast.Param(placeholder_number(tok[1:]))
+
     def true(self) -> ast.Literal:
         return ast.Literal(True)
 
@@ -843,6 +874,8 @@ def parse_script(text: str) -> list[ast.Statement]:
         error = _syntax_error(redact_passwords(text), exc.message, pos, [])
         if isinstance(exc, _PositionedLimit):
             raise ProgramLimitExceeded(str(error)) from None
+        if isinstance(exc, _PositionedParameter):
+            raise UndefinedParameter(str(error)) from None
         raise error from None
     if len(text) > MAX_DEPTH // 2:  # shorter text cannot nest that deep
         for stmt in result:

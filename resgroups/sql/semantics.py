@@ -383,6 +383,8 @@ def infer(
     match expr:
         case ast.Literal(value=value):
             return value_type(value)
+        case ast.Param():
+            return UNKNOWN  # typed by its context (sql/param_types.py), like NULL here
         case ast.Column(name=name, table=table):
             t = column_type(name) if table is None else column_type(name, table)
             if over_aggregates:

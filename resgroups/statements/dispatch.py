@@ -25,6 +25,7 @@ from resgroups.exec.vector import dtype_type
 from resgroups.result import Cursor, Result, RowsCursor
 from resgroups.sql import ast
 from resgroups.sql.expr import CATALOG_FUNCTIONS, EvalContext, Scope, compile_expr
+from resgroups.sql.param_types import parameter_types
 from resgroups.sql.relational import SERIES, run_query
 from resgroups.sql.select import Relation, run_select, select_shape
 from resgroups.statements import groups, principals
@@ -322,6 +323,43 @@ def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str
         names = types = ()
     shape = select_shape(stmt, Scope(names, types))
     return list(shape.names), list(shape.types)
+
+
+def _source_columns(session: Session, stmt: ast.Select) -> Scope | None:
+    """The columns ``stmt``'s one source has, where they are known without reading
+    it (long_sequence, an executor table, a table function); None otherwise."""
+    match stmt.source:
+        case ast.TableFunction(name="long_sequence"):
+            return Scope(("x",), ("int",))
+        case ast.TableFunction(name=name) if name in TABLE_FUNCTIONS:
+            columns = TABLE_FUNCTIONS[name].columns
+            return Scope(tuple(n for n, _ in columns), tuple(t for _, t in columns))
+        case ast.TableName(name=name, schema=schema) if (
+            schema is None or schema.text.casefold() == "public"
+        ):
+            try:
+                table = session.engine.tables.get(name)
+            except UndefinedTable:
+                return None
+            return Scope(table.names, tuple(dtype_type(a.dtype) for a in table.arrays))
+    return None
+
+
+# the argument types of the table functions that take arguments
+TABLE_ARGUMENTS: Final = {"long_sequence": ("int",)}
+
+
+def describe_parameters(session: Session, stmt: ast.Statement) -> dict[int, str]:
+    """The type each ``$n`` of ``stmt`` (parsed with its placeholders) takes from
+    its context: its source's columns, its table functions' arguments."""
+    query = stmt.query if isinstance(stmt, ast.CreateTableAs | ast.InsertSelect) else stmt
+    scope = _source_columns(session, query) if isinstance(query, ast.Select) else None
+
+    def column_type(name: ast.Ident, table: ast.Ident | None = None) -> str:
+        assert scope is not None
+        return scope.column_type(name)  # one source: its qualifier is its name or alias
+
+    return parameter_types(stmt, column_type if scope is not None else None, TABLE_ARGUMENTS)
 
 
 def open_cursor(session: Session, stmt: ast.Statement, *, paging: bool = True) -> Cursor:

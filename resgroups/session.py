@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from resgroups.access import Identity, login_principal, resolve, still_assumed
@@ -147,7 +148,12 @@ class Session:
 
     def eval_context(self, group: str | None = None) -> EvalContext:
         """What an expression of this session may ask (current_user, ...)."""
-        return EvalContext(current_group=group, user=self.user, database=self.database)
+        return EvalContext(
+            current_group=group,
+            user=self.user,
+            database=self.database,
+            statement_start=datetime.now(UTC),
+        )
 
     def query(self, kind: str = "select", pool: str = "default") -> Query:
         """A managed query: ``with session.query(kind="select") as q: ...``.

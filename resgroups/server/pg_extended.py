@@ -49,6 +49,11 @@ class Extended(ConnectionBase):
     def parse_message(self, body: Body) -> None:
         name, text = body.cstring(), body.cstring()
         oids = [body.int32() for _ in range(body.uint16())]
+        self.prepare(name, text, oids)
+        self.send(wire.PARSE_COMPLETE)
+
+    def prepare(self, name: str, text: str, oids: list[int]) -> None:
+        """A prepared statement ``name`` (Parse, or PREPARE), capped and charged."""
         check_length(text)
         if name and name in self.statements:
             raise DuplicateObject(f'prepared statement "{name}" already exists')
@@ -71,7 +76,6 @@ class Extended(ConnectionBase):
         self.drop_statement(name)  # the unnamed statement is replaced
         prepared.charged = self.statement_memory.charge(_statement_bytes(text, oids))
         self.statements[name] = prepared
-        self.send(wire.PARSE_COMPLETE)
 
     def drop_statement(self, name: str) -> bool:
         prepared = self.statements.pop(name, None)
@@ -113,17 +117,14 @@ class Extended(ConnectionBase):
             types.decode_parameter(data, oid, fmt, i + 1)
             for i, (data, oid, fmt) in enumerate(zip(raw, oids, formats, strict=False))
         ]
-        if prepared.planned:
-            if values:
-                raise MessageError(
-                    f"bind message supplies {len(values)} parameters, "
-                    "but the prepared statement requires 0"
-                )
-            plan = prepared.plan
-        else:
-            bound, original = bind(prepared.text, values)
-            check_length(bound)
-            plan = self.plan(bound, 0, original)
+        if prepared.planned and values:
+            raise MessageError(
+                f"bind message supplies {len(values)} parameters, "
+                "but the prepared statement requires 0"
+            )
+        plan = self.bound_plan(prepared, values)
+        if isinstance(plan, wc.Execute):  # EXECUTE of a PREPAREd statement: that statement
+            plan = self.execute_plan(plan)
         self.add_portal(portal_name, Portal(plan, result_formats))
         self.send(wire.BIND_COMPLETE)
 
@@ -146,6 +147,40 @@ class Extended(ConnectionBase):
             self._describe_plan(portal, portal.formats)
         else:
             raise ProtocolViolation(f"invalid DESCRIBE message subtype {what!r}")
+
+    def bound_plan(self, prepared: Prepared, values: list[object]) -> Plan:
+        """What ``prepared`` is with ``values`` bound to its placeholders."""
+        if prepared.planned:
+            return prepared.plan
+        bound, original = bind(prepared.text, values)
+        check_length(bound)
+        return self.plan(bound, 0, original)
+
+    def execute_plan(self, command: wc.Execute) -> Plan:
+        """``EXECUTE name (values)``: the prepared statement with its values, each read
+        as its parameter's type reads text (``EXECUTE p('42')`` binds 42 to an int)."""
+        prepared = self.statements.get(command.name)
+        if prepared is None:
+            raise wc.UndefinedObject(
+                f'prepared statement "{command.name}" does not exist', sqlstate="26000"
+            )
+        count = max(placeholders(prepared.text), len(prepared.oids))
+        if len(command.values) != count:
+            raise SqlSyntaxError(
+                f'wrong number of parameters for prepared statement "{command.name}": '
+                f"expected {count}, got {len(command.values)}",
+                line=1,
+                column=1,
+            )
+        oids = self.parameter_oids(prepared, count)
+        values = [
+            types.decode_parameter(None if v is None else v.encode(), oid, types.TEXT_FORMAT, n)
+            for n, (v, oid) in enumerate(zip(command.values, oids, strict=True), 1)
+        ]
+        plan = self.bound_plan(prepared, values)
+        if isinstance(plan, wc.Execute):
+            raise FeatureNotSupported("a prepared statement cannot be an EXECUTE")
+        return plan
 
     def parameter_oids(self, prepared: Prepared, count: int) -> list[int]:
         """The type of each of ``count`` parameters: as the client gave it, else as

@@ -35,6 +35,7 @@ from resgroups.server.pg_state import (
 from resgroups.server.wire import Body
 from resgroups.sql import ast
 from resgroups.sql.parser import interruptible, parse_one
+from resgroups.sql.semantics import cast_target
 from resgroups.sql.split import split_statements
 
 log = logging.getLogger("resgroups.server.pgwire")
@@ -117,6 +118,10 @@ class SimpleQuery(ConnectionBase):
         if isinstance(plan, wc.Fetch):
             self.fetch(plan, portal.formats, describe)
             return
+        if isinstance(plan, wc.Execute):  # the prepared statement runs in this portal
+            plan = portal.plan = self.execute_plan(plan)
+            self.run(plan, portal, max_rows, describe=describe)
+            return
         if isinstance(plan, wc.WIRE_COMMANDS):
             result = self.command(plan)
         else:
@@ -180,7 +185,13 @@ class SimpleQuery(ConnectionBase):
                 return Result.table(["name", "setting", "description"], rows, ["text"] * 3)
             case wc.ShowParameter(name=name):
                 setting = wc.find_setting(name)
-                return Result.table([name.lower()], [(self.setting(setting.name),)], ["text"])
+                return Result.table([setting.name], [(self.setting(setting.name),)], ["text"])
+            case wc.Prepare(name=name, types=written, query=query):
+                oids = [types.oid_of(_parameter_type(t))[0] for t in written]
+                self.prepare(name, query, oids)
+                return Result.command("PREPARE")
+            case wc.Unlisten():
+                return Result.command("UNLISTEN")
             case wc.Declare():
                 return self.declare(plan)
             case wc.CloseCursor(name=None):
@@ -235,6 +246,12 @@ class SimpleQuery(ConnectionBase):
                 else:
                     values.append(text(value))
             self.send(wire.data_row(values))
+
+
+def _parameter_type(written: str) -> str:
+    """A PREPARE parameter's type (``int``, ``varchar(20)``, ``double precision``)."""
+    words, _, modifiers = written.partition("(")
+    return cast_target(words.strip(), [m.strip() for m in modifiers.rstrip(")").split(",") if m])[0]
 
 
 def no_cursor(name: str) -> Error:

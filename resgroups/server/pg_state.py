@@ -267,6 +267,13 @@ class ConnectionBase:
     def drop_statement(self, name: str) -> bool:
         raise NotImplementedError
 
+    # the extended protocol (PREPARE and EXECUTE share its prepared statements)
+    def prepare(self, name: str, text: str, oids: list[int]) -> None:
+        raise NotImplementedError
+
+    def execute_plan(self, command: wc.Execute) -> Plan:
+        raise NotImplementedError
+
     def row_description(self, columns: Any, kinds: Any, formats: list[int]) -> bytes:
         raise NotImplementedError
 

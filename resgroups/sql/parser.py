@@ -632,6 +632,9 @@ class _ToAst(Transformer[Token, Any]):
             )
         return self.call(name, *args)
 
+    def current_timestamp(self) -> ast.Call:
+        return ast.Call("current_timestamp")
+
     def current_user(self) -> ast.Call:
         return ast.Call("current_user")
 

@@ -57,6 +57,7 @@ FLOAT: Final = "float"
 TEXT: Final = "text"
 BOOL: Final = "bool"
 UNKNOWN: Final = "unknown"  # the NULL literal
+TIMESTAMPTZ: Final = "timestamptz"  # now(), current_timestamp, the catalog's times
 ARRAY: Final = "array"  # ARRAY(...), array_agg, the catalog's array columns: sent as text
 NUMERIC: Final = frozenset({INT, FLOAT})
 
@@ -269,6 +270,8 @@ CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {
     "session_user": TEXT,
     "current_schema": TEXT,
     "current_database": TEXT,
+    "now": TIMESTAMPTZ,
+    "current_timestamp": TIMESTAMPTZ,
 }
 AGGREGATES: Final = ("count", "sum", "avg", "min", "max", "array_agg", "string_agg")
 

@@ -278,6 +278,15 @@ class Transaction:
 
 
 @dataclass(frozen=True)
+class Savepoint:
+    """``SAVEPOINT name``, ``RELEASE [SAVEPOINT] name``, ``ROLLBACK TO [SAVEPOINT] name``
+    (what psycopg's nested ``transaction()`` sends): tracked like BEGIN."""
+
+    action: str  # "savepoint", "release", "rollback"
+    name: str
+
+
+@dataclass(frozen=True)
 class SetParameter:
     name: str
     value: str | None  # None: DEFAULT / RESET
@@ -358,10 +367,11 @@ WireCommand = (
     | Prepare
     | Execute
     | Unlisten
+    | Savepoint
 )
 WIRE_COMMANDS: Final = (
     Transaction, SetParameter, ShowParameter, Declare, Fetch, CloseCursor, Deallocate, CursorExists,
-    Prepare, Execute, Unlisten,
+    Prepare, Execute, Unlisten, Savepoint,
 )  # fmt: skip
 _CURSOR_EXISTS: Final = re.compile(
     r"\s*select\s+1\s+from\s+pg_catalog\.pg_cursors\s+where\s+name\s*=\s*'((?:[^']|'')*)'\s*;?\s*",
@@ -385,7 +395,7 @@ _TX_MODE_WORDS: Final = {
 
 _FIRST_WORDS: Final = {
     *_TRANSACTION_WORDS, "set", "show", "reset", "declare", "fetch", "move", "close", "deallocate",
-    "prepare", "execute", "unlisten", "listen",
+    "prepare", "execute", "unlisten", "listen", "savepoint", "release",
 }  # fmt: skip
 # SHOW of a setting PostgreSQL spells in several words
 _SHOW_PHRASES: Final = {
@@ -416,6 +426,8 @@ def recognize(sql: str) -> WireCommand | None:
         return None
     first = toks[0].text
     words = [t.text for t in toks]
+    if first in ("savepoint", "release") or words[:2] == ["rollback", "to"]:
+        return _savepoint(sql, toks)
     if first in _TRANSACTION_WORDS:
         return _transaction(sql, toks)
     if first == "set" and len(words) > 1 and words[1] not in ("resource",):
@@ -503,6 +515,16 @@ def _set(sql: str, toks: list[Token]) -> SetParameter:
         return SetParameter(name, None)
     parts = [v.text for v in values if v.text != ","]
     return SetParameter(name, ", ".join(parts))
+
+
+def _savepoint(sql: str, toks: list[Token]) -> Savepoint:
+    rest = toks[2:] if toks[0].text == "rollback" else toks[1:]
+    if toks[0].text != "savepoint" and rest and rest[0].text == "savepoint":
+        rest = rest[1:]
+    if len(rest) != 1 or rest[0].kind not in ("word", "quoted"):
+        at = rest[-1].at if rest else toks[-1].at
+        raise _syntax(sql, at, f"{toks[0].text.upper()} takes one savepoint name")
+    return Savepoint(toks[0].text, rest[0].text)
 
 
 def _prepare(sql: str, toks: list[Token]) -> Prepare:

@@ -22,15 +22,19 @@ from resgroups.server import commands as wc
 from resgroups.server import types, wire
 from resgroups.server.pg_framing import internal
 from resgroups.server.pg_state import (
+    MAX_SAVEPOINTS,
     MAX_STATEMENT,
     PLAN_CACHE,
     PLAN_CACHE_TEXT,
     ConnectionBase,
     InFailedTransaction,
+    NoActiveTransaction,
+    NoSuchSavepoint,
     Plan,
     Portal,
     TxStatus,
     formats_for,
+    too_many,
 )
 from resgroups.server.wire import Body
 from resgroups.sql import ast
@@ -110,7 +114,7 @@ class SimpleQuery(ConnectionBase):
             self.send(wire.EMPTY_QUERY)
             return
         if self.tx is TxStatus.FAILED and not (
-            isinstance(plan, wc.Transaction) and plan.action in ("commit", "rollback")
+            isinstance(plan, wc.Transaction | wc.Savepoint) and plan.action in ("commit", "rollback")
         ):
             raise InFailedTransaction(
                 "current transaction is aborted, commands ignored until end of transaction block"
@@ -171,6 +175,7 @@ class SimpleQuery(ConnectionBase):
                 tag = "ROLLBACK" if failed else "COMMIT"
                 was = self.tx
                 self.tx = TxStatus.IDLE
+                self.savepoints.clear()
                 self.close_portals(False)
                 if was is TxStatus.IDLE:
                     return _with_notice(tag, "there is no transaction in progress")
@@ -192,6 +197,8 @@ class SimpleQuery(ConnectionBase):
                 return Result.command("PREPARE")
             case wc.Unlisten():
                 return Result.command("UNLISTEN")
+            case wc.Savepoint():
+                return self.savepoint(plan)
             case wc.Declare():
                 return self.declare(plan)
             case wc.CloseCursor(name=None):
@@ -215,6 +222,27 @@ class SimpleQuery(ConnectionBase):
                     )
                 return Result.command("DEALLOCATE")
         raise InternalError(f"unknown connection statement {type(plan).__name__}")
+
+    def savepoint(self, plan: wc.Savepoint) -> Result:
+        """SAVEPOINT, RELEASE, ROLLBACK TO: names in the transaction block. Statements
+        apply at once, so ROLLBACK TO undoes nothing but the block's failed state."""
+        if self.tx is TxStatus.IDLE:
+            word = "ROLLBACK TO SAVEPOINT" if plan.action == "rollback" else plan.action.upper()
+            raise NoActiveTransaction(f"{word} can only be used in transaction blocks")
+        if plan.action == "savepoint":
+            if len(self.savepoints) >= MAX_SAVEPOINTS:
+                raise too_many("savepoints in this transaction block", MAX_SAVEPOINTS)
+            self.savepoints.append(plan.name)
+            return Result.command("SAVEPOINT")
+        if plan.name not in self.savepoints:
+            raise NoSuchSavepoint(f'savepoint "{plan.name}" does not exist')
+        at = len(self.savepoints) - 1 - self.savepoints[::-1].index(plan.name)
+        if plan.action == "release":
+            del self.savepoints[at:]
+            return Result.command("RELEASE")
+        del self.savepoints[at + 1 :]
+        self.tx = TxStatus.BLOCK
+        return Result.command("ROLLBACK")
 
     def report_changes(self, before: dict[wc.Setting, str]) -> None:
         for setting, value in self.reported().items():

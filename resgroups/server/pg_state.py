@@ -48,6 +48,7 @@ MAX_STATEMENT: Final = MAX_SCRIPT_CHARS  # characters of one Query or Parse text
 MAX_PARAMETER_BYTES: Final = 4 * MAX_STATEMENT  # a Bind's values (UTF-8: up to 4 bytes a char)
 MAX_PREPARED: Final = 1000  # named prepared statements per connection
 MAX_PORTALS: Final = 1000  # open portals and cursors per connection
+MAX_SAVEPOINTS: Final = 1000  # savepoints of one transaction block
 PREPARED_OVERHEAD: Final = 512  # bytes charged per prepared statement beyond its text
 
 
@@ -61,6 +62,10 @@ class TxStatus(enum.Enum):
 
 class InFailedTransaction(Error):
     sqlstate = "25P02"
+
+
+class NoSuchSavepoint(Error):
+    sqlstate = "3B001"
 
 
 class NoActiveTransaction(Error):
@@ -208,6 +213,7 @@ class ConnectionBase:
     session: Session | None
     settings: dict[str, str]
     tx: TxStatus
+    savepoints: list[str]  # of the transaction block, oldest first
     statements: dict[str, Prepared]
     portals: dict[str, Portal]
     statement_memory: StatementMemory | None

@@ -319,6 +319,7 @@ CATALOG_FUNCTIONS: Final[dict[str, Any]] = {
     "regtype_name": None,
     "regclass_name": None,
     "regnamespace_name": None,
+    "to_regtype": None,
 }
 CONTEXT_FUNCTIONS: Final[dict[str, Callable[[EvalContext], Any]]] = {
     "current_resource_group": lambda ctx: ctx.current_group,

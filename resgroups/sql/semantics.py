@@ -261,6 +261,7 @@ FUNCTIONS: Final[Mapping[str, Function]] = {
     "regtype_name": Function((1, 1), _returns(TEXT)),
     "regclass_name": Function((1, 1), _returns(TEXT)),
     "regnamespace_name": Function((1, 1), _returns(TEXT)),
+    "to_regtype": Function((1, 1), _returns(INT)),
 }
 # what the query running an expression knows (what drivers ask on connecting)
 CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {

@@ -254,6 +254,13 @@ class CatalogRows:
                 return oid
         raise UndefinedType(f'type "{text}" does not exist')
 
+    def to_regtype(self, text: str | None) -> int | None:
+        """The type's oid, or NULL when there is none (what psycopg's TypeInfo asks)."""
+        try:
+            return None if text is None else self.regtype(text)
+        except UndefinedType:
+            return None
+
     # ---- the functions (sql.expr.Catalog)
     def call(self, name: str, args: Sequence[Any]) -> Any:
         return _FUNCTIONS[name](self, *args)
@@ -416,6 +423,7 @@ _FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
     "pg_get_indexdef": lambda c, *a: None,
     "regclass": lambda c, name: c.regclass(name),
     "regtype": lambda c, name: c.regtype(name),
+    "to_regtype": lambda c, name: c.to_regtype(name),
     "regtype_name": lambda c, oid: None if oid is None else next(
         (t[2] for t in TYPES if t[0] == oid), str(oid)
     ),

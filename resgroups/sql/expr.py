@@ -329,6 +329,8 @@ CONTEXT_FUNCTIONS: Final[dict[str, Callable[[EvalContext], Any]]] = {
     "current_schema": lambda ctx: "public",  # the one schema of the executor's tables
     "current_database": lambda ctx: ctx.database,
     "now": lambda ctx: ctx.statement_start or datetime.now(UTC),
+    # there are no advisory locks to hold: asyncpg's pool releases them all (void)
+    "pg_advisory_unlock_all": lambda ctx: "",
     "current_timestamp": lambda ctx: ctx.statement_start or datetime.now(UTC),
 }
 

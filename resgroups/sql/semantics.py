@@ -272,6 +272,7 @@ CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {
     "current_schema": TEXT,
     "current_database": TEXT,
     "now": TIMESTAMPTZ,
+    "pg_advisory_unlock_all": TEXT,
     "current_timestamp": TIMESTAMPTZ,
 }
 AGGREGATES: Final = ("count", "sum", "avg", "min", "max", "array_agg", "string_agg")

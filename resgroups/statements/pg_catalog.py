@@ -441,6 +441,20 @@ _FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
 }  # fmt: skip
 
 
+def catalog_columns(ref: ast.TableName) -> tuple[tuple[str, str], ...] | None:
+    """The columns (name, type) of the catalog relation ``ref`` names, found as
+    FROM finds it; None when it names none."""
+    schema = None if ref.schema is None else _fold(ref.schema)
+    search = (
+        [PUBLIC, PG_CATALOG] if schema is None else [ns for ns, n in NAMESPACES.items() if n == schema]
+    )
+    for ns in search:
+        found = CATALOG_COLUMNS.get((ns, _fold(ref.name)))
+        if found is not None:
+            return found[1]
+    return None
+
+
 def is_catalog_relation(name: str) -> bool:
     return any(n == name for _, n in CATALOG_COLUMNS)
 

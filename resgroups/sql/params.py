@@ -67,6 +67,8 @@ def literal(value: object) -> str:
         case bool():
             return "TRUE" if value else "FALSE"
         case int():
+            if value == -(2**63):  # its negation does not fit: "(-9223372036854775808)::int"
+                return f"({value})"  # must negate the literal before the cast
             return str(value) if value >= 0 else f" {value}"  # "x-$1" must not become "x--1"
         case float():
             if not math.isfinite(value):

@@ -123,7 +123,9 @@ def test_psql_d_of_a_missing_relation(server: ServerProcess) -> None:
 @pytest.fixture
 def inspector(server: ServerProcess) -> Iterator[Any]:
     sa = pytest.importorskip("sqlalchemy")
-    engine = sa.create_engine(f"postgresql+psycopg://admin@{server.host}:{server.pg_port}/resgroups")
+    engine = sa.create_engine(
+        f"postgresql+psycopg://admin@{server.host}:{server.pg_port}/resgroups"
+    )
     try:
         yield sa.inspect(engine)
     finally:

@@ -120,7 +120,8 @@ def test_asyncpg_answers_as_postgres(server: ServerProcess, postgres: dict[str, 
     answers = asyncio.run(asyncio.wait_for(_asyncpg_answers(ours(server)), TIMEOUT))
     expected = asyncio.run(asyncio.wait_for(_asyncpg_answers(postgres), TIMEOUT))
     assert answers == expected, f"asyncpg {asyncpg.__version__}"
-    assert answers[0] == [(1000,)] and answers[-1] == "22012"
+    assert answers[0] == [(1000,)]
+    assert answers[-1] == "22012"
 
 
 async def _asyncpg_session(where: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +165,9 @@ async def _asyncpg_session(where: dict[str, Any]) -> dict[str, Any]:
         seen["pool"] = []
         for n in (2, 3):
             async with pool.acquire(timeout=10) as pooled:
-                seen["pool"].append(await pooled.fetchval("SELECT sum(x) FROM long_sequence($1)", n))
+                seen["pool"].append(
+                    await pooled.fetchval("SELECT sum(x) FROM long_sequence($1)", n)
+                )
     finally:
         await asyncio.wait_for(pool.close(), 10)
     return seen
@@ -249,7 +252,9 @@ def test_sqlalchemy_session(server: ServerProcess) -> None:
             assert conn.execute(sa.text("SELECT count(*) FROM readings")).scalar() == 3
         inspector = sa.inspect(engine)
         assert inspector.get_table_names() == ["readings"]
-        assert [(c["name"], type(c["type"]).__name__) for c in inspector.get_columns("readings")] == [
+        assert [
+            (c["name"], type(c["type"]).__name__) for c in inspector.get_columns("readings")
+        ] == [
             ("x", "BIGINT"),
             ("ratio", "DOUBLE_PRECISION"),
         ]
@@ -271,7 +276,9 @@ def test_pandas_read_sql(server: ServerProcess, postgres: dict[str, Any]) -> Non
         finally:
             engine.dispose()
     version = f"pandas {pd.__version__}"
-    assert frames[0].to_dict("list") == {"x": [1, 2], "ratio": [0.5, 1.0], "scaled": [10, 20]}, version
+    assert frames[0].to_dict("list") == {"x": [1, 2], "ratio": [0.5, 1.0], "scaled": [10, 20]}, (
+        version
+    )
     pd.testing.assert_frame_equal(frames[0], frames[1])
 
 
@@ -353,7 +360,8 @@ def test_node_postgres_session(node_postgres: Path, server: ServerProcess, tmp_p
             ["SELECT cpu_weight FROM resource_groups() WHERE name = $1", ["node_group"]],
             ["SELECT x FROM readings WHERE ratio = $1", ["1.5"]],
             ["SELECT * FROM resource_groups() WHERE no_such_column = $1", [1]],
-            ["SELECT table_name FROM information_schema.tables WHERE table_schema = $1", ["public"]],
+            ["SELECT table_name FROM information_schema.tables WHERE table_schema = $1",
+             ["public"]],
         ])
     )  # fmt: skip
     version, answers = _node_session(node_postgres, ours(server), script)

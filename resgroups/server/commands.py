@@ -441,7 +441,7 @@ def recognize(sql: str) -> WireCommand | None:
     if first == "execute":
         return _execute(sql, toks)
     if first == "unlisten":
-        if len(toks) != 2 or toks[1].kind not in ("word", "quoted") and toks[1].text != "*":
+        if len(toks) != 2 or (toks[1].kind not in ("word", "quoted") and toks[1].text != "*"):
             raise _syntax(sql, toks[-1].at, "UNLISTEN takes one channel name or *")
         return Unlisten()
     if first == "listen":
@@ -530,7 +530,9 @@ def _savepoint(sql: str, toks: list[Token]) -> Savepoint:
 def _prepare(sql: str, toks: list[Token]) -> Prepare:
     if len(toks) < 2 or toks[1].kind not in ("word", "quoted"):
         raise _syntax(sql, toks[-1].at, "PREPARE needs a statement name")
-    i, types, written, depth = 2, [], [], 0
+    i, depth = 2, 0
+    types: list[str] = []
+    written: list[str] = []
     if i < len(toks) and toks[i].text == "(":
         i += 1
         while i < len(toks) and (depth or toks[i].text != ")"):

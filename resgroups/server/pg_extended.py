@@ -14,8 +14,7 @@ group's and the process's memory limits (53200) like a query would.
 from __future__ import annotations
 
 from resgroups.errors import Error, FeatureNotSupported, ProgramLimitExceeded, SqlSyntaxError
-from resgroups.server import commands as wc
-from resgroups.server import types, wire
+from resgroups.server import commands, types, wire
 from resgroups.server.pg_simple import check_length, no_cursor
 from resgroups.server.pg_state import (
     MAX_PARAMETER_BYTES,
@@ -99,7 +98,7 @@ class Extended(ConnectionBase):
         result_formats = [body.int16() for _ in range(body.uint16())]
         prepared = self.statements.get(statement_name)
         if prepared is None:
-            raise wc.UndefinedObject(
+            raise commands.UndefinedObject(
                 f'prepared statement "{statement_name}" does not exist', sqlstate="26000"
             )
         if portal_name and portal_name in self.portals:
@@ -123,7 +122,7 @@ class Extended(ConnectionBase):
                 "but the prepared statement requires 0"
             )
         plan = self.bound_plan(prepared, values)
-        if isinstance(plan, wc.Execute):  # EXECUTE of a PREPAREd statement: that statement
+        if isinstance(plan, commands.Execute):  # EXECUTE of a PREPAREd statement: that statement
             plan = self.execute_plan(plan)
         self.add_portal(portal_name, Portal(plan, result_formats))
         self.send(wire.BIND_COMPLETE)
@@ -133,7 +132,7 @@ class Extended(ConnectionBase):
         if what == b"S":
             prepared = self.statements.get(name)
             if prepared is None:
-                raise wc.UndefinedObject(
+                raise commands.UndefinedObject(
                     f'prepared statement "{name}" does not exist', sqlstate="26000"
                 )
             count = max(placeholders(prepared.text), len(prepared.oids))
@@ -156,12 +155,12 @@ class Extended(ConnectionBase):
         check_length(bound)
         return self.plan(bound, 0, original)
 
-    def execute_plan(self, command: wc.Execute) -> Plan:
+    def execute_plan(self, command: commands.Execute) -> Plan:
         """``EXECUTE name (values)``: the prepared statement with its values, each read
         as its parameter's type reads text (``EXECUTE p('42')`` binds 42 to an int)."""
         prepared = self.statements.get(command.name)
         if prepared is None:
-            raise wc.UndefinedObject(
+            raise commands.UndefinedObject(
                 f'prepared statement "{command.name}" does not exist', sqlstate="26000"
             )
         count = max(placeholders(prepared.text), len(prepared.oids))
@@ -178,7 +177,7 @@ class Extended(ConnectionBase):
             for n, (v, oid) in enumerate(zip(command.values, oids, strict=True), 1)
         ]
         plan = self.bound_plan(prepared, values)
-        if isinstance(plan, wc.Execute):
+        if isinstance(plan, commands.Execute):
             raise FeatureNotSupported("a prepared statement cannot be an EXECUTE")
         return plan
 
@@ -200,7 +199,7 @@ class Extended(ConnectionBase):
 
     def _inferred_types(self, text: str) -> dict[int, str]:
         assert self.session is not None
-        if wc.recognize(text) is not None:
+        if commands.recognize(text) is not None:
             return {}
         try:
             with interruptible(self.check_interrupt), placeholders_allowed():
@@ -239,9 +238,9 @@ class Extended(ConnectionBase):
         elif isinstance(plan, ast.Show):  # read-only: its rows are computed now
             portal.cursor = self.session.open_cursor(plan)
             shape = (portal.cursor.columns, portal.cursor.types)
-        elif isinstance(plan, wc.ShowParameter):
+        elif isinstance(plan, commands.ShowParameter):
             shape = self.command(plan).columns, ["text"] * (3 if plan.name == "all" else 1)
-        elif isinstance(plan, wc.Fetch) and not plan.move:
+        elif isinstance(plan, commands.Fetch) and not plan.move:
             target = self.portals.get(plan.name)
             if target is None or target.cursor is None:
                 raise no_cursor(plan.name)

@@ -18,8 +18,7 @@ from typing import Any
 
 from resgroups.errors import Error, InternalError, ProgramLimitExceeded, SqlSyntaxError
 from resgroups.result import Result
-from resgroups.server import commands as wc
-from resgroups.server import types, wire
+from resgroups.server import commands, types, wire
 from resgroups.server.pg_framing import internal
 from resgroups.server.pg_state import (
     MAX_SAVEPOINTS,
@@ -95,7 +94,7 @@ class SimpleQuery(ConnectionBase):
 
     def parse_text(self, text: str, offset: int, mapping: Callable[[int], int] | None) -> Plan:
         try:
-            command = wc.recognize(text)
+            command = commands.recognize(text)
             if command is not None:
                 return command
             if not text.strip(" \t\r\n;"):
@@ -114,19 +113,20 @@ class SimpleQuery(ConnectionBase):
             self.send(wire.EMPTY_QUERY)
             return
         if self.tx is TxStatus.FAILED and not (
-            isinstance(plan, wc.Transaction | wc.Savepoint) and plan.action in ("commit", "rollback")
+            isinstance(plan, commands.Transaction | commands.Savepoint)
+            and plan.action in ("commit", "rollback")
         ):
             raise InFailedTransaction(
                 "current transaction is aborted, commands ignored until end of transaction block"
             )
-        if isinstance(plan, wc.Fetch):
+        if isinstance(plan, commands.Fetch):
             self.fetch(plan, portal.formats, describe)
             return
-        if isinstance(plan, wc.Execute):  # the prepared statement runs in this portal
+        if isinstance(plan, commands.Execute):  # the prepared statement runs in this portal
             plan = portal.plan = self.execute_plan(plan)
             self.run(plan, portal, max_rows, describe=describe)
             return
-        if isinstance(plan, wc.WIRE_COMMANDS):
+        if isinstance(plan, commands.WIRE_COMMANDS):
             result = self.command(plan)
         else:
             if portal.cursor is None and max_rows and isinstance(plan, ast.Select):
@@ -163,14 +163,14 @@ class SimpleQuery(ConnectionBase):
 
     # ---- connection statements ------------------------------------------------------------
 
-    def command(self, plan: wc.WireCommand) -> Result:
+    def command(self, plan: commands.WireCommand) -> Result:
         match plan:
-            case wc.Transaction(action="begin"):
+            case commands.Transaction(action="begin"):
                 if self.tx is not TxStatus.IDLE:
                     return _with_notice("BEGIN", "there is already a transaction in progress")
                 self.tx = TxStatus.BLOCK
                 return Result.command("BEGIN")
-            case wc.Transaction(action=action):
+            case commands.Transaction(action=action):
                 failed = action == "rollback" or self.tx is TxStatus.FAILED
                 tag = "ROLLBACK" if failed else "COMMIT"
                 was = self.tx
@@ -180,50 +180,53 @@ class SimpleQuery(ConnectionBase):
                 if was is TxStatus.IDLE:
                     return _with_notice(tag, "there is no transaction in progress")
                 return Result.command(tag)
-            case wc.SetParameter(name=name, value=value):
+            case commands.SetParameter(name=name, value=value):
                 before = self.reported()
-                wc.apply_setting(self.settings, name, value)
+                commands.apply_setting(self.settings, name, value)
                 self.report_changes(before)
                 return Result.command("RESET" if value is None else "SET")
-            case wc.ShowParameter(name="all"):
-                rows = [(s.name, self.setting(s.name), s.description) for s in wc.SETTINGS.values()]
+            case commands.ShowParameter(name="all"):
+                rows = [
+                    (s.name, self.setting(s.name), s.description)
+                    for s in commands.SETTINGS.values()
+                ]
                 return Result.table(["name", "setting", "description"], rows, ["text"] * 3)
-            case wc.ShowParameter(name=name):
-                setting = wc.find_setting(name)
+            case commands.ShowParameter(name=name):
+                setting = commands.find_setting(name)
                 return Result.table([setting.name], [(self.setting(setting.name),)], ["text"])
-            case wc.Prepare(name=name, types=written, query=query):
+            case commands.Prepare(name=name, types=written, query=query):
                 oids = [types.oid_of(_parameter_type(t))[0] for t in written]
                 self.prepare(name, query, oids)
                 return Result.command("PREPARE")
-            case wc.Unlisten():
+            case commands.Unlisten():
                 return Result.command("UNLISTEN")
-            case wc.Savepoint():
+            case commands.Savepoint():
                 return self.savepoint(plan)
-            case wc.Declare():
+            case commands.Declare():
                 return self.declare(plan)
-            case wc.CloseCursor(name=None):
+            case commands.CloseCursor(name=None):
                 self.close_portals(True)
                 return Result.command("CLOSE CURSOR ALL")
-            case wc.CloseCursor(name=str() as name):
+            case commands.CloseCursor(name=str() as name):
                 portal = self.portals.pop(name, None)
                 if portal is None:
                     raise no_cursor(name)
                 portal.close()
                 return Result.command("CLOSE CURSOR")
-            case wc.CursorExists(name=name):
+            case commands.CursorExists(name=name):
                 return Result.table(["?column?"], [(1,)] * (name in self.portals), ["int"])
-            case wc.Deallocate(name=None):
+            case commands.Deallocate(name=None):
                 self.drop_statements()
                 return Result.command("DEALLOCATE ALL")
-            case wc.Deallocate(name=str() as name):
+            case commands.Deallocate(name=str() as name):
                 if not self.drop_statement(name):
-                    raise wc.UndefinedObject(
+                    raise commands.UndefinedObject(
                         f'prepared statement "{name}" does not exist', sqlstate="26000"
                     )
                 return Result.command("DEALLOCATE")
         raise InternalError(f"unknown connection statement {type(plan).__name__}")
 
-    def savepoint(self, plan: wc.Savepoint) -> Result:
+    def savepoint(self, plan: commands.Savepoint) -> Result:
         """SAVEPOINT, RELEASE, ROLLBACK TO: names in the transaction block. Statements
         apply at once, so ROLLBACK TO undoes nothing but the block's failed state."""
         if self.tx is TxStatus.IDLE:
@@ -244,7 +247,7 @@ class SimpleQuery(ConnectionBase):
         self.tx = TxStatus.BLOCK
         return Result.command("ROLLBACK")
 
-    def report_changes(self, before: dict[wc.Setting, str]) -> None:
+    def report_changes(self, before: dict[commands.Setting, str]) -> None:
         for setting, value in self.reported().items():
             if before.get(setting) != value:
                 self.send(wire.parameter_status(setting.name, value))
@@ -283,7 +286,7 @@ def _parameter_type(written: str) -> str:
 
 
 def no_cursor(name: str) -> Error:
-    return wc.UndefinedObject(f'cursor "{name}" does not exist', sqlstate="34000")
+    return commands.UndefinedObject(f'cursor "{name}" does not exist', sqlstate="34000")
 
 
 def _with_notice(tag: str, notice: str) -> Result:

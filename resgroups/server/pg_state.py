@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 from resgroups.errors import Error, MemoryLimitExceeded, ProgramLimitExceeded
 from resgroups.result import Cursor, Result
 from resgroups.sched.memory import QueryMemory
-from resgroups.server import commands as wc
-from resgroups.server import types
+from resgroups.server import commands, types
 from resgroups.session import Session
 from resgroups.sql import ast
 from resgroups.sql.parser import MAX_SCRIPT_CHARS
@@ -98,7 +97,7 @@ def too_many(what: str, limit: int) -> ProgramLimitExceeded:
 
 # ---- statements and portals ----------------------------------------------------------
 
-Plan = ast.Statement | wc.WireCommand | None  # None: an empty query
+Plan = ast.Statement | commands.WireCommand | None  # None: an empty query
 
 
 @dataclass
@@ -222,7 +221,7 @@ class ConnectionBase:
     gone: bool  # the client is gone, or the connection is being ended
     interrupted: bool  # a cancel arrived while no query ran (a long parse)
     streaming: Any  # the query whose rows are being sent (its deadline bounds the wait)
-    _plans: OrderedDict[str, ast.Statement | wc.WireCommand]
+    _plans: OrderedDict[str, ast.Statement | commands.WireCommand]
 
     # framing
     def send(self, data: bytes) -> None:
@@ -241,7 +240,7 @@ class ConnectionBase:
     def setting(self, name: str) -> str:
         raise NotImplementedError
 
-    def reported(self) -> dict[wc.Setting, str]:
+    def reported(self) -> dict[commands.Setting, str]:
         raise NotImplementedError
 
     # simple query and connection statements
@@ -254,10 +253,10 @@ class ConnectionBase:
     def run(self, plan: Plan, portal: Portal, max_rows: int | None, *, describe: bool) -> None:
         raise NotImplementedError
 
-    def command(self, plan: wc.WireCommand) -> Result:
+    def command(self, plan: commands.WireCommand) -> Result:
         raise NotImplementedError
 
-    def report_changes(self, before: dict[wc.Setting, str]) -> None:
+    def report_changes(self, before: dict[commands.Setting, str]) -> None:
         raise NotImplementedError
 
     # portals and cursors
@@ -277,16 +276,16 @@ class ConnectionBase:
     def prepare(self, name: str, text: str, oids: list[int]) -> None:
         raise NotImplementedError
 
-    def execute_plan(self, command: wc.Execute) -> Plan:
+    def execute_plan(self, command: commands.Execute) -> Plan:
         raise NotImplementedError
 
     def row_description(self, columns: Any, kinds: Any, formats: list[int]) -> bytes:
         raise NotImplementedError
 
-    def fetch(self, plan: wc.Fetch, codes: list[int], describe: bool) -> None:
+    def fetch(self, plan: commands.Fetch, codes: list[int], describe: bool) -> None:
         raise NotImplementedError
 
-    def declare(self, plan: wc.Declare) -> Result:
+    def declare(self, plan: commands.Declare) -> Result:
         raise NotImplementedError
 
     def stream(self, stmt: ast.Select, portal: Portal, describe: bool) -> None:

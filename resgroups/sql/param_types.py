@@ -113,8 +113,8 @@ class _Walk:
             case ast.Call(args=args, order_by=order_by):
                 for arg in args:
                     self.expr(arg)
-                for item in order_by:
-                    self.expr(item.expr)
+                for ordered in order_by:
+                    self.expr(ordered.expr)
             case ast.Case(operand=operand, whens=whens, default=default):
                 subject = None if operand is None else self.common((operand,), None)
                 self.expr(operand, subject)
@@ -126,13 +126,15 @@ class _Walk:
                 self.expr(default, t)
             case ast.Subquery(select=select):
                 self.select(select)
-            case ast.Window(partition_by=partition_by, order_by=order_by):
+            case ast.Window(partition_by=partition_by, order_by=window_order):
                 for p in partition_by:
                     self.expr(p)
-                for item in order_by:
-                    self.expr(item.expr)
+                for ordered in window_order:
+                    self.expr(ordered.expr)
 
     def binary(self, op: str, left: ast.Expr, right: ast.Expr, wanted: str | None) -> None:
+        left_wants: str | None
+        right_wants: str | None
         if op in ("and", "or"):
             left_wants = right_wants = BOOL
         elif op == "like" or op in REGEX or op == "||":

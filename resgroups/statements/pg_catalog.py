@@ -446,7 +446,9 @@ def catalog_columns(ref: ast.TableName) -> tuple[tuple[str, str], ...] | None:
     FROM finds it; None when it names none."""
     schema = None if ref.schema is None else _fold(ref.schema)
     search = (
-        [PUBLIC, PG_CATALOG] if schema is None else [ns for ns, n in NAMESPACES.items() if n == schema]
+        [PUBLIC, PG_CATALOG]
+        if schema is None
+        else [ns for ns, n in NAMESPACES.items() if n == schema]
     )
     for ns in search:
         found = CATALOG_COLUMNS.get((ns, _fold(ref.name)))

@@ -407,3 +407,42 @@ def test_pgbench_modes(
         assert done.returncode == 0, f"{version}: {done.stderr}"
         assert "number of transactions actually processed: 50/50" in done.stdout, done.stdout
         assert "number of failed transactions: 0" in done.stdout, done.stdout
+
+
+# ---- the parameter types Describe reports ------------------------------------------------
+
+DESCRIBED = [
+    "SELECT count(*) FROM long_sequence($1)",
+    "SELECT x FROM readings WHERE x > $1 AND ratio < $2",
+    "SELECT x FROM readings WHERE $1 AND NOT $2",
+    "SELECT lower($1), $2 LIKE 'a%', $3 || 'x'",
+    "SELECT $1::float8, $2::bigint, $3::text, $4::boolean",
+    "SELECT x FROM readings WHERE x IN ($1, $2)",
+    "SELECT $1",
+]
+
+
+def _described(dsn: str) -> list[list[int]]:
+    """Each statement's parameter types as Describe reports them (oids)."""
+    out = []
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        for n, text in enumerate(DESCRIBED):
+            name = f"described_{n}".encode()
+            conn.pgconn.prepare(name, text.encode())
+            result = conn.pgconn.describe_prepared(name)
+            assert result.status == psycopg.pq.ExecStatus.COMMAND_OK, result.error_message
+            out.append([result.param_type(i) for i in range(result.nparams)])
+    return out
+
+
+def test_parameter_types_as_postgres_infers_them(
+    server: ServerProcess, postgres: dict[str, Any]
+) -> None:
+    """What asyncpg reads before sending values in binary: the type PostgreSQL
+    infers for each untyped parameter from its context."""
+    theirs = " ".join(f"{k}={v}" for k, v in {**postgres, "dbname": postgres["database"]}.items()
+                      if k != "database")  # fmt: skip
+    ours = _described(server.dsn())
+    assert ours == _described(theirs), f"libpq {psycopg.pq.version()}"
+    assert ours[0] == [20]  # long_sequence(bigint)
+    assert ours[-1] == [25]  # nothing types it: text

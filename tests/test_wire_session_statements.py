@@ -96,9 +96,9 @@ def test_savepoints(server: ServerProcess) -> None:
         with pytest.raises(errors.InvalidSavepointSpecification):
             conn.execute("ROLLBACK TO b")
         conn.execute("ROLLBACK")
-    with psycopg.connect(server.dsn(), connect_timeout=10) as conn:
-        with conn.transaction(), conn.transaction():  # the nested one is a savepoint
-            assert conn.execute("SELECT 3").fetchall() == [(3,)]
+    nested = psycopg.connect(server.dsn(), connect_timeout=10)
+    with nested, nested.transaction(), nested.transaction():  # the inner one: a savepoint
+        assert nested.execute("SELECT 3").fetchall() == [(3,)]
 
 
 def test_show_and_set_what_drivers_ask(conn: psycopg.Connection[tuple[object, ...]]) -> None:

@@ -45,3 +45,26 @@ def test_a_placeholder_runs_only_bound() -> None:
         parse_one("SELECT 1 +\n  $2")
     assert info.value.sqlstate == "42P02"
     assert "line 2, column 3" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("SELECT x FROM t LIMIT $1 OFFSET $2", {1: "int", 2: "int"}),
+        ("CREATE RESOURCE GROUP g WITH (cpu_weight = $1, memory_limit = $2)",
+         {1: "int", 2: "text"}),
+        ("ALTER RESOURCE GROUP g SET (max_queued_queries = $2, scheduling_policy = $1)",
+         {2: "int", 1: "text"}),
+    ],
+)  # fmt: skip
+def test_placeholders_where_only_a_literal_stands(text: str, expected: dict[int, str]) -> None:
+    with placeholders_allowed() as literal_types:
+        parse_one(text)
+    assert literal_types == expected
+
+
+def test_a_literal_placeholder_runs_only_bound() -> None:
+    with pytest.raises(UndefinedParameter, match=r"there is no parameter \$1"):
+        parse_one("SELECT x FROM t LIMIT $1")
+    with pytest.raises(UndefinedParameter, match=r"there is no parameter \$3"):
+        parse_one("CREATE RESOURCE GROUP g WITH (cpu_weight = $3)")

@@ -144,3 +144,25 @@ def test_now_is_the_statements_start(conn: psycopg.Connection[tuple[object, ...]
     assert same is True
     assert getattr(a, "tzinfo", None) is not None
     assert conn.execute("SELECT pg_advisory_unlock_all()").fetchall() == [("",)]
+
+
+def test_placeholders_where_only_a_literal_stands(
+    conn: psycopg.Connection[tuple[object, ...]],
+) -> None:
+    """LIMIT $1 / OFFSET $2 are integers, an integer option's value is an integer,
+    the other options' values text: untyped text values (node-postgres) fit."""
+    rows = conn.execute(
+        "SELECT x FROM long_sequence(10) ORDER BY x LIMIT %s OFFSET %s", ["3", "2"]
+    ).fetchall()
+    assert rows == [(3,), (4,), (5,)]
+    conn.execute(
+        "CREATE RESOURCE GROUP literal_params WITH (max_active_queries = %s, memory_limit = %s, "
+        "queue_timeout = %s, cpu_limit = %s)",
+        ["5", "64M", "15s", "50%"],
+    )
+    assert conn.execute(
+        "SELECT max_active_queries, memory_limit_bytes, queue_timeout_millis, cpu_limit_pct "
+        "FROM resource_groups() WHERE name = 'literal_params'"
+    ).fetchall() == [(5, 64 * 1024**2, 15_000, 50.0)]
+    with pytest.raises(errors.InvalidTextRepresentation, match=r"parameter \$1"):
+        conn.execute("ALTER RESOURCE GROUP literal_params SET (cpu_weight = %s)", ["heavy"])

@@ -202,9 +202,9 @@ class Extended(ConnectionBase):
         if commands.recognize(text) is not None:
             return {}
         try:
-            with interruptible(self.check_interrupt), placeholders_allowed():
+            with interruptible(self.check_interrupt), placeholders_allowed() as literal_types:
                 stmt = parse_one(text)
-            return self.session.describe_parameters(stmt)
+            return {**self.session.describe_parameters(stmt), **literal_types}
         except Error:
             self.check_interrupt()  # a cancel during the parse is not a typing failure
             return {}

@@ -118,22 +118,41 @@ class _PositionedParameter(_PositionedError):
 
 class _Placeholders(threading.local):
     allowed: bool = False
+    # the types of placeholders where the grammar takes only a literal (LIMIT $1,
+    # an integer option's value), known from the position alone
+    literal_types: dict[int, str] | None = None
 
 
 _placeholders: Final = _Placeholders()
 
+# resource group options whose value is an integer (the others take text too:
+# sizes, durations, percentages, names)
+_INTEGER_OPTIONS: Final = frozenset({"cpu_weight", "max_active_queries", "max_queued_queries"})
+
 
 @contextmanager
-def placeholders_allowed() -> Iterator[None]:
+def placeholders_allowed() -> Iterator[dict[int, str]]:
     """Parses on this thread keep ``$n`` as :class:`~resgroups.sql.ast.Param`
     (to infer the types of a prepared statement's parameters) instead of
-    refusing it: a statement runs only with its values bound."""
-    before = _placeholders.allowed
-    _placeholders.allowed = True
+    refusing it: a statement runs only with its values bound. Yields the types
+    of the placeholders found where only a literal stands (``LIMIT $1``: int),
+    filled as the block parses; such a placeholder parses as a stand-in value."""
+    before = _placeholders.allowed, _placeholders.literal_types
+    found: dict[int, str] = {}
+    _placeholders.allowed, _placeholders.literal_types = True, found
     try:
-        yield
+        yield found
     finally:
-        _placeholders.allowed = before
+        _placeholders.allowed, _placeholders.literal_types = before
+
+
+def _literal_placeholder(tok: Token, type_name: str | None) -> None:
+    """``$n`` where the grammar takes a literal: recorded with its type, or 42P02."""
+    if not _placeholders.allowed:
+        raise _PositionedParameter(f"there is no parameter {tok}", tok)
+    found = _placeholders.literal_types
+    if found is not None and type_name is not None:
+        found.setdefault(placeholder_number(tok[1:]), type_name)
 
 
 def _unquote(text: str, quote: str) -> str:
@@ -189,7 +208,18 @@ class _ToAst(Transformer[Token, Any]):
     def word_value(self, tok: Token) -> RawValue:
         return RawValue("word", str(tok))
 
+    def parameter_value(self, tok: Token) -> RawValue:
+        _literal_placeholder(tok, None)  # typed by the option it sets (param below)
+        return RawValue("parameter", str(tok))
+
     def param(self, name: Token, raw: RawValue) -> tuple[str, ast.ParamValue]:
+        if raw.kind == "parameter":  # only while placeholders are allowed
+            option = lookup(str(name))
+            found = _placeholders.literal_types
+            if found is not None:
+                kind = "int" if option.name in _INTEGER_OPTIONS else "text"
+                found.setdefault(placeholder_number(raw.text[1:]), kind)
+            return option.name, option.default
         return parse_param(str(name), raw)
 
     def with_params(self, *params: tuple[str, ast.ParamValue]) -> tuple[Any, ...]:
@@ -477,12 +507,18 @@ class _ToAst(Transformer[Token, Any]):
         return True
 
     def limit_clause(self, tok: Token) -> int:
+        if tok.type == "PARAM":
+            _literal_placeholder(tok, "int")
+            return 0
         _check_literal(tok)
         if not tok.isdigit():
             raise _PositionedError(f"LIMIT takes a non-negative integer, not {tok}", tok)
         return int(tok)
 
     def offset_clause(self, tok: Token) -> int:
+        if tok.type == "PARAM":
+            _literal_placeholder(tok, "int")
+            return 0
         _check_literal(tok)
         if not tok.isdigit():
             raise _PositionedError(f"OFFSET takes a non-negative integer, not {tok}", tok)

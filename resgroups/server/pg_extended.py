@@ -185,7 +185,8 @@ class Extended(ConnectionBase):
         """The type of each of ``count`` parameters: as the client gave it, else as
         its context in the statement wants it (``long_sequence($1)``: int8), else
         text. Inferred once per prepared statement; a statement that cannot be
-        parsed with its placeholders has them all text (DDL values, LIMIT $1)."""
+        parsed with its placeholders (a syntax error, reported at Bind) has them
+        all text."""
         if prepared.parameter_oids is None or len(prepared.parameter_oids) < count:
             given = prepared.oids + [0] * (count - len(prepared.oids))
             inferred: dict[int, str] = {}

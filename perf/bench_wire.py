@@ -3,9 +3,11 @@
 ``wire``
     trivial-SELECT round trips per second over psycopg 3 (autocommit, one
     connection, ``SELECT 1`` by the simple protocol and ``SELECT %s`` by the
-    extended protocol with a binary parameter) against a ``resgroups serve``
-    process and, in the same run, against the local PostgreSQL server;
-    printed with the ratio resgroups / PostgreSQL (goal: at least 0.3x).
+    extended protocol with a binary parameter) and over asyncpg (one
+    connection, its prepared statements: ``SELECT 1`` and ``SELECT $1::bigint``
+    with a binary parameter) against a ``resgroups serve`` process and, in
+    the same run, against the local PostgreSQL server; printed with the
+    ratio resgroups / PostgreSQL (goal: at least 0.3x).
 ``http``
     ``/execute`` requests per second (``SELECT 1``, keep-alive) with 1 and 16
     concurrent clients, with the median and p99 latency.
@@ -43,6 +45,29 @@ def round_trips(dsn: str, seconds: float, query: str, params: list[int] | None) 
                 conn.execute(query, params).fetchone()
             done += 20
         return done / seconds
+
+
+def asyncpg_round_trips(dsn: str, seconds: float, query: str, params: list[int]) -> float:
+    import asyncio
+
+    import asyncpg
+
+    async def loop() -> float:
+        conn = await asyncpg.connect(dsn, timeout=10)
+        try:
+            for _ in range(50):  # warm up (asyncpg prepares and caches the statement)
+                await conn.fetchval(query, *params)
+            done = 0
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                for _ in range(20):
+                    await conn.fetchval(query, *params)
+                done += 20
+            return done / seconds
+        finally:
+            await conn.close()
+
+    return asyncio.run(loop())
 
 
 def http_rate(host: str, port: int, clients: int, seconds: float) -> tuple[float, float, float]:
@@ -94,6 +119,14 @@ def main() -> int:
         for label, query, params in cases:
             mine = round_trips(ours, args.seconds, query, params)
             theirs = round_trips(args.dsn, args.seconds, query, params)
+            print(_row(label, mine, theirs))
+        ours_uri = f"postgresql://bench@{server.host}:{server.pg_port}/resgroups"
+        for label, query, params in [
+            ("asyncpg SELECT 1 (prepared)", "SELECT 1", []),
+            ("asyncpg SELECT $1::bigint (binary)", "SELECT $1::bigint", [1]),
+        ]:
+            mine = asyncpg_round_trips(ours_uri, args.seconds, query, params)
+            theirs = asyncpg_round_trips(args.dsn, args.seconds, query, params)
             print(_row(label, mine, theirs))
         print()
         print(f"{'/execute SELECT 1':<18} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}")

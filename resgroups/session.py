@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from resgroups.access import Identity, login_principal, resolve, still_assumed
@@ -17,7 +18,12 @@ from resgroups.result import Cursor, Result
 from resgroups.sql import ast
 from resgroups.sql.expr import EvalContext
 from resgroups.sql.parser import parse_script
-from resgroups.statements.dispatch import describe, execute_statement, open_cursor
+from resgroups.statements.dispatch import (
+    describe,
+    describe_parameters,
+    execute_statement,
+    open_cursor,
+)
 
 if TYPE_CHECKING:
     from resgroups.engine import Engine
@@ -233,7 +239,12 @@ class Session:
 
     def eval_context(self, group: str | None = None) -> EvalContext:
         """What an expression of this session may ask (current_user, ...)."""
-        return EvalContext(current_group=group, user=self.user, database=self.database)
+        return EvalContext(
+            current_group=group,
+            user=self.user,
+            database=self.database,
+            statement_start=datetime.now(UTC),
+        )
 
     def query(
         self,
@@ -282,6 +293,11 @@ class Session:
         not a SELECT)."""
         self._refresh_identity()
         return describe(self, stmt)
+
+    def describe_parameters(self, stmt: ast.Statement) -> dict[int, str]:
+        """The type each ``$n`` of ``stmt`` (parsed with its placeholders) takes from
+        its context; a parameter no context types is left out."""
+        return describe_parameters(self, stmt)
 
     def clear_cancel(self) -> None:
         """A new request begins: a cancel that came before it is forgotten."""

@@ -15,6 +15,7 @@ import resgroups
 from resgroups.exec import executor
 from resgroups.sql import ast
 from resgroups.sql.format import format_expr
+from resgroups.sql.parser import parse_one
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -149,6 +150,26 @@ def test_select_shapes(engine: resgroups.Engine) -> None:
         session.execute("SELECT x FROM long_sequence(-1)")
     with pytest.raises(resgroups.DatatypeMismatch):
         session.execute("SELECT x FROM long_sequence(3) WHERE x")
+
+
+def test_offset_skips_rows_in_every_path(engine: resgroups.Engine, small_morsels: None) -> None:
+    """OFFSET as the row engine applies it: projections (streamed or ordered),
+    a paging cursor's pages, and an aggregate's one row."""
+    session = engine.connect()
+    select = "SELECT x FROM long_sequence(5000)"
+    assert session.execute(f"{select} LIMIT 3 OFFSET 2000").rows == [(2001,), (2002,), (2003,)]
+    assert session.execute(f"{select} ORDER BY x DESC LIMIT 2 OFFSET 1").rows == [(4999,), (4998,)]
+    assert session.execute(f"{select} OFFSET 4998").rows == [(4999,), (5000,)]
+    assert session.execute("SELECT count(*) FROM long_sequence(9) OFFSET 1").rows == []
+    assert session.execute("SELECT count(*) FROM long_sequence(9) LIMIT 0").rows == []
+    cursor = session.open_cursor(parse_one(f"{select} LIMIT 4 OFFSET 1990"))
+    try:
+        assert cursor.fetch(3) == [(1991,), (1992,), (1993,)]
+        assert cursor.fetch(10) == [(1994,)]
+    finally:
+        cursor.close()
+    with pytest.raises(resgroups.DatatypeMismatch, match="OFFSET"):
+        session.execute("CREATE TABLE skipped AS SELECT x FROM long_sequence(3) OFFSET 1")
 
 
 def test_tables_ctas_insert_select_drop(engine: resgroups.Engine) -> None:

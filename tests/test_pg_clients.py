@@ -124,12 +124,8 @@ def test_psql_d_of_a_missing_relation(server: ServerProcess) -> None:
 def inspector(server: ServerProcess) -> Iterator[Any]:
     sa = pytest.importorskip("sqlalchemy")
     engine = sa.create_engine(
-        f"postgresql+psycopg://admin@{server.host}:{server.pg_port}/resgroups",
-        # the hstore probe opens a SAVEPOINT, which the server does not take yet
-        use_native_hstore=False,
+        f"postgresql+psycopg://admin@{server.host}:{server.pg_port}/resgroups"
     )
-    # SHOW transaction isolation level is issue 30's item 3, not answered yet
-    engine.dialect.get_isolation_level = lambda dbapi_conn: "READ COMMITTED"  # type: ignore[method-assign]
     try:
         yield sa.inspect(engine)
     finally:

@@ -257,7 +257,9 @@ class Scan:
     # ---- projections
     def project(self) -> list[Array]:
         """Every output column, as arrays (WHERE applied)."""
-        limit = self.stmt.limit if not self.stmt.order_by else None
+        limit = None if self.stmt.order_by or self.stmt.limit is None else self.stmt.limit
+        if limit is not None:
+            limit += self.stmt.offset  # the rows OFFSET skips are scanned too
         exprs = [i.expr for i in self.items]
 
         def body(m: Morsel) -> list[Array]:
@@ -310,13 +312,14 @@ def select(session: Session, stmt: ast.Select) -> Result:
         else:
             arrays = scan.project()
             names, rows = scan.names, _rows(arrays)
-            if stmt.order_by or stmt.limit is not None:
-                ordered = run_select(
-                    ast.Select(None, None, None, stmt.order_by, stmt.limit),
-                    Relation(names, rows, types),
-                    session.eval_context(q.group),
-                )
-                rows = ordered.rows
+        order = () if scan.aggregates else stmt.order_by  # an aggregate is one row
+        if order or stmt.limit is not None or stmt.offset:
+            ordered = run_select(
+                ast.Select(None, None, None, order, stmt.limit, stmt.offset),
+                Relation(names, rows, types),
+                session.eval_context(q.group),
+            )
+            rows = ordered.rows
     result = Result.table(names, rows, types)
     return replace(result, timings=_timings(q, started, scan), group=q.group)
 
@@ -351,7 +354,7 @@ class ScanCursor:
             self.types: tuple[str, ...] = scan.types
             streams = not scan.aggregates and not stmt.order_by
             self._rows: Iterator[tuple[Any, ...]] = (
-                self._stream(stmt.limit) if streams else self._all(stmt)
+                self._stream(stmt.limit, stmt.offset) if streams else self._all(stmt)
             )
             self._ahead: list[tuple[Any, ...]] = []  # one row read ahead: is there more?
             self._done = False
@@ -409,7 +412,7 @@ class ScanCursor:
         finally:
             self._q.__exit__(None, None, None)
 
-    def _stream(self, limit: int | None) -> Iterator[tuple[Any, ...]]:
+    def _stream(self, limit: int | None, offset: int) -> Iterator[tuple[Any, ...]]:
         scan, q = self._scan, self._q
         exprs = [i.expr for i in scan.items]
 
@@ -418,6 +421,7 @@ class ScanCursor:
             return [np.broadcast_to(a, (m.n,)).copy() if a.shape != (m.n,) else a for a in out]
 
         left = math.inf if limit is None else limit
+        skip = offset  # OFFSET's rows are scanned and dropped, never fetched
         for morsels in scan.batches():
             if left <= 0:
                 return
@@ -430,6 +434,9 @@ class ScanCursor:
                     size = len(chunk[0]) if chunk else 0
                     for lo in range(0, size, ROW_SLICE):
                         for row in _rows([a[lo : lo + ROW_SLICE] for a in chunk]):
+                            if skip:
+                                skip -= 1
+                                continue
                             if left <= 0:
                                 return
                             left -= 1
@@ -443,11 +450,12 @@ class ScanCursor:
             _, rows = scan.aggregate()
         else:
             rows = _rows(scan.project())
-            rows = run_select(
-                ast.Select(None, None, None, stmt.order_by, stmt.limit),
-                Relation(scan.names, rows, scan.types),
-                scan.session.eval_context(q.group),
-            ).rows
+        order = () if scan.aggregates else stmt.order_by  # an aggregate is one row
+        rows = run_select(
+            ast.Select(None, None, None, order, stmt.limit, stmt.offset),
+            Relation(scan.names, rows, scan.types),
+            scan.session.eval_context(q.group),
+        ).rows
         yield from rows
 
 
@@ -473,8 +481,8 @@ def _materialize(
 def create_table_as(session: Session, stmt: ast.CreateTableAs) -> Result:
     tables = session.engine.tables
     tables.check_new(stmt.name)
-    if stmt.query.order_by or stmt.query.limit is not None:
-        raise DatatypeMismatch("CREATE TABLE ... AS takes no ORDER BY or LIMIT here")
+    if stmt.query.order_by or stmt.query.limit is not None or stmt.query.offset:
+        raise DatatypeMismatch("CREATE TABLE ... AS takes no ORDER BY, LIMIT or OFFSET here")
     names, arrays = _materialize(session, stmt.query, "ctas", format_sql(stmt))
     if len({n.lower() for n in names}) != len(names):
         raise CatalogError(f"duplicate column names in {list(names)}", sqlstate="42701")

@@ -26,7 +26,7 @@ from resgroups.errors import (
     SqlSyntaxError,
     did_you_mean,
 )
-from resgroups.version import SERVER_VERSION
+from resgroups.version import SERVER_VERSION, SERVER_VERSION_NUM
 
 # Linear: every alternative consumes what it starts, to its end or to the end of
 # the text (an unterminated comment, name or string is one token that runs to
@@ -116,6 +116,18 @@ def _choice(*allowed: str, canonical: str) -> Callable[[str], str]:
     return check
 
 
+def _encoding(value: str) -> str:
+    """An encoding name in any spelling PostgreSQL accepts: it keeps only letters and
+    digits, case-insensitively (asyncpg sends ``'utf-8'``, quotes included)."""
+    cleaned = "".join(c for c in value.lower() if c.isascii() and c.isalnum())
+    if cleaned not in ("utf8", "unicode"):
+        raise FeatureNotSupported(
+            f"client_encoding {value[:64]!r} is not supported: the server speaks UTF8 "
+            "(allowed: UTF8 in any spelling, e.g. utf-8, UNICODE)"
+        )
+    return "UTF8"
+
+
 def _datestyle(value: str) -> str:
     words = {w.strip().lower() for w in value.split(",")}
     if not words <= {"iso", "mdy", "dmy", "ymd", "us", "european", "noneuropean", "postgres"} or (
@@ -164,6 +176,19 @@ def _any(value: str) -> str:
     return value
 
 
+ISOLATION_LEVELS: Final = ("read uncommitted", "read committed", "repeatable read", "serializable")
+
+
+def _isolation(value: str) -> str:
+    level = " ".join(value.lower().replace("_", " ").split())
+    if level not in ISOLATION_LEVELS:
+        raise InvalidSetting(
+            f"invalid value for transaction isolation: {value[:64]!r} "
+            f"(allowed: {', '.join(ISOLATION_LEVELS)})"
+        )
+    return level
+
+
 class InvalidSetting(Error):
     sqlstate = "22023"
 
@@ -176,7 +201,7 @@ SETTINGS: Final[dict[str, Setting]] = {
         Setting(
             "client_encoding",
             "UTF8",
-            _choice("UTF8", "UNICODE", canonical="UTF8"),
+            _encoding,
             True,
             "the client's character set (UTF8 only)",
         ),
@@ -196,6 +221,26 @@ SETTINGS: Final[dict[str, Setting]] = {
         Setting(
             "search_path", '"$user", public', _any, False, "accepted; resgroups has no schemas"
         ),
+        Setting(
+            "transaction_isolation",
+            "read committed",
+            _isolation,
+            False,
+            "accepted and shown; each statement applies at once (no isolation levels)",
+        ),
+        Setting(
+            "default_transaction_isolation",
+            "read committed",
+            _isolation,
+            False,
+            "accepted and shown; each statement applies at once (no isolation levels)",
+        ),
+        Setting("transaction_read_only", "off", None, False, "transactions can write"),
+        Setting("default_transaction_read_only", "off", None, False, "transactions can write"),
+        Setting("server_version_num", SERVER_VERSION_NUM, None, False, "the version as a number"),
+        Setting("lc_collate", "C.UTF-8", None, False, "text sorts by code point"),
+        Setting("lc_ctype", "C.UTF-8", None, False, "character classification"),
+        Setting("max_identifier_length", "63", None, False, "as PostgreSQL"),
         Setting("is_superuser", "off", None, True, "is the session the admin"),
         Setting("session_authorization", "", None, True, "the login name"),
     )
@@ -230,6 +275,15 @@ def apply_setting(values: dict[str, str], name: str, value: str | None) -> None:
 @dataclass(frozen=True)
 class Transaction:
     action: str  # "begin", "commit", "rollback"
+
+
+@dataclass(frozen=True)
+class Savepoint:
+    """``SAVEPOINT name``, ``RELEASE [SAVEPOINT] name``, ``ROLLBACK TO [SAVEPOINT] name``
+    (what psycopg's nested ``transaction()`` sends): tracked like BEGIN."""
+
+    action: str  # "savepoint", "release", "rollback"
+    name: str
 
 
 @dataclass(frozen=True)
@@ -270,6 +324,30 @@ class Deallocate:
 
 
 @dataclass(frozen=True)
+class Prepare:
+    """``PREPARE name [(type, ...)] AS statement``: a prepared statement of the
+    same kind, namespace and limits as the extended protocol's (Parse)."""
+
+    name: str
+    types: tuple[str, ...]  # the parameter types as written ("int", "varchar(20)")
+    query: str  # the text after AS
+    offset: int  # where it starts in the statement
+
+
+@dataclass(frozen=True)
+class Execute:
+    """``EXECUTE name [(value, ...)]``: each value a constant, as its text (None: NULL)."""
+
+    name: str
+    values: tuple[str | None, ...]
+
+
+@dataclass(frozen=True)
+class Unlisten:
+    """``UNLISTEN channel | *``: nothing is ever listened to, so nothing to stop."""
+
+
+@dataclass(frozen=True)
 class CursorExists:
     """``SELECT 1 FROM pg_catalog.pg_cursors WHERE name = '...'``: what psycopg asks
     before closing a cursor whose DECLARE it did not see succeed."""
@@ -286,9 +364,14 @@ WireCommand = (
     | CloseCursor
     | Deallocate
     | CursorExists
+    | Prepare
+    | Execute
+    | Unlisten
+    | Savepoint
 )
 WIRE_COMMANDS: Final = (
     Transaction, SetParameter, ShowParameter, Declare, Fetch, CloseCursor, Deallocate, CursorExists,
+    Prepare, Execute, Unlisten, Savepoint,
 )  # fmt: skip
 _CURSOR_EXISTS: Final = re.compile(
     r"\s*select\s+1\s+from\s+pg_catalog\.pg_cursors\s+where\s+name\s*=\s*'((?:[^']|'')*)'\s*;?\s*",
@@ -312,7 +395,14 @@ _TX_MODE_WORDS: Final = {
 
 _FIRST_WORDS: Final = {
     *_TRANSACTION_WORDS, "set", "show", "reset", "declare", "fetch", "move", "close", "deallocate",
+    "prepare", "execute", "unlisten", "listen", "savepoint", "release",
 }  # fmt: skip
+# SHOW of a setting PostgreSQL spells in several words
+_SHOW_PHRASES: Final = {
+    ("time", "zone"): "timezone",
+    ("transaction", "isolation", "level"): "transaction_isolation",
+    ("session", "authorization"): "session_authorization",
+}
 # single-character \s: ``(?:\s+)*`` would backtrack exponentially over blanks
 _LEAD: Final = re.compile(r"(?:\s|--[^\n]*\n|/\*(?:[^*]|\*(?!/))*\*/)*([A-Za-z_]+)")
 
@@ -336,12 +426,28 @@ def recognize(sql: str) -> WireCommand | None:
         return None
     first = toks[0].text
     words = [t.text for t in toks]
+    if first in ("savepoint", "release") or words[:2] == ["rollback", "to"]:
+        return _savepoint(sql, toks)
     if first in _TRANSACTION_WORDS:
         return _transaction(sql, toks)
     if first == "set" and len(words) > 1 and words[1] not in ("resource",):
         return _set(sql, toks)
     if first == "show" and len(toks) == 2 and words[1] not in _ENGINE_SHOWS:
         return ShowParameter(toks[1].text)
+    if first == "show" and tuple(words[1:]) in _SHOW_PHRASES:
+        return ShowParameter(_SHOW_PHRASES[tuple(words[1:])])
+    if first == "prepare":
+        return _prepare(sql, toks)
+    if first == "execute":
+        return _execute(sql, toks)
+    if first == "unlisten":
+        if len(toks) != 2 or (toks[1].kind not in ("word", "quoted") and toks[1].text != "*"):
+            raise _syntax(sql, toks[-1].at, "UNLISTEN takes one channel name or *")
+        return Unlisten()
+    if first == "listen":
+        raise FeatureNotSupported(
+            "LISTEN is not supported: resgroups sends no notifications (UNLISTEN is accepted)"
+        )
     if first == "reset" and len(toks) == 2 and words[1] not in ("all", "resource"):
         return SetParameter(toks[1].text, None)
     if first == "declare":
@@ -384,6 +490,14 @@ def _transaction(sql: str, toks: list[Token]) -> Transaction:
 
 def _set(sql: str, toks: list[Token]) -> SetParameter:
     rest = toks[1:]
+    words = [t.text for t in rest]
+    for lead, name in (
+        (["transaction"], "transaction_isolation"),
+        (["session", "characteristics", "as", "transaction"], "default_transaction_isolation"),
+    ):
+        n = len(lead)
+        if words[:n] == lead and words[n : n + 2] == ["isolation", "level"] and words[n + 2 :]:
+            return SetParameter(name, " ".join(words[n + 2 :]))
     if rest and rest[0].text in ("session", "local") and len(rest) > 1:
         if rest[0].text == "local":
             raise FeatureNotSupported("SET LOCAL is not supported: use SET (session scope)")
@@ -401,6 +515,74 @@ def _set(sql: str, toks: list[Token]) -> SetParameter:
         return SetParameter(name, None)
     parts = [v.text for v in values if v.text != ","]
     return SetParameter(name, ", ".join(parts))
+
+
+def _savepoint(sql: str, toks: list[Token]) -> Savepoint:
+    rest = toks[2:] if toks[0].text == "rollback" else toks[1:]
+    if toks[0].text != "savepoint" and rest and rest[0].text == "savepoint":
+        rest = rest[1:]
+    if len(rest) != 1 or rest[0].kind not in ("word", "quoted"):
+        at = rest[-1].at if rest else toks[-1].at
+        raise _syntax(sql, at, f"{toks[0].text.upper()} takes one savepoint name")
+    return Savepoint(toks[0].text, rest[0].text)
+
+
+def _prepare(sql: str, toks: list[Token]) -> Prepare:
+    if len(toks) < 2 or toks[1].kind not in ("word", "quoted"):
+        raise _syntax(sql, toks[-1].at, "PREPARE needs a statement name")
+    i, depth = 2, 0
+    types: list[str] = []
+    written: list[str] = []
+    if i < len(toks) and toks[i].text == "(":
+        i += 1
+        while i < len(toks) and (depth or toks[i].text != ")"):
+            text = toks[i].text
+            depth += (text == "(") - (text == ")")
+            if text == "," and not depth:
+                types.append(" ".join(written).replace(" (", "(").replace("( ", "("))
+                written = []
+            else:
+                written.append(text)
+            i += 1
+        if i == len(toks) or not written:
+            at = toks[min(i, len(toks) - 1)].at
+            raise _syntax(sql, at, "PREPARE name (type, ...): a type is missing")
+        types.append(" ".join(written).replace(" (", "(").replace("( ", "("))
+        i += 1
+    if i >= len(toks) - 1 or toks[i].text != "as":
+        at = toks[min(i, len(toks) - 1)].at
+        raise _syntax(sql, at, "expected PREPARE name [(type, ...)] AS statement")
+    offset = toks[i + 1].at
+    return Prepare(toks[1].text, tuple(types), sql[offset:], offset)
+
+
+def _execute(sql: str, toks: list[Token]) -> Execute:
+    if len(toks) < 2 or toks[1].kind not in ("word", "quoted"):
+        raise _syntax(sql, toks[-1].at, "EXECUTE needs a prepared statement's name")
+    rest = toks[2:]
+    if not rest:
+        return Execute(toks[1].text, ())
+    if rest[0].text != "(" or rest[-1].text != ")":
+        raise _syntax(sql, rest[0].at, "expected EXECUTE name [(value, ...)]")
+    values: list[str | None] = []
+    items = rest[1:-1]
+    for n, tok in enumerate(items):
+        if n % 2 == 1:
+            if tok.text != ",":
+                raise _syntax(sql, tok.at, "EXECUTE's values are constants separated by commas")
+            continue
+        if tok.kind in ("number", "string"):
+            values.append(tok.text)
+        elif tok.kind == "word" and tok.text in ("true", "false", "null"):
+            values.append(None if tok.text == "null" else tok.text)
+        else:
+            raise FeatureNotSupported(
+                f"EXECUTE's values must be constants (numbers, strings, TRUE, FALSE, NULL), "
+                f"not {tok.text[:40]!r}"
+            )
+    if items and len(items) % 2 == 0:
+        raise _syntax(sql, items[-1].at, "EXECUTE: a value is missing after ','")
+    return Execute(toks[1].text, tuple(values))
 
 
 def _declare(sql: str, toks: list[Token]) -> Declare:

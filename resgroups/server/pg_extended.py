@@ -14,8 +14,7 @@ group's and the process's memory limits (53200) like a query would.
 from __future__ import annotations
 
 from resgroups.errors import Error, FeatureNotSupported, ProgramLimitExceeded, SqlSyntaxError
-from resgroups.server import commands as wc
-from resgroups.server import types, wire
+from resgroups.server import commands, types, wire
 from resgroups.server.pg_simple import check_length, no_cursor
 from resgroups.server.pg_state import (
     MAX_PARAMETER_BYTES,
@@ -35,7 +34,7 @@ from resgroups.server.pg_state import (
 from resgroups.server.wire import Body, ProtocolViolation
 from resgroups.sql import ast
 from resgroups.sql.params import bind, placeholders
-from resgroups.sql.parser import interruptible
+from resgroups.sql.parser import interruptible, parse_one, placeholders_allowed
 from resgroups.sql.split import split_statements
 
 
@@ -49,6 +48,11 @@ class Extended(ConnectionBase):
     def parse_message(self, body: Body) -> None:
         name, text = body.cstring(), body.cstring()
         oids = [body.int32() for _ in range(body.uint16())]
+        self.prepare(name, text, oids)
+        self.send(wire.PARSE_COMPLETE)
+
+    def prepare(self, name: str, text: str, oids: list[int]) -> None:
+        """A prepared statement ``name`` (Parse, or PREPARE), capped and charged."""
         check_length(text)
         if name and name in self.statements:
             raise DuplicateObject(f'prepared statement "{name}" already exists')
@@ -71,7 +75,6 @@ class Extended(ConnectionBase):
         self.drop_statement(name)  # the unnamed statement is replaced
         prepared.charged = self.statement_memory.charge(_statement_bytes(text, oids))
         self.statements[name] = prepared
-        self.send(wire.PARSE_COMPLETE)
 
     def drop_statement(self, name: str) -> bool:
         prepared = self.statements.pop(name, None)
@@ -95,7 +98,7 @@ class Extended(ConnectionBase):
         result_formats = [body.int16() for _ in range(body.uint16())]
         prepared = self.statements.get(statement_name)
         if prepared is None:
-            raise wc.UndefinedObject(
+            raise commands.UndefinedObject(
                 f'prepared statement "{statement_name}" does not exist', sqlstate="26000"
             )
         if portal_name and portal_name in self.portals:
@@ -108,22 +111,19 @@ class Extended(ConnectionBase):
                 "characters)"
             )
         formats = formats_for(param_formats, len(raw), "parameter")
-        oids = prepared.oids + [0] * (len(raw) - len(prepared.oids))
+        oids = self.parameter_oids(prepared, len(raw))
         values = [
             types.decode_parameter(data, oid, fmt, i + 1)
             for i, (data, oid, fmt) in enumerate(zip(raw, oids, formats, strict=False))
         ]
-        if prepared.planned:
-            if values:
-                raise MessageError(
-                    f"bind message supplies {len(values)} parameters, "
-                    "but the prepared statement requires 0"
-                )
-            plan = prepared.plan
-        else:
-            bound, original = bind(prepared.text, values)
-            check_length(bound)
-            plan = self.plan(bound, 0, original)
+        if prepared.planned and values:
+            raise MessageError(
+                f"bind message supplies {len(values)} parameters, "
+                "but the prepared statement requires 0"
+            )
+        plan = self.bound_plan(prepared, values)
+        if isinstance(plan, commands.Execute):  # EXECUTE of a PREPAREd statement: that statement
+            plan = self.execute_plan(plan)
         self.add_portal(portal_name, Portal(plan, result_formats))
         self.send(wire.BIND_COMPLETE)
 
@@ -132,12 +132,11 @@ class Extended(ConnectionBase):
         if what == b"S":
             prepared = self.statements.get(name)
             if prepared is None:
-                raise wc.UndefinedObject(
+                raise commands.UndefinedObject(
                     f'prepared statement "{name}" does not exist', sqlstate="26000"
                 )
             count = max(placeholders(prepared.text), len(prepared.oids))
-            oids = prepared.oids + [types.TEXT] * (count - len(prepared.oids))
-            self.send(wire.parameter_description([o or types.TEXT for o in oids]))
+            self.send(wire.parameter_description(self.parameter_oids(prepared, count)))
             plan = prepared.plan if prepared.planned else self._typed_plan(prepared.text, count)
             self._describe_plan(Portal(plan), [])
         elif what == b"P":
@@ -147,6 +146,69 @@ class Extended(ConnectionBase):
             self._describe_plan(portal, portal.formats)
         else:
             raise ProtocolViolation(f"invalid DESCRIBE message subtype {what!r}")
+
+    def bound_plan(self, prepared: Prepared, values: list[object]) -> Plan:
+        """What ``prepared`` is with ``values`` bound to its placeholders."""
+        if prepared.planned:
+            return prepared.plan
+        bound, original = bind(prepared.text, values)
+        check_length(bound)
+        return self.plan(bound, 0, original)
+
+    def execute_plan(self, command: commands.Execute) -> Plan:
+        """``EXECUTE name (values)``: the prepared statement with its values, each read
+        as its parameter's type reads text (``EXECUTE p('42')`` binds 42 to an int)."""
+        prepared = self.statements.get(command.name)
+        if prepared is None:
+            raise commands.UndefinedObject(
+                f'prepared statement "{command.name}" does not exist', sqlstate="26000"
+            )
+        count = max(placeholders(prepared.text), len(prepared.oids))
+        if len(command.values) != count:
+            raise SqlSyntaxError(
+                f'wrong number of parameters for prepared statement "{command.name}": '
+                f"expected {count}, got {len(command.values)}",
+                line=1,
+                column=1,
+            )
+        oids = self.parameter_oids(prepared, count)
+        values = [
+            types.decode_parameter(None if v is None else v.encode(), oid, types.TEXT_FORMAT, n)
+            for n, (v, oid) in enumerate(zip(command.values, oids, strict=True), 1)
+        ]
+        plan = self.bound_plan(prepared, values)
+        if isinstance(plan, commands.Execute):
+            raise FeatureNotSupported("a prepared statement cannot be an EXECUTE")
+        return plan
+
+    def parameter_oids(self, prepared: Prepared, count: int) -> list[int]:
+        """The type of each of ``count`` parameters: as the client gave it, else as
+        its context in the statement wants it (``long_sequence($1)``: int8), else
+        text. Inferred once per prepared statement; a statement that cannot be
+        parsed with its placeholders (a syntax error, reported at Bind) has them
+        all text."""
+        if prepared.parameter_oids is None or len(prepared.parameter_oids) < count:
+            given = prepared.oids + [0] * (count - len(prepared.oids))
+            inferred: dict[int, str] = {}
+            if any(oid in (0, types.UNKNOWN) for oid in given):
+                inferred = self._inferred_types(prepared.text)
+            prepared.parameter_oids = [
+                oid if oid not in (0, types.UNKNOWN) else types.oid_of(inferred.get(n, "text"))[0]
+                for n, oid in enumerate(given, 1)
+            ]
+        return prepared.parameter_oids[:count]
+
+    def _inferred_types(self, text: str) -> dict[int, str]:
+        assert self.session is not None
+        if commands.recognize(text) is not None:
+            return {}
+        try:
+            with interruptible(self.check_interrupt), placeholders_allowed() as literal_types:
+                stmt = parse_one(text)
+            return {**self.session.describe_parameters(stmt), **literal_types}
+        except Error:
+            self.check_interrupt()  # a cancel during the parse is not a typing failure
+            return {}
 
     def _typed_plan(self, text: str, count: int) -> Plan:
         """A statement with placeholders planned for Describe before any value is
@@ -177,9 +239,9 @@ class Extended(ConnectionBase):
         elif isinstance(plan, ast.Show):  # read-only: its rows are computed now
             portal.cursor = self.session.open_cursor(plan)
             shape = (portal.cursor.columns, portal.cursor.types)
-        elif isinstance(plan, wc.ShowParameter):
+        elif isinstance(plan, commands.ShowParameter):
             shape = self.command(plan).columns, ["text"] * (3 if plan.name == "all" else 1)
-        elif isinstance(plan, wc.Fetch) and not plan.move:
+        elif isinstance(plan, commands.Fetch) and not plan.move:
             target = self.portals.get(plan.name)
             if target is None or target.cursor is None:
                 raise no_cursor(plan.name)

@@ -110,7 +110,8 @@ class Framing(ConnectionBase):
                 if self.gone:
                     return
                 self.writer.write(out)
-                await asyncio.wait_for(self.writer.drain(), self.backend.write_timeout)
+                if self.writer.transport.get_write_buffer_size():  # else: all written now
+                    await asyncio.wait_for(self.writer.drain(), self.backend.write_timeout)
                 if self.gone_after_reply:
                     return
             end = batch[-1]

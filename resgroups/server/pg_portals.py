@@ -16,8 +16,7 @@ from typing import Any
 
 from resgroups.errors import Error, SqlSyntaxError
 from resgroups.result import Result
-from resgroups.server import commands as wc
-from resgroups.server import types, wire
+from resgroups.server import commands, types, wire
 from resgroups.server.pg_simple import no_cursor
 from resgroups.server.pg_state import (
     MAX_PORTALS,
@@ -96,7 +95,7 @@ class Portals(ConnectionBase):
             portal.close()
             raise
 
-    def declare(self, plan: wc.Declare) -> Result:
+    def declare(self, plan: commands.Declare) -> Result:
         assert self.session is not None
         if not plan.hold and self.tx is not TxStatus.BLOCK:
             raise NoActiveTransaction("DECLARE CURSOR can only be used in transaction blocks")
@@ -113,7 +112,7 @@ class Portals(ConnectionBase):
         self.add_portal(plan.name, Portal(stmt, cursor=cursor, hold=plan.hold, binary=plan.binary))
         return Result.command("DECLARE CURSOR")
 
-    def fetch(self, plan: wc.Fetch, codes: list[int], describe: bool) -> None:
+    def fetch(self, plan: commands.Fetch, codes: list[int], describe: bool) -> None:
         portal = self.portals.get(plan.name)
         if portal is None or portal.cursor is None:
             raise no_cursor(plan.name)

@@ -18,23 +18,27 @@ from typing import Any
 
 from resgroups.errors import Error, InternalError, ProgramLimitExceeded, SqlSyntaxError
 from resgroups.result import Result
-from resgroups.server import commands as wc
-from resgroups.server import types, wire
+from resgroups.server import commands, types, wire
 from resgroups.server.pg_framing import internal
 from resgroups.server.pg_state import (
+    MAX_SAVEPOINTS,
     MAX_STATEMENT,
     PLAN_CACHE,
     PLAN_CACHE_TEXT,
     ConnectionBase,
     InFailedTransaction,
+    NoActiveTransaction,
+    NoSuchSavepoint,
     Plan,
     Portal,
     TxStatus,
     formats_for,
+    too_many,
 )
 from resgroups.server.wire import Body
 from resgroups.sql import ast
 from resgroups.sql.parser import interruptible, parse_one
+from resgroups.sql.semantics import cast_target
 from resgroups.sql.split import split_statements
 
 log = logging.getLogger("resgroups.server.pgwire")
@@ -90,7 +94,7 @@ class SimpleQuery(ConnectionBase):
 
     def parse_text(self, text: str, offset: int, mapping: Callable[[int], int] | None) -> Plan:
         try:
-            command = wc.recognize(text)
+            command = commands.recognize(text)
             if command is not None:
                 return command
             if not text.strip(" \t\r\n;"):
@@ -109,15 +113,20 @@ class SimpleQuery(ConnectionBase):
             self.send(wire.EMPTY_QUERY)
             return
         if self.tx is TxStatus.FAILED and not (
-            isinstance(plan, wc.Transaction) and plan.action in ("commit", "rollback")
+            isinstance(plan, commands.Transaction | commands.Savepoint)
+            and plan.action in ("commit", "rollback")
         ):
             raise InFailedTransaction(
                 "current transaction is aborted, commands ignored until end of transaction block"
             )
-        if isinstance(plan, wc.Fetch):
+        if isinstance(plan, commands.Fetch):
             self.fetch(plan, portal.formats, describe)
             return
-        if isinstance(plan, wc.WIRE_COMMANDS):
+        if isinstance(plan, commands.Execute):  # the prepared statement runs in this portal
+            plan = portal.plan = self.execute_plan(plan)
+            self.run(plan, portal, max_rows, describe=describe)
+            return
+        if isinstance(plan, commands.WIRE_COMMANDS):
             result = self.command(plan)
         else:
             if portal.cursor is None and max_rows and isinstance(plan, ast.Select):
@@ -154,58 +163,91 @@ class SimpleQuery(ConnectionBase):
 
     # ---- connection statements ------------------------------------------------------------
 
-    def command(self, plan: wc.WireCommand) -> Result:
+    def command(self, plan: commands.WireCommand) -> Result:
         match plan:
-            case wc.Transaction(action="begin"):
+            case commands.Transaction(action="begin"):
                 if self.tx is not TxStatus.IDLE:
                     return _with_notice("BEGIN", "there is already a transaction in progress")
                 self.tx = TxStatus.BLOCK
                 return Result.command("BEGIN")
-            case wc.Transaction(action=action):
+            case commands.Transaction(action=action):
                 failed = action == "rollback" or self.tx is TxStatus.FAILED
                 tag = "ROLLBACK" if failed else "COMMIT"
                 was = self.tx
                 self.tx = TxStatus.IDLE
+                self.savepoints.clear()
                 self.close_portals(False)
                 if was is TxStatus.IDLE:
                     return _with_notice(tag, "there is no transaction in progress")
                 return Result.command(tag)
-            case wc.SetParameter(name=name, value=value):
+            case commands.SetParameter(name=name, value=value):
                 before = self.reported()
-                wc.apply_setting(self.settings, name, value)
+                commands.apply_setting(self.settings, name, value)
                 self.report_changes(before)
                 return Result.command("RESET" if value is None else "SET")
-            case wc.ShowParameter(name="all"):
-                rows = [(s.name, self.setting(s.name), s.description) for s in wc.SETTINGS.values()]
+            case commands.ShowParameter(name="all"):
+                rows = [
+                    (s.name, self.setting(s.name), s.description)
+                    for s in commands.SETTINGS.values()
+                ]
                 return Result.table(["name", "setting", "description"], rows, ["text"] * 3)
-            case wc.ShowParameter(name=name):
-                setting = wc.find_setting(name)
-                return Result.table([name.lower()], [(self.setting(setting.name),)], ["text"])
-            case wc.Declare():
+            case commands.ShowParameter(name=name):
+                setting = commands.find_setting(name)
+                return Result.table([setting.name], [(self.setting(setting.name),)], ["text"])
+            case commands.Prepare(name=name, types=written, query=query):
+                oids = [types.oid_of(_parameter_type(t))[0] for t in written]
+                self.prepare(name, query, oids)
+                return Result.command("PREPARE")
+            case commands.Unlisten():
+                return Result.command("UNLISTEN")
+            case commands.Savepoint():
+                return self.savepoint(plan)
+            case commands.Declare():
                 return self.declare(plan)
-            case wc.CloseCursor(name=None):
+            case commands.CloseCursor(name=None):
                 self.close_portals(True)
                 return Result.command("CLOSE CURSOR ALL")
-            case wc.CloseCursor(name=str() as name):
+            case commands.CloseCursor(name=str() as name):
                 portal = self.portals.pop(name, None)
                 if portal is None:
                     raise no_cursor(name)
                 portal.close()
                 return Result.command("CLOSE CURSOR")
-            case wc.CursorExists(name=name):
+            case commands.CursorExists(name=name):
                 return Result.table(["?column?"], [(1,)] * (name in self.portals), ["int"])
-            case wc.Deallocate(name=None):
+            case commands.Deallocate(name=None):
                 self.drop_statements()
                 return Result.command("DEALLOCATE ALL")
-            case wc.Deallocate(name=str() as name):
+            case commands.Deallocate(name=str() as name):
                 if not self.drop_statement(name):
-                    raise wc.UndefinedObject(
+                    raise commands.UndefinedObject(
                         f'prepared statement "{name}" does not exist', sqlstate="26000"
                     )
                 return Result.command("DEALLOCATE")
         raise InternalError(f"unknown connection statement {type(plan).__name__}")
 
-    def report_changes(self, before: dict[wc.Setting, str]) -> None:
+    def savepoint(self, plan: commands.Savepoint) -> Result:
+        """SAVEPOINT, RELEASE, ROLLBACK TO: names in the transaction block. Statements
+        apply at once, so ROLLBACK TO undoes nothing but the block's failed state."""
+        if self.tx is TxStatus.IDLE:
+            word = "ROLLBACK TO SAVEPOINT" if plan.action == "rollback" else plan.action.upper()
+            raise NoActiveTransaction(f"{word} can only be used in transaction blocks")
+        if plan.action == "savepoint":
+            if len(self.savepoints) >= MAX_SAVEPOINTS:
+                raise too_many("savepoints in this transaction block", MAX_SAVEPOINTS)
+            self.savepoints.append(plan.name)
+            return Result.command("SAVEPOINT")
+        if plan.name not in self.savepoints:
+            raise NoSuchSavepoint(f'savepoint "{plan.name}" does not exist')
+        at = len(self.savepoints) - 1 - self.savepoints[::-1].index(plan.name)
+        if plan.action == "release":
+            del self.savepoints[at:]
+            return Result.command("RELEASE")
+        del self.savepoints[at + 1 :]
+        self.tx = TxStatus.BLOCK
+        return Result.command("ROLLBACK")
+
+    def report_changes(self, before: dict[commands.Setting, str]) -> None:
         for setting, value in self.reported().items():
             if before.get(setting) != value:
                 self.send(wire.parameter_status(setting.name, value))
@@ -237,8 +279,14 @@ class SimpleQuery(ConnectionBase):
             self.send(wire.data_row(values))
 
 
+def _parameter_type(written: str) -> str:
+    """A PREPARE parameter's type (``int``, ``varchar(20)``, ``double precision``)."""
+    words, _, modifiers = written.partition("(")
+    return cast_target(words.strip(), [m.strip() for m in modifiers.rstrip(")").split(",") if m])[0]
+
+
 def no_cursor(name: str) -> Error:
-    return wc.UndefinedObject(f'cursor "{name}" does not exist', sqlstate="34000")
+    return commands.UndefinedObject(f'cursor "{name}" does not exist', sqlstate="34000")
 
 
 def _with_notice(tag: str, notice: str) -> Result:

@@ -18,8 +18,7 @@ from typing import Any
 
 from resgroups.auth import md5_response, scram_keys
 from resgroups.errors import AuthenticationFailed, EngineClosed, Error, FeatureNotSupported
-from resgroups.server import commands as wc
-from resgroups.server import wire
+from resgroups.server import commands, wire
 from resgroups.server.pg_state import ConnectionBase, StatementMemory, TxStatus
 from resgroups.server.scram import MECHANISM, ScramFailed, ScramServer
 from resgroups.server.wire import Body, ProtocolViolation
@@ -60,8 +59,8 @@ class StartupPhase(ConnectionBase):
             raise AuthenticationFailed("no user name specified in the startup packet")
         settings: dict[str, str] = {}
         for name, value in params.items():  # checked before any password is asked
-            if name.lower() in wc.SETTINGS:
-                wc.apply_setting(settings, name, value)
+            if name.lower() in commands.SETTINGS:
+                commands.apply_setting(settings, name, value)
         identity = await self._throttled_authenticate(user)
         if self.backend.closing or self.engine.closed:
             raise EngineClosed("the server is shutting down")
@@ -174,8 +173,8 @@ class StartupPhase(ConnectionBase):
         self.writer.write(wire.auth_sasl_final(final.encode()))
         return identity
 
-    def reported(self) -> dict[wc.Setting, str]:
-        return {s: self.setting(s.name) for s in wc.SETTINGS.values() if s.report}
+    def reported(self) -> dict[commands.Setting, str]:
+        return {s: self.setting(s.name) for s in commands.SETTINGS.values() if s.report}
 
     def setting(self, name: str) -> str:
         key = name.lower()
@@ -183,4 +182,4 @@ class StartupPhase(ConnectionBase):
             return "on" if self.session is not None and self.session.identity.is_admin else "off"
         if key == "session_authorization":
             return self.session.user if self.session is not None else ""
-        return self.settings.get(key, wc.SETTINGS[key].default)
+        return self.settings.get(key, commands.SETTINGS[key].default)

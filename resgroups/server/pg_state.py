@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 from resgroups.errors import Error, MemoryLimitExceeded, ProgramLimitExceeded
 from resgroups.result import Cursor, Result
 from resgroups.sched.memory import QueryMemory
-from resgroups.server import commands as wc
-from resgroups.server import types
+from resgroups.server import commands, types
 from resgroups.session import Session
 from resgroups.sql import ast
 from resgroups.sql.parser import MAX_SCRIPT_CHARS
@@ -48,6 +47,7 @@ MAX_STATEMENT: Final = MAX_SCRIPT_CHARS  # characters of one Query or Parse text
 MAX_PARAMETER_BYTES: Final = 4 * MAX_STATEMENT  # a Bind's values (UTF-8: up to 4 bytes a char)
 MAX_PREPARED: Final = 1000  # named prepared statements per connection
 MAX_PORTALS: Final = 1000  # open portals and cursors per connection
+MAX_SAVEPOINTS: Final = 1000  # savepoints of one transaction block
 PREPARED_OVERHEAD: Final = 512  # bytes charged per prepared statement beyond its text
 
 
@@ -61,6 +61,10 @@ class TxStatus(enum.Enum):
 
 class InFailedTransaction(Error):
     sqlstate = "25P02"
+
+
+class NoSuchSavepoint(Error):
+    sqlstate = "3B001"
 
 
 class NoActiveTransaction(Error):
@@ -93,7 +97,7 @@ def too_many(what: str, limit: int) -> ProgramLimitExceeded:
 
 # ---- statements and portals ----------------------------------------------------------
 
-Plan = ast.Statement | wc.WireCommand | None  # None: an empty query
+Plan = ast.Statement | commands.WireCommand | None  # None: an empty query
 
 
 @dataclass
@@ -104,6 +108,9 @@ class Prepared:
     oids: list[int]
     plan: Plan = None  # parsed at Parse when it has no placeholders
     planned: bool = False
+    # each parameter's type: as the client gave it, else inferred from its context
+    # (sql/param_types.py) at the first Describe or Bind that needs it
+    parameter_oids: list[int] | None = None
     charged: int = 0  # bytes charged to the session's memory budget
 
 
@@ -205,6 +212,7 @@ class ConnectionBase:
     session: Session | None
     settings: dict[str, str]
     tx: TxStatus
+    savepoints: list[str]  # of the transaction block, oldest first
     statements: dict[str, Prepared]
     portals: dict[str, Portal]
     statement_memory: StatementMemory | None
@@ -213,7 +221,7 @@ class ConnectionBase:
     gone: bool  # the client is gone, or the connection is being ended
     interrupted: bool  # a cancel arrived while no query ran (a long parse)
     streaming: Any  # the query whose rows are being sent (its deadline bounds the wait)
-    _plans: OrderedDict[str, ast.Statement | wc.WireCommand]
+    _plans: OrderedDict[str, ast.Statement | commands.WireCommand]
 
     # framing
     def send(self, data: bytes) -> None:
@@ -232,7 +240,7 @@ class ConnectionBase:
     def setting(self, name: str) -> str:
         raise NotImplementedError
 
-    def reported(self) -> dict[wc.Setting, str]:
+    def reported(self) -> dict[commands.Setting, str]:
         raise NotImplementedError
 
     # simple query and connection statements
@@ -245,10 +253,10 @@ class ConnectionBase:
     def run(self, plan: Plan, portal: Portal, max_rows: int | None, *, describe: bool) -> None:
         raise NotImplementedError
 
-    def command(self, plan: wc.WireCommand) -> Result:
+    def command(self, plan: commands.WireCommand) -> Result:
         raise NotImplementedError
 
-    def report_changes(self, before: dict[wc.Setting, str]) -> None:
+    def report_changes(self, before: dict[commands.Setting, str]) -> None:
         raise NotImplementedError
 
     # portals and cursors
@@ -264,13 +272,20 @@ class ConnectionBase:
     def drop_statement(self, name: str) -> bool:
         raise NotImplementedError
 
+    # the extended protocol (PREPARE and EXECUTE share its prepared statements)
+    def prepare(self, name: str, text: str, oids: list[int]) -> None:
+        raise NotImplementedError
+
+    def execute_plan(self, command: commands.Execute) -> Plan:
+        raise NotImplementedError
+
     def row_description(self, columns: Any, kinds: Any, formats: list[int]) -> bytes:
         raise NotImplementedError
 
-    def fetch(self, plan: wc.Fetch, codes: list[int], describe: bool) -> None:
+    def fetch(self, plan: commands.Fetch, codes: list[int], describe: bool) -> None:
         raise NotImplementedError
 
-    def declare(self, plan: wc.Declare) -> Result:
+    def declare(self, plan: commands.Declare) -> Result:
         raise NotImplementedError
 
     def stream(self, stmt: ast.Select, portal: Portal, describe: bool) -> None:

@@ -220,6 +220,7 @@ class Connection(StartupPhase, Framing, SimpleQuery, Portals, Extended):
         self.session = None
         self.settings = {}
         self.tx = TxStatus.IDLE
+        self.savepoints = []
         self.statements = {}
         self.portals = {}
         self.statement_memory = None

@@ -106,7 +106,19 @@ class Window:
     order_by: tuple[OrderItem, ...] = ()
 
 
-Expr = Literal | Column | Unary | Binary | IsNull | InList | Call | Cast | Case | Subquery | Window
+@dataclass(frozen=True)
+class Param:
+    """``$n``: a placeholder, parsed only to infer the types of a prepared
+    statement's parameters (:mod:`resgroups.sql.param_types`); statements run
+    with their values bound (:mod:`resgroups.sql.params`)."""
+
+    number: int
+
+
+Expr = (
+    Literal | Column | Unary | Binary | IsNull | InList | Call | Cast | Case | Subquery | Window
+    | Param
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------

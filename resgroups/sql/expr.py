@@ -23,6 +23,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 from resgroups.errors import (
@@ -81,6 +82,8 @@ class EvalContext:
     current_group: str | None = None
     user: str | None = None  # the session's principal (current_user, session_user)
     database: str = "resgroups"  # what a wire client named at startup (current_database)
+    # now() and current_timestamp: when the statement started (None: when asked)
+    statement_start: datetime | None = None
     catalog: Catalog | None = None  # answers the catalog's functions (None: none here)
     # compiles a subquery against the scope around it (None: no subqueries here)
     subquery: Callable[[ast.Subquery, Scope, EvalContext], Evaluator] | None = None
@@ -316,6 +319,7 @@ CATALOG_FUNCTIONS: Final[dict[str, Any]] = {
     "regtype_name": None,
     "regclass_name": None,
     "regnamespace_name": None,
+    "to_regtype": None,
 }
 CONTEXT_FUNCTIONS: Final[dict[str, Callable[[EvalContext], Any]]] = {
     "current_resource_group": lambda ctx: ctx.current_group,
@@ -324,6 +328,10 @@ CONTEXT_FUNCTIONS: Final[dict[str, Callable[[EvalContext], Any]]] = {
     "session_user": lambda ctx: ctx.user,
     "current_schema": lambda ctx: "public",  # the one schema of the executor's tables
     "current_database": lambda ctx: ctx.database,
+    "now": lambda ctx: ctx.statement_start or datetime.now(UTC),
+    # there are no advisory locks to hold: asyncpg's pool releases them all (void)
+    "pg_advisory_unlock_all": lambda ctx: "",
+    "current_timestamp": lambda ctx: ctx.statement_start or datetime.now(UTC),
 }
 
 

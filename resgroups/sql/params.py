@@ -38,7 +38,7 @@ class UndefinedParameter(Error):
     sqlstate = "42P02"
 
 
-def _number(digits: str) -> int:
+def placeholder_number(digits: str) -> int:
     """The n of ``$n``; ProgramLimitExceeded (54000) past MAX_PARAMETERS, read
     from at most 6 digits, so ``$2147483648`` builds nothing of its size."""
     stripped = digits.lstrip("0") or "0"
@@ -55,7 +55,7 @@ def placeholders(sql: str) -> int:
     highest = 0
     for m in _SCAN.finditer(sql):
         if m.group(1):
-            highest = max(highest, _number(m.group(1)))
+            highest = max(highest, placeholder_number(m.group(1)))
     return highest
 
 
@@ -67,6 +67,8 @@ def literal(value: object) -> str:
         case bool():
             return "TRUE" if value else "FALSE"
         case int():
+            if value == -(2**63):  # its negation does not fit: "(-9223372036854775808)::int"
+                return f"({value})"  # must negate the literal before the cast
             return str(value) if value >= 0 else f" {value}"  # "x-$1" must not become "x--1"
         case float():
             if not math.isfinite(value):
@@ -102,7 +104,7 @@ def bind(sql: str, values: Sequence[object]) -> tuple[str, Callable[[int], int]]
         number = match.group(1)
         if number is None:
             continue
-        n = _number(number)
+        n = placeholder_number(number)
         if not 1 <= n <= len(values):
             raise UndefinedParameter(
                 f"there is no parameter ${n} (the statement was bound with {len(values)} "

@@ -41,6 +41,7 @@ from resgroups.errors import (
     did_you_mean,
 )
 from resgroups.sql import ast
+from resgroups.sql.params import UndefinedParameter, placeholder_number
 from resgroups.sql.semantics import ARRAY, cast_target
 
 MAX_SELECT_ITEMS: Final = 1664  # as PostgreSQL (and a RowDescription's int16 count)
@@ -53,6 +54,7 @@ __all__ = [
     "keywords",
     "parse_one",
     "parse_script",
+    "placeholders_allowed",
 ]
 
 # The front end's limits (docs/sql.md): every statement is answered in bounded
@@ -116,6 +118,49 @@ class _PositionedLimit(_PositionedError):
     """A limit of MAX_* exceeded: ProgramLimitExceeded, with its position."""
 
 
+class _PositionedParameter(_PositionedError):
+    """``$n`` where no value is bound: UndefinedParameter (42P02), with its position."""
+
+
+class _Placeholders(threading.local):
+    allowed: bool = False
+    # the types of placeholders where the grammar takes only a literal (LIMIT $1,
+    # an integer option's value), known from the position alone
+    literal_types: dict[int, str] | None = None
+
+
+_placeholders: Final = _Placeholders()
+
+# resource group options whose value is an integer (the others take text too:
+# sizes, durations, percentages, names)
+_INTEGER_OPTIONS: Final = frozenset({"cpu_weight", "max_active_queries", "max_queued_queries"})
+
+
+@contextmanager
+def placeholders_allowed() -> Iterator[dict[int, str]]:
+    """Parses on this thread keep ``$n`` as :class:`~resgroups.sql.ast.Param`
+    (to infer the types of a prepared statement's parameters) instead of
+    refusing it: a statement runs only with its values bound. Yields the types
+    of the placeholders found where only a literal stands (``LIMIT $1``: int),
+    filled as the block parses; such a placeholder parses as a stand-in value."""
+    before = _placeholders.allowed, _placeholders.literal_types
+    found: dict[int, str] = {}
+    _placeholders.allowed, _placeholders.literal_types = True, found
+    try:
+        yield found
+    finally:
+        _placeholders.allowed, _placeholders.literal_types = before
+
+
+def _literal_placeholder(tok: Token, type_name: str | None) -> None:
+    """``$n`` where the grammar takes a literal: recorded with its type, or 42P02."""
+    if not _placeholders.allowed:
+        raise _PositionedParameter(f"there is no parameter {tok}", tok)
+    found = _placeholders.literal_types
+    if found is not None and type_name is not None:
+        found.setdefault(placeholder_number(tok[1:]), type_name)
+
+
 def _unquote(text: str, quote: str) -> str:
     return text[1:-1].replace(quote * 2, quote)
 
@@ -169,7 +214,18 @@ class _ToAst(Transformer[Token, Any]):
     def word_value(self, tok: Token) -> RawValue:
         return RawValue("word", str(tok))
 
+    def parameter_value(self, tok: Token) -> RawValue:
+        _literal_placeholder(tok, None)  # typed by the option it sets (param below)
+        return RawValue("parameter", str(tok))
+
     def param(self, name: Token, raw: RawValue) -> tuple[str, ast.ParamValue]:
+        if raw.kind == "parameter":  # only while placeholders are allowed
+            option = lookup(str(name))
+            found = _placeholders.literal_types
+            if found is not None:
+                kind = "int" if option.name in _INTEGER_OPTIONS else "text"
+                found.setdefault(placeholder_number(raw.text[1:]), kind)
+            return option.name, option.default
         return parse_param(str(name), raw)
 
     def with_params(self, *params: tuple[str, ast.ParamValue]) -> tuple[Any, ...]:
@@ -669,12 +725,18 @@ class _ToAst(Transformer[Token, Any]):
         return True
 
     def limit_clause(self, tok: Token) -> int:
+        if tok.type == "PARAM":
+            _literal_placeholder(tok, "int")
+            return 0
         _check_literal(tok)
         if not tok.isdigit():
             raise _PositionedError(f"LIMIT takes a non-negative integer, not {tok}", tok)
         return int(tok)
 
     def offset_clause(self, tok: Token) -> int:
+        if tok.type == "PARAM":
+            _literal_placeholder(tok, "int")
+            return 0
         _check_literal(tok)
         if not tok.isdigit():
             raise _PositionedError(f"OFFSET takes a non-negative integer, not {tok}", tok)
@@ -700,6 +762,11 @@ class _ToAst(Transformer[Token, Any]):
 
     def null(self) -> ast.Literal:
         return ast.Literal(None)
+
+    def parameter(self, tok: Token) -> ast.Param:
+        if not _placeholders.allowed:
+            raise _PositionedParameter(f"there is no parameter {tok}", tok)
+        return ast.Param(placeholder_number(tok[1:]))
 
     def true(self) -> ast.Literal:
         return ast.Literal(True)
@@ -818,6 +885,9 @@ class _ToAst(Transformer[Token, Any]):
                 f'"{schema.text}" (functions are unqualified, or in pg_catalog)'
             )
         return self.call(name, *args)
+
+    def current_timestamp(self) -> ast.Call:
+        return ast.Call("current_timestamp")
 
     def current_user(self) -> ast.Call:
         return ast.Call("current_user")
@@ -1074,6 +1144,8 @@ def parse_script(text: str) -> list[ast.Statement]:
         error = _syntax_error(redact_passwords(text), exc.message, pos, [])
         if isinstance(exc, _PositionedLimit):
             raise ProgramLimitExceeded(str(error)) from None
+        if isinstance(exc, _PositionedParameter):
+            raise UndefinedParameter(str(error)) from None
         raise error from None
     if len(text) > MAX_DEPTH // 2:  # shorter text cannot nest that deep
         for stmt in result:

@@ -57,6 +57,7 @@ FLOAT: Final = "float"
 TEXT: Final = "text"
 BOOL: Final = "bool"
 UNKNOWN: Final = "unknown"  # the NULL literal
+TIMESTAMPTZ: Final = "timestamptz"  # now(), current_timestamp, the catalog's times
 ARRAY: Final = "array"  # ARRAY(...), array_agg, the catalog's array columns: sent as text
 NUMERIC: Final = frozenset({INT, FLOAT})
 
@@ -260,6 +261,7 @@ FUNCTIONS: Final[Mapping[str, Function]] = {
     "regtype_name": Function((1, 1), _returns(TEXT)),
     "regclass_name": Function((1, 1), _returns(TEXT)),
     "regnamespace_name": Function((1, 1), _returns(TEXT)),
+    "to_regtype": Function((1, 1), _returns(INT)),
 }
 # what the query running an expression knows (what drivers ask on connecting)
 CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {
@@ -269,6 +271,9 @@ CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {
     "session_user": TEXT,
     "current_schema": TEXT,
     "current_database": TEXT,
+    "now": TIMESTAMPTZ,
+    "pg_advisory_unlock_all": TEXT,
+    "current_timestamp": TIMESTAMPTZ,
 }
 AGGREGATES: Final = ("count", "sum", "avg", "min", "max", "array_agg", "string_agg")
 
@@ -383,6 +388,8 @@ def infer(
     match expr:
         case ast.Literal(value=value):
             return value_type(value)
+        case ast.Param():
+            return UNKNOWN  # typed by its context (sql/param_types.py), like NULL here
         case ast.Column(name=name, table=table):
             t = column_type(name) if table is None else column_type(name, table)
             if over_aggregates:

@@ -26,10 +26,11 @@ from resgroups.result import Cursor, Result, RowsCursor
 from resgroups.sql import ast
 from resgroups.sql.expr import CATALOG_FUNCTIONS, EvalContext, Scope, compile_expr
 from resgroups.sql.format import format_sql
+from resgroups.sql.param_types import parameter_types
 from resgroups.sql.relational import SERIES, run_query
 from resgroups.sql.select import Relation, run_select, select_shape
 from resgroups.statements import groups, principals, rules, selectors
-from resgroups.statements.pg_catalog import CatalogRows, unknown_relation
+from resgroups.statements.pg_catalog import CatalogRows, catalog_columns, unknown_relation
 from resgroups.statements.table_functions import TABLE_FUNCTIONS, relation, table_function
 
 if TYPE_CHECKING:
@@ -323,6 +324,56 @@ def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str
         names = types = ()
     shape = select_shape(stmt, Scope(names, types))
     return list(shape.names), list(shape.types)
+
+
+def _source_columns(session: Session, source: ast.Source | None) -> Scope | None:
+    """The columns a source has, where they are known without reading it
+    (long_sequence, an executor table, a table function, the catalog's
+    relations and joins of them); None otherwise."""
+    columns: tuple[tuple[str, str], ...] | None = None
+    label: ast.Ident | str | None = None
+    match source:
+        case ast.TableFunction(name="long_sequence", alias=alias):
+            columns, label = (("x", "int"),), alias or "long_sequence"
+        case ast.TableFunction(name=name, alias=alias) if name in TABLE_FUNCTIONS:
+            columns, label = TABLE_FUNCTIONS[name].columns, alias or name
+        case ast.TableName(name=name, schema=schema, alias=alias):
+            label = alias or name
+            if schema is None or schema.text.casefold() == "public":
+                try:
+                    table = session.engine.tables.get(name)
+                    columns = tuple(
+                        zip(table.names, (dtype_type(a.dtype) for a in table.arrays), strict=True)
+                    )
+                except UndefinedTable:
+                    pass
+            if columns is None:
+                columns = catalog_columns(source)
+        case ast.Join(left=left, right=right):
+            a, b = _source_columns(session, left), _source_columns(session, right)
+            if a is None or b is None:
+                return None
+            return Scope(a.names + b.names, a.types + b.types, a.tables + b.tables)
+    if columns is None:
+        return None
+    table_name = label if isinstance(label, str) else label.text if label is not None else None
+    return Scope(
+        tuple(n for n, _ in columns),
+        tuple(t for _, t in columns),
+        (table_name,) * len(columns),
+    )
+
+
+# the argument types of the table functions that take arguments
+TABLE_ARGUMENTS: Final = {"long_sequence": ("int",)}
+
+
+def describe_parameters(session: Session, stmt: ast.Statement) -> dict[int, str]:
+    """The type each ``$n`` of ``stmt`` (parsed with its placeholders) takes from
+    its context: its source's columns, its table functions' arguments."""
+    query = stmt.query if isinstance(stmt, ast.CreateTableAs | ast.InsertSelect) else stmt
+    scope = _source_columns(session, query.source) if isinstance(query, ast.Select) else None
+    return parameter_types(stmt, scope.column_type if scope is not None else None, TABLE_ARGUMENTS)
 
 
 def open_cursor(session: Session, stmt: ast.Statement, *, paging: bool = True) -> Cursor:

@@ -254,6 +254,13 @@ class CatalogRows:
                 return oid
         raise UndefinedType(f'type "{text}" does not exist')
 
+    def to_regtype(self, text: str | None) -> int | None:
+        """The type's oid, or NULL when there is none (what psycopg's TypeInfo asks)."""
+        try:
+            return None if text is None else self.regtype(text)
+        except UndefinedType:
+            return None
+
     # ---- the functions (sql.expr.Catalog)
     def call(self, name: str, args: Sequence[Any]) -> Any:
         return _FUNCTIONS[name](self, *args)
@@ -416,6 +423,7 @@ _FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
     "pg_get_indexdef": lambda c, *a: None,
     "regclass": lambda c, name: c.regclass(name),
     "regtype": lambda c, name: c.regtype(name),
+    "to_regtype": lambda c, name: c.to_regtype(name),
     "regtype_name": lambda c, oid: None if oid is None else next(
         (t[2] for t in TYPES if t[0] == oid), str(oid)
     ),
@@ -431,6 +439,22 @@ _FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
         str(v) if v is not None else (null[0] if null else "") for v in arr if v is not None or null
     ),
 }  # fmt: skip
+
+
+def catalog_columns(ref: ast.TableName) -> tuple[tuple[str, str], ...] | None:
+    """The columns (name, type) of the catalog relation ``ref`` names, found as
+    FROM finds it; None when it names none."""
+    schema = None if ref.schema is None else _fold(ref.schema)
+    search = (
+        [PUBLIC, PG_CATALOG]
+        if schema is None
+        else [ns for ns, n in NAMESPACES.items() if n == schema]
+    )
+    for ns in search:
+        found = CATALOG_COLUMNS.get((ns, _fold(ref.name)))
+        if found is not None:
+            return found[1]
+    return None
 
 
 def is_catalog_relation(name: str) -> bool:

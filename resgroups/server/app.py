@@ -31,6 +31,7 @@ from resgroups.server.dashboard import History, Sampler
 from resgroups.server.http import KEEPALIVE_TIMEOUT, HttpFront, protocol_log
 from resgroups.server.limits import ConnectionSlots, LoginThrottle, RequestThreads
 from resgroups.server.pgwire import Backend
+from resgroups.server.sockets import HttpSockets
 
 if TYPE_CHECKING:
     from resgroups.engine import Engine
@@ -104,7 +105,7 @@ class Server:
         self._tasks: set[asyncio.Task[None]] = set()
         self._pg: asyncio.Server | None = None
         self._runner: web.AppRunner | None = None
-        self._http: asyncio.Server | None = None
+        self.http_sockets: HttpSockets | None = None
 
     async def start(self) -> Listeners:
         pg_port, http_port = self._ports
@@ -119,12 +120,9 @@ class Server:
             logger=protocol_log,
         )
         await self._runner.setup()
-        sockets = _SocketCap(self._runner.server, self.max_http_sockets)
-        self._http = await asyncio.get_running_loop().create_server(
-            sockets.protocol, self.host, http_port, backlog=4096
-        )
+        self.http_sockets = HttpSockets(self._runner.server, self.max_http_sockets)
+        http_bound = self.http_sockets.listen(self.host, http_port)
         pg_bound = self._pg.sockets[0].getsockname()[1]
-        http_bound = self._http.sockets[0].getsockname()[1]
         self.sampler.start(self.executor.for_admin(True))
         engine = self.engine
         if engine.access_control and engine.authenticator.open_admin:
@@ -163,60 +161,11 @@ class Server:
             await asyncio.wait(pending, timeout=5.0)
         for task in self._tasks:
             task.cancel()
-        if self._http is not None:
-            self._http.close()
+        if self.http_sockets is not None:
+            self.http_sockets.close()
         if self._runner is not None:
             await self._runner.cleanup()
         self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-class _SocketCap:
-    """The HTTP listener's protocol factory, with a cap on open sockets: at the
-    cap, idle ones (keep-alive between requests, or still sending their
-    headers) are closed down to 7/8 of it, as nginx drains its reusable
-    connections when it runs out: those that never sent a request first,
-    then the least recently active, so a busy keep-alive client keeps its
-    connection. A request in progress is never closed for room."""
-
-    def __init__(self, server: web.Server | None, cap: int) -> None:
-        assert server is not None
-        self._server = server
-        self.cap = cap
-        self.evicted = 0
-        # closed here, not yet gone from the server's table (aiohttp drops a
-        # handler once its task has finished, a few loop turns later)
-        self._closing: set[Any] = set()
-
-    def protocol(self) -> asyncio.BaseProtocol:
-        # aiohttp keeps its handlers by connection (web.Server._connections)
-        open_ = getattr(self._server, "_connections", {})
-        if len(open_) - len(self._closing) >= self.cap:
-            self._closing = {h for h in self._closing if h in open_}
-            live = len(open_) - len(self._closing)
-            if live >= self.cap:
-                self._evict(open_, live - self.cap * 7 // 8)
-        return self._server()
-
-    def _evict(self, open_: dict[Any, Any], count: int) -> None:
-        """Close ``count`` idle connections: first those that never sent a whole
-        request (oldest first), then the least recently active (aiohttp's
-        keep-alive deadline is the last response's end plus the timeout).
-        O(n log n) in the open connections, once per cap/8 accepts."""
-        idle = [
-            h
-            for h in list(open_)
-            if h not in self._closing and not getattr(h, "_request_in_progress", True)
-        ]
-        idle.sort(
-            key=lambda h: (
-                getattr(h, "_request_count", 0) > 0,
-                getattr(h, "_next_keepalive_close_time", 0.0),
-            )
-        )
-        for handler in idle[:count]:
-            handler.force_close()
-            self._closing.add(handler)
-        self.evicted += min(count, len(idle))
 
 
 def _backend(

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+import psycopg.errors
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -506,6 +507,51 @@ def test_the_connection_cap_keeps_a_reserve_for_the_admin() -> None:
         # the holder's slot comes back once its request thread is done, just after
         # its query gave back what it held: then alice gets in again
         wait_until(lambda: call(srv, "/execute", auth=ALICE, query="SELECT 1")[0] == 200, 60)
+
+
+def test_the_admin_port_serves_only_resource_group_admins_on_a_loop_of_its_own() -> None:
+    with _ac_server("--admin-port", "0", "--request-threads", "2", "--query-timeout", "300") as srv:
+        assert srv.admin_port is not None
+        assert srv.admin_port not in (srv.pg_port, srv.http_port)
+        port = str(srv.admin_port)
+        admin = psycopg.connect(srv.dsn(*ADMIN, port=port), autocommit=True, connect_timeout=30)
+        admin.execute("CREATE USER alice WITH PASSWORD 'wonder land'")
+        admin.execute("CREATE USER ops WITH PASSWORD 'ops'")
+        admin.execute("GRANT RESOURCE GROUP ADMIN TO ops")
+        # anyone else is refused there, even with the right password: FATAL 42501
+        with pytest.raises(psycopg.OperationalError, match=r"Access denied for alice"):
+            psycopg.connect(srv.dsn(*ALICE, port=port), connect_timeout=30)
+        with psycopg.connect(srv.dsn("ops", "ops", port=port), connect_timeout=30) as ops:
+            assert ops.execute("SELECT count(*) FROM resource_groups()").fetchone() == (1,)
+        # both general request threads pinned by alice's queries on the main listeners:
+        # the admin port answers, and its queries' cancels work there
+        holders = [raw_request(srv, "/execute", ALICE, query=LONG) for _ in range(2)]
+        try:
+            wait_until(lambda: _active_default(srv) == 2, timeout=60)
+            rows = admin.execute("SELECT active_queries FROM resource_groups()").fetchall()
+            assert rows == [(2,)]
+            outcome: list[BaseException] = []
+
+            def long_query() -> None:
+                try:
+                    admin.execute(LONG)
+                except psycopg.Error as exc:
+                    outcome.append(exc)
+
+            running = threading.Thread(target=long_query)
+            running.start()
+            wait_until(lambda: _active_default(srv) == 3, timeout=60)
+            admin.cancel()
+            running.join(60)
+            assert [type(e) for e in outcome] == [psycopg.errors.QueryCanceled]
+        finally:
+            for holder in holders:
+                holder.close()
+        wait_until(lambda: nothing_held(srv, ADMIN), timeout=60)
+    # the server stopped with the admin's connection open (and exited 0): it was ended
+    with pytest.raises(psycopg.OperationalError):
+        admin.execute("SELECT 1")
+    admin.close()
 
 
 def _active_default(srv: ServerProcess) -> float:

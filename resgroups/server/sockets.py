@@ -25,9 +25,11 @@ Symbols
     address a; a* the address with the largest n_a.
 
 Invariants
-    I1  n = Σ_a n_a ≤ C, checked at every accept (``_check_invariants``).
-    I2  a socket is counted from its accept to its transport's close,
-        once (the protocol wrapper's ``connection_lost`` gives it back).
+    I1  n = Σ_a n_a ≤ C (``_check_invariants``).
+    I2  a socket is counted from its accept until its transport is closed,
+        once: by its eviction, or by the protocol wrapper's
+        ``connection_lost``. An evicted socket's descriptor is closed a loop
+        turn later, so the process holds at most C + ACCEPT_BURST of them.
     I3  at the cap, a newcomer from a is admitted only by closing an idle
         socket: of a* if n_a + 1 < n_a*, else of a itself within the swap
         budget (a token bucket of SWAPS_PER_S, as deep).
@@ -72,6 +74,7 @@ log = logging.getLogger("resgroups.server")
 ACCEPT_BURST: Final = 256  # accepts per readiness of the listening socket
 REFUSALS_BEFORE_PAUSE: Final = 64  # refusals in one burst that pause accepting
 PAUSE_S: Final = 0.2  # how long accepting stops then (and after EMFILE: 1 s)
+WARN_EVERY_S: Final = 60.0  # at most one warning a minute while clients are refused
 SWAPS_PER_S: Final = 20.0  # at the cap, newcomers that may replace their own address's idle socket
 _OUT_OF_DESCRIPTORS: Final = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
@@ -99,8 +102,10 @@ class HttpSockets:
         self.open = 0
         # address -> its open sockets, oldest first (dicts keep insertion order)
         self._by_address: dict[str, dict[_Counted, None]] = {}
+        self.admitted = 0
         self.evicted = 0
         self.refused = 0
+        self._warned: tuple[float, int] | None = None  # when, and refused by then
         self._swaps = SWAPS_PER_S  # the budget's tokens, refilled at SWAPS_PER_S a second
         self._swaps_at = 0.0
         self.pauses = 0
@@ -139,6 +144,16 @@ class HttpSockets:
         assert self._loop is not None
         assert self._listener is not None
         self.pauses += 1
+        now = self._loop.time()
+        if self._warned is None or now - self._warned[0] >= WARN_EVERY_S:
+            since = self.refused - (self._warned[1] if self._warned else 0)
+            log.warning(
+                "HTTP sockets at the cap (%d open, max_http_sockets = %d): %d connections "
+                "refused since the last warning (%d admitted, %d idle ones closed for room "
+                "in all); accepting pauses for %g s at a time",
+                self.open, self.cap, since, self.admitted, self.evicted, seconds,
+            )  # fmt: skip
+            self._warned = (now, self.refused)
         self._loop.remove_reader(self._listener.fileno())
         self._paused = self._loop.call_later(seconds, self._resume)
 
@@ -200,6 +215,7 @@ class HttpSockets:
     def _evict_from(self, held: dict[_Counted, None]) -> bool:
         for counted in held:
             if counted.idle():
+                self.gone(counted)  # now: its descriptor closes within a loop turn
                 counted.evict()
                 self.evicted += 1
                 return True
@@ -218,6 +234,7 @@ class HttpSockets:
         sock.setblocking(False)
         counted = _Counted(self._server(), self, address)
         self.open += 1
+        self.admitted += 1
         self._by_address.setdefault(address, {})[counted] = None
         task = self._loop.create_task(self._connect(sock, counted))
         self._tasks.add(task)

@@ -144,16 +144,6 @@ class HttpSockets:
         assert self._loop is not None
         assert self._listener is not None
         self.pauses += 1
-        now = self._loop.time()
-        if self._warned is None or now - self._warned[0] >= WARN_EVERY_S:
-            since = self.refused - (self._warned[1] if self._warned else 0)
-            log.warning(
-                "HTTP sockets at the cap (%d open, max_http_sockets = %d): %d connections "
-                "refused since the last warning (%d admitted, %d idle ones closed for room "
-                "in all); accepting pauses for %g s at a time",
-                self.open, self.cap, since, self.admitted, self.evicted, seconds,
-            )  # fmt: skip
-            self._warned = (now, self.refused)
         self._loop.remove_reader(self._listener.fileno())
         self._paused = self._loop.call_later(seconds, self._resume)
 
@@ -194,7 +184,7 @@ class HttpSockets:
                         return
                     continue
                 heaviest = None  # the counts moved
-            self._admit(sock, address)
+            self._admit(sock, address, peer)
 
     def _make_room(self, address: str, heaviest: str) -> bool:
         """At the cap: close an idle socket for ``address``, of ``heaviest`` or,
@@ -223,20 +213,42 @@ class HttpSockets:
 
     def _refuse(self, sock: socket.socket, address: str, heaviest: str) -> None:
         self.refused += 1
+        self._warn()
         crowded = address == heaviest or len(self._by_address.get(address, ())) > 0
         with contextlib.suppress(OSError):
             sock.setblocking(False)
             sock.send(self._crowded if crowded else self._full)
         sock.close()
 
-    def _admit(self, sock: socket.socket, address: str) -> None:
+    def _warn(self) -> None:
+        """At most once every WARN_EVERY_S while clients are refused: the counts."""
+        assert self._loop is not None
+        now = self._loop.time()
+        if self._warned is not None and now - self._warned[0] < WARN_EVERY_S:
+            return
+        since = self.refused - (self._warned[1] if self._warned else 0)
+        log.warning(
+            "HTTP sockets at the cap (%d open, max_http_sockets = %d): %d connections "
+            "refused since the last warning (%d admitted, %d idle ones closed for room, "
+            "accepting paused %d times in all)",
+            self.open, self.cap, since, self.admitted, self.evicted, self.pauses,
+        )  # fmt: skip
+        self._warned = (now, self.refused)
+
+    def _admit(self, sock: socket.socket, address: str, peer: Any) -> None:
         assert self._loop is not None
         sock.setblocking(False)
         counted = _Counted(self._server(), self, address)
         self.open += 1
         self.admitted += 1
         self._by_address.setdefault(address, {})[counted] = None
-        task = self._loop.create_task(self._connect(sock, counted))
+        make_transport = getattr(self._loop, "_make_socket_transport", None)
+        if make_transport is not None:
+            # what asyncio's own accept does, without its task, future and checks
+            # per connection (a third of an accept's cost under a reconnect storm)
+            make_transport(sock, counted, extra={"peername": peer})
+            return
+        task = self._loop.create_task(self._connect(sock, counted))  # another loop
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -157,12 +157,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     serve.add_argument(
-        "--pg-port", type=int, default=8812, help="PostgreSQL wire protocol port (8812; 0: any)"
+        "--pg-port",
+        type=_count(0, 65535),
+        default=8812,
+        help="PostgreSQL wire protocol port (8812; 0: any)",
     )
-    serve.add_argument("--http-port", type=int, default=9000, help="HTTP port (9000; 0: any)")
+    serve.add_argument(
+        "--http-port", type=_count(0, 65535), default=9000, help="HTTP port (9000; 0: any)"
+    )
     serve.add_argument(
         "--admin-port",
-        type=int,
+        type=_count(0, 65535),
         metavar="PORT",
         help="a PostgreSQL wire protocol port of its own for RESOURCE GROUP ADMIN "
         "principals, served apart from the other clients (default: none; 0: any)",

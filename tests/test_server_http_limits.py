@@ -649,6 +649,8 @@ def test_curl_gets_400_for_a_body_that_is_not_utf8(plain: ServerProcess) -> None
         (["--request-threads", "99999"], "--request-threads"),
         (["--http-keepalive-timeout", "-1"], "--http-keepalive-timeout"),
         (["--max-http-sockets", "2"], "--max-http-sockets"),
+        (["--admin-port", "70000"], "--admin-port"),
+        (["--pg-port", "-1"], "--pg-port"),
     ],
 )
 def test_a_bad_flag_value_names_the_flag_and_exits_2(

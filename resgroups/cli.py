@@ -157,9 +157,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     serve.add_argument(
-        "--pg-port", type=int, default=8812, help="PostgreSQL wire protocol port (8812; 0: any)"
+        "--pg-port",
+        type=_count(0, 65535),
+        default=8812,
+        help="PostgreSQL wire protocol port (8812; 0: any)",
     )
-    serve.add_argument("--http-port", type=int, default=9000, help="HTTP port (9000; 0: any)")
+    serve.add_argument(
+        "--http-port", type=_count(0, 65535), default=9000, help="HTTP port (9000; 0: any)"
+    )
+    serve.add_argument(
+        "--admin-port",
+        type=_count(0, 65535),
+        metavar="PORT",
+        help="a PostgreSQL wire protocol port of its own for RESOURCE GROUP ADMIN "
+        "principals, served apart from the other clients (default: none; 0: any)",
+    )
     _engine_arguments(
         serve, "durable catalog: a directory or a PostgreSQL database (default: in memory)"
     )
@@ -399,6 +411,7 @@ def _serve(args: argparse.Namespace) -> int:
             metrics_open=args.metrics_open,
             keepalive_timeout=args.http_keepalive_timeout,
             max_http_sockets=args.max_http_sockets,
+            admin_port=args.admin_port,
         )
     except OSError as exc:
         print(f"resgroups: cannot listen: {exc}", file=sys.stderr)

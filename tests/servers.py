@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-_READY = re.compile(r"on ([\d.]+):(\d+), HTTP on [\d.]+:(\d+)")
+_READY = re.compile(r"on ([\d.]+):(\d+), HTTP on [\d.]+:(\d+)(?:, admin on [\d.]+:(\d+))?")
 
 
 @dataclass
@@ -24,9 +24,11 @@ class ServerProcess:
     http_port: int
     stderr: list[str] = field(default_factory=list)
     drain: threading.Thread | None = None
+    admin_port: int | None = None  # with --admin-port
 
     def dsn(self, user: str = "admin", password: str | None = None, **extra: str) -> str:
-        parts = [f"host={self.host}", f"port={self.pg_port}", f"user={user}", "dbname=resgroups"]
+        port = extra.pop("port", str(self.pg_port))
+        parts = [f"host={self.host}", f"port={port}", f"user={user}", "dbname=resgroups"]
         if password is not None:
             quoted = password.replace("\\", "\\\\").replace("'", "\\'")
             parts.append(f"password='{quoted}'")
@@ -107,4 +109,6 @@ def start_server(
     server.host, server.pg_port, server.http_port = (
         match.group(1), int(match.group(2)), int(match.group(3)),
     )  # fmt: skip
+    if match.group(4):
+        server.admin_port = int(match.group(4))
     return server

@@ -20,12 +20,15 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+import psycopg.errors
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 from servers import ServerProcess, serving
@@ -84,10 +87,16 @@ def call(
 
 
 def raw_request(
-    srv: ServerProcess, path: str, auth: tuple[str, str] | None = None, **params: str
+    srv: ServerProcess,
+    path: str,
+    auth: tuple[str, str] | None = None,
+    source: str | None = None,
+    **params: str,
 ) -> socket.socket:
     """A GET sent on a raw socket, its answer left for the test to read (or not)."""
-    sock = socket.create_connection((srv.host, srv.http_port), 10)
+    sock = socket.create_connection(
+        (srv.host, srv.http_port), 10, source_address=(source, 0) if source else None
+    )
     sock.settimeout(60)
     lines = [f"GET {path}?{urllib.parse.urlencode(params)} HTTP/1.1", "Host: x"]
     lines += [f"{k}: {v}" for k, v in _headers(auth).items()]
@@ -296,19 +305,59 @@ def test_idle_and_half_sent_http_connections_are_closed_after_the_keepalive_time
                 sock.close()
 
 
-def test_at_the_socket_cap_idle_connections_make_room_for_new_ones() -> None:
+def _answered(socks: list[socket.socket], within: float) -> dict[socket.socket, bytes]:
+    """What each of ``socks`` received before the server closed it, for those it
+    closed within ``within`` seconds (the others are still held open)."""
+    got: dict[socket.socket, bytes] = {s: b"" for s in socks}
+    closed: dict[socket.socket, bytes] = {}
+    with selectors.DefaultSelector() as selector:
+        for sock in socks:
+            sock.setblocking(False)
+            selector.register(sock, selectors.EVENT_READ)
+        deadline = time.monotonic() + within
+        while selector.get_map() and (left := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(min(left, 0.5)):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                try:
+                    chunk = sock.recv(65536)
+                except ConnectionResetError:
+                    chunk = b""
+                if chunk:
+                    got[sock] += chunk
+                else:
+                    selector.unregister(sock)
+                    closed[sock] = got[sock]
+    return closed
+
+
+def test_at_the_socket_cap_a_flooding_address_is_refused_and_a_lighter_one_gets_room() -> None:
+    flooder = "127.0.0.2"
     with serving(["--max-http-sockets", "64"]) as srv:
-        idle = [socket.create_connection((srv.host, srv.http_port), 10) for _ in range(300)]
-        busy = raw_request(srv, "/execute", query=LONG)  # a request in progress stays
+        # a request in progress from the flooding address is never closed for room
+        busy = raw_request(srv, "/execute", source=flooder, query=LONG)
+        wait_until(lambda: groups(srv)["DEFAULT"]["active_queries"] == 1, timeout=30)
+        idle = [
+            socket.create_connection((srv.host, srv.http_port), 10, source_address=(flooder, 0))
+            for _ in range(300)
+        ]
         try:
+            # past the cap an address replaces its own idle sockets at most 20 times a
+            # second; the rest are refused at once with 503 and 53300, nothing parsed
+            closed = _answered(idle, within=5.0)
+            refused = [data for data in closed.values() if data]
+            assert len(refused) >= 150, (len(refused), len(closed))
+            for data in refused:
+                head, _, body = data.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 503"), head
+                error = json.loads(body)["error"]
+                assert error["sqlstate"] == "53300"
+                assert "too many connections from this address" in error["message"]
+            assert any(not data for data in closed.values())  # oldest idle ones replaced
+            # an address holding fewer gets room at once: a flooder's idle socket closes
             status, _, body = call(srv, "/execute", query="SELECT 1 AS one")
             assert (status, body["rows"]) == (200, [[1]])
-            idle[0].settimeout(60)
-            assert read_to_eof(idle[0]) == b""  # the oldest idle one was closed for room
-            wait_until(lambda: groups(srv)["DEFAULT"]["active_queries"] == 1, timeout=30)
-            for _ in range(300):
-                idle.append(socket.create_connection((srv.host, srv.http_port), 10))
-            assert groups(srv)["DEFAULT"]["active_queries"] == 1  # still running
+            assert groups(srv)["DEFAULT"]["active_queries"] == 1  # the busy one still runs
         finally:
             busy.close()
             for sock in idle:
@@ -460,6 +509,51 @@ def test_the_connection_cap_keeps_a_reserve_for_the_admin() -> None:
         wait_until(lambda: call(srv, "/execute", auth=ALICE, query="SELECT 1")[0] == 200, 60)
 
 
+def test_the_admin_port_serves_only_resource_group_admins_on_a_loop_of_its_own() -> None:
+    with _ac_server("--admin-port", "0", "--request-threads", "2", "--query-timeout", "300") as srv:
+        assert srv.admin_port is not None
+        assert srv.admin_port not in (srv.pg_port, srv.http_port)
+        port = str(srv.admin_port)
+        admin = psycopg.connect(srv.dsn(*ADMIN, port=port), autocommit=True, connect_timeout=30)
+        admin.execute("CREATE USER alice WITH PASSWORD 'wonder land'")
+        admin.execute("CREATE USER ops WITH PASSWORD 'ops'")
+        admin.execute("GRANT RESOURCE GROUP ADMIN TO ops")
+        # anyone else is refused there, even with the right password: FATAL 42501
+        with pytest.raises(psycopg.OperationalError, match=r"Access denied for alice"):
+            psycopg.connect(srv.dsn(*ALICE, port=port), connect_timeout=30)
+        with psycopg.connect(srv.dsn("ops", "ops", port=port), connect_timeout=30) as ops:
+            assert ops.execute("SELECT count(*) FROM resource_groups()").fetchone() == (1,)
+        # both general request threads pinned by alice's queries on the main listeners:
+        # the admin port answers, and its queries' cancels work there
+        holders = [raw_request(srv, "/execute", ALICE, query=LONG) for _ in range(2)]
+        try:
+            wait_until(lambda: _active_default(srv) == 2, timeout=60)
+            rows = admin.execute("SELECT active_queries FROM resource_groups()").fetchall()
+            assert rows == [(2,)]
+            outcome: list[BaseException] = []
+
+            def long_query() -> None:
+                try:
+                    admin.execute(LONG)
+                except psycopg.Error as exc:
+                    outcome.append(exc)
+
+            running = threading.Thread(target=long_query)
+            running.start()
+            wait_until(lambda: _active_default(srv) == 3, timeout=60)
+            admin.cancel()
+            running.join(60)
+            assert [type(e) for e in outcome] == [psycopg.errors.QueryCanceled]
+        finally:
+            for holder in holders:
+                holder.close()
+        wait_until(lambda: nothing_held(srv, ADMIN), timeout=60)
+    # the server stopped with the admin's connection open (and exited 0): it was ended
+    with pytest.raises(psycopg.OperationalError):
+        admin.execute("SELECT 1")
+    admin.close()
+
+
 def _active_default(srv: ServerProcess) -> float:
     status, _, text = call(srv, "/metrics", auth=ADMIN)
     assert status == 200
@@ -555,6 +649,8 @@ def test_curl_gets_400_for_a_body_that_is_not_utf8(plain: ServerProcess) -> None
         (["--request-threads", "99999"], "--request-threads"),
         (["--http-keepalive-timeout", "-1"], "--http-keepalive-timeout"),
         (["--max-http-sockets", "2"], "--max-http-sockets"),
+        (["--admin-port", "70000"], "--admin-port"),
+        (["--pg-port", "-1"], "--pg-port"),
     ],
 )
 def test_a_bad_flag_value_names_the_flag_and_exits_2(
@@ -634,3 +730,64 @@ def test_a_throttled_login_computes_no_password_hash() -> None:
         engine.close()
     assert statuses == [401, 401, 401, 429, 429, 429, 429, 429, 200]
     assert len(checked) == 4
+
+
+def test_identical_logins_in_flight_together_cost_one_hash() -> None:
+    """In process: 16 keep-alive clients opening at once with one login (wrk, a
+    pool warming up) wait for the first one's password check instead of each
+    hashing; a wrong password is still a failure for every one of them."""
+    engine = resgroups.Engine(access_control=True, admin_password=ADMIN_PASSWORD)
+    threads = RequestThreads(16)
+    checked: list[str] = []
+    release = threading.Event()
+    login = engine.authenticator.login
+
+    def counting(snap: Any, name: str, password: str | None) -> Any:
+        checked.append(name)
+        assert release.wait(30), "the test never let the check finish"
+        return login(snap, name, password)
+
+    engine.authenticator.login = counting  # type: ignore[method-assign]
+    front = HttpFront(engine, threads, throttle=LoginThrottle(free=100))
+    arrived = [0]
+
+    @web.middleware
+    async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+        arrived[0] += 1
+        return await handler(request)  # type: ignore[no-any-return]
+
+    front.app.middlewares.append(count)
+
+    async def herd(client: TestClient, auth: tuple[str, str], n: int) -> list[int]:
+        release.clear()
+        before = arrived[0]
+
+        async def one() -> int:
+            reply = await client.get(
+                "/execute", params={"query": "SELECT 1"}, headers=_headers(auth)
+            )
+            return reply.status
+
+        tasks = [asyncio.ensure_future(one()) for _ in range(n)]
+        async with asyncio.timeout(30):
+            while arrived[0] < before + n:  # each request runs up to its wait once it arrived
+                await asyncio.sleep(0.01)
+        release.set()
+        return list(await asyncio.wait_for(asyncio.gather(*tasks), 30))
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        async with TestClient(TestServer(front.app)) as client:
+            right = await herd(client, ADMIN, 16)
+            assert len(checked) == 1
+            wrong = await herd(client, ("admin", "wrong"), 8)
+            return right, wrong
+
+    try:
+        right, wrong = asyncio.run(asyncio.wait_for(scenario(), 90))
+    finally:
+        release.set()
+        threads.shutdown()
+        engine.close()
+    assert right == [200] * 16
+    assert wrong == [401] * 8
+    assert len(checked) == 2  # one hash for each herd

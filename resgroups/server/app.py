@@ -10,6 +10,13 @@ What both listeners share, so that no client can take the server from the
 rest (``limits.py``): one set of request threads with a reserve for RESOURCE
 GROUP ADMIN principals, one connection cap (``--max-connections``) with a
 reserve for them, and one failed-login throttle per source address.
+
+The admin port (``--admin-port``, as MySQL's ``admin_port``): a third
+listener, of the wire protocol, on an event loop of its own thread, where
+only RESOURCE GROUP ADMIN principals log in and every request runs on the
+admin's threads. However busy the main loop is (thousands of clients, a
+reconnect storm), the admin's ``resource_groups()`` waits behind none of
+it: only the interpreter's lock is shared.
 """
 
 from __future__ import annotations
@@ -20,27 +27,32 @@ import logging
 import resource
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from aiohttp import web
 
-from resgroups.errors import EngineClosed
+from resgroups.errors import EngineClosed, Error
 from resgroups.server.dashboard import History, Sampler
 from resgroups.server.http import KEEPALIVE_TIMEOUT, HttpFront, protocol_log
 from resgroups.server.limits import ConnectionSlots, LoginThrottle, RequestThreads
 from resgroups.server.pgwire import Backend
+from resgroups.server.sockets import HttpSockets
 
 if TYPE_CHECKING:
     from resgroups.engine import Engine
 
 log = logging.getLogger("resgroups.server")
+T = TypeVar("T")
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PG_PORT: Final = 8812
 DEFAULT_HTTP_PORT: Final = 9000
 MAX_REQUESTS: Final = 256  # requests executing at once (threads); more wait for one
+
+
+ADMIN_PORT_SOCKETS: Final = 64  # sockets the admin port keeps open at once, logged in or not
 
 
 @dataclass(frozen=True)
@@ -50,11 +62,13 @@ class Listeners:
     host: str
     pg_port: int
     http_port: int
+    admin_port: int | None = None
 
     def describe(self) -> str:
+        admin = "" if self.admin_port is None else f", admin on {self.host}:{self.admin_port}"
         return (
             f"resgroups serve: PostgreSQL wire protocol on {self.host}:{self.pg_port}, "
-            f"HTTP on {self.host}:{self.http_port}"
+            f"HTTP on {self.host}:{self.http_port}{admin}"
         )
 
 
@@ -74,6 +88,7 @@ class Server:
         metrics_open: bool = False,
         keepalive_timeout: float = KEEPALIVE_TIMEOUT,
         max_http_sockets: int | None = None,
+        admin_port: int | None = None,
     ) -> None:
         self.engine = engine
         # HTTP sockets open at once (idle ones included); default: half the
@@ -101,10 +116,27 @@ class Server:
             throttle=self.throttle,
             metrics_open=metrics_open,
         )
+        self.admin = (
+            None
+            if admin_port is None
+            else AdminListener(
+                Backend(
+                    engine,
+                    self.executor.admin,
+                    auth_method=auth_method,
+                    slots=self.slots,
+                    throttle=self.throttle,
+                    admins_only=True,
+                    first_pid=2**30,
+                ),
+                host,
+                admin_port,
+            )
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._pg: asyncio.Server | None = None
         self._runner: web.AppRunner | None = None
-        self._http: asyncio.Server | None = None
+        self.http_sockets: HttpSockets | None = None
 
     async def start(self) -> Listeners:
         pg_port, http_port = self._ports
@@ -119,12 +151,10 @@ class Server:
             logger=protocol_log,
         )
         await self._runner.setup()
-        sockets = _SocketCap(self._runner.server, self.max_http_sockets)
-        self._http = await asyncio.get_running_loop().create_server(
-            sockets.protocol, self.host, http_port, backlog=4096
-        )
+        self.http_sockets = HttpSockets(self._runner.server, self.max_http_sockets)
+        http_bound = self.http_sockets.listen(self.host, http_port)
         pg_bound = self._pg.sockets[0].getsockname()[1]
-        http_bound = self._http.sockets[0].getsockname()[1]
+        admin_bound = None if self.admin is None else await self.admin.start()
         self.sampler.start(self.executor.for_admin(True))
         engine = self.engine
         if engine.access_control and engine.authenticator.open_admin:
@@ -133,7 +163,7 @@ class Server:
                 "as the admin with any password (set RESGROUPS_ADMIN_PASSWORD)",
                 engine.admin_user,
             )
-        return Listeners(self.host, pg_bound, http_bound)
+        return Listeners(self.host, pg_bound, http_bound, admin_bound)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -154,69 +184,101 @@ class Server:
         closing = EngineClosed("terminating connection due to administrator command")
         for conn in list(self.backend.connections.values()):
             conn.end(closing)  # an idle one ends now; a busy one after its request
+        if self.admin is not None:
+            await self.admin.stop_listening(closing)
         idle = [t for t in self._tasks if not t.done()]
         if idle:
             await asyncio.wait(idle, timeout=1.0)
         await loop.run_in_executor(None, self.engine.close, grace)
+        if self.admin is not None:
+            await self.admin.finish()
         pending = [t for t in self._tasks if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=5.0)
         for task in self._tasks:
             task.cancel()
-        if self._http is not None:
-            self._http.close()
+        if self.http_sockets is not None:
+            self.http_sockets.close()
         if self._runner is not None:
             await self._runner.cleanup()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-class _SocketCap:
-    """The HTTP listener's protocol factory, with a cap on open sockets: at the
-    cap, idle ones (keep-alive between requests, or still sending their
-    headers) are closed down to 7/8 of it, as nginx drains its reusable
-    connections when it runs out: those that never sent a request first,
-    then the least recently active, so a busy keep-alive client keeps its
-    connection. A request in progress is never closed for room."""
+class AdminListener:
+    """The admin port: a wire listener on an event loop of its own thread.
 
-    def __init__(self, server: web.Server | None, cap: int) -> None:
-        assert server is not None
-        self._server = server
-        self.cap = cap
-        self.evicted = 0
-        # closed here, not yet gone from the server's table (aiohttp drops a
-        # handler once its task has finished, a few loop turns later)
-        self._closing: set[Any] = set()
+    ``backend`` is ``admins_only`` (anyone else's login ends with FATAL
+    42501) and runs every request on the admin's threads; at most
+    ``ADMIN_PORT_SOCKETS`` sockets are open at once (more are closed at
+    accept), so a flood of this port cannot take descriptors from the rest.
+    """
 
-    def protocol(self) -> asyncio.BaseProtocol:
-        # aiohttp keeps its handlers by connection (web.Server._connections)
-        open_ = getattr(self._server, "_connections", {})
-        if len(open_) - len(self._closing) >= self.cap:
-            self._closing = {h for h in self._closing if h in open_}
-            live = len(open_) - len(self._closing)
-            if live >= self.cap:
-                self._evict(open_, live - self.cap * 7 // 8)
-        return self._server()
-
-    def _evict(self, open_: dict[Any, Any], count: int) -> None:
-        """Close ``count`` idle connections: first those that never sent a whole
-        request (oldest first), then the least recently active (aiohttp's
-        keep-alive deadline is the last response's end plus the timeout).
-        O(n log n) in the open connections, once per cap/8 accepts."""
-        idle = [
-            h
-            for h in list(open_)
-            if h not in self._closing and not getattr(h, "_request_in_progress", True)
-        ]
-        idle.sort(
-            key=lambda h: (
-                getattr(h, "_request_count", 0) > 0,
-                getattr(h, "_next_keepalive_close_time", 0.0),
-            )
+    def __init__(self, backend: Backend, host: str, port: int) -> None:
+        self.backend = backend
+        self.host = host
+        self.port = port
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="resgroups-admin-loop", daemon=True
         )
-        for handler in idle[:count]:
-            handler.force_close()
-            self._closing.add(handler)
-        self.evicted += min(count, len(idle))
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        """Listen (from the main loop); the port bound."""
+        self._thread.start()
+        return await self._on_own_loop(self._listen())
+
+    async def _on_own_loop(self, work: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        return await asyncio.wait_for(
+            asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self.loop)), timeout
+        )
+
+    async def _listen(self) -> int:
+        self._server = await asyncio.start_server(self._accept, self.host, self.port, backlog=64)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._tasks) >= ADMIN_PORT_SOCKETS:
+            writer.transport.abort()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self.backend.handle(reader, writer)
+        finally:
+            self._tasks.discard(task)
+
+    async def stop_listening(self, reason: Error) -> None:
+        """Stop accepting; end idle connections (a busy one after its request)."""
+        self.backend.closing = True
+        await self._on_own_loop(self._stop_listening(reason))
+
+    async def _stop_listening(self, reason: Error) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.backend.connections.values()):
+            conn.end(reason)
+        idle = [t for t in self._tasks if not t.done()]
+        if idle:
+            await asyncio.wait(idle, timeout=1.0)
+
+    async def finish(self) -> None:
+        """Once the engine is closed: the last connections end, the loop stops."""
+        with contextlib.suppress(TimeoutError):
+            await self._on_own_loop(self._finish(), timeout=10.0)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10.0)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+    async def _finish(self) -> None:
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
+        for task in self._tasks:
+            task.cancel()
 
 
 def _backend(
@@ -281,7 +343,7 @@ def serve(
 ) -> int:
     """Serve until SIGINT or SIGTERM; 0 once everything is given back. ``options``
     go to :class:`Server` (``max_connections``, ``metrics_open``,
-    ``keepalive_timeout``)."""
+    ``keepalive_timeout``, ``admin_port``...)."""
     _raise_fd_limit()
 
     async def main() -> None:

@@ -195,6 +195,10 @@ class HttpFront:
         self.body_timeout = body_timeout
         self.closing = False
         self._logins: dict[tuple[str, bytes], tuple[float, Identity]] = {}
+        # logins being checked now: their outcome, for the same login arriving meanwhile
+        self._checking: dict[
+            tuple[str, bytes], asyncio.Future[Identity | AuthenticationFailed]
+        ] = {}
         self._key = secrets.token_bytes(32)
         self.app = web.Application(client_max_size=MAX_QUERY_BYTES)
         self.app.add_routes(
@@ -245,8 +249,9 @@ class HttpFront:
     async def _login(self, request: web.Request) -> Session:
         """A session for the request's login. A password is hashed on a request
         thread (the admin's reserve for a name that would get it), once per
-        ``LOGIN_CACHE_SECONDS``; an address with too many recent failures is
-        refused before any hash (429)."""
+        ``LOGIN_CACHE_SECONDS``, and once for identical logins in flight
+        together; an address with too many recent failures is refused before
+        any hash (429)."""
         engine = self.engine
         user, password = self._credentials(request)
         if not engine.access_control:
@@ -260,18 +265,48 @@ class HttpFront:
         wait = self.throttle.retry_after(address)
         if wait:
             raise _Throttled(wait)
-        threads = self._threads(may_be_reserved(engine, user))
-        loop = asyncio.get_running_loop()
         try:
-            session = await loop.run_in_executor(threads, _connect, engine, user, password)
+            identity = await self._checked(key, user, password)
         except AuthenticationFailed:
             self.throttle.failed(address)
             raise
         self.throttle.succeeded(address)
+        return Session(engine, identity)
+
+    async def _checked(self, key: tuple[str, bytes], user: str, password: str | None) -> Identity:
+        """The identity ``user`` logs in as with ``password``, hashed once for all
+        the requests that present the same credentials while it runs (keep-alive
+        clients that open together with one login cost one hash, not one each);
+        the answer is remembered for ``LOGIN_CACHE_SECONDS``."""
+        while (pending := self._checking.get(key)) is not None:
+            try:
+                outcome = await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if pending.cancelled() and (task is None or not task.cancelling()):
+                    continue  # the request that was checking went away: check again
+                raise
+            if isinstance(outcome, AuthenticationFailed):
+                raise AuthenticationFailed(outcome.message)
+            return outcome
+        loop = asyncio.get_running_loop()
+        pending = self._checking[key] = loop.create_future()
+        threads = self._threads(may_be_reserved(self.engine, user))
+        try:
+            session = await loop.run_in_executor(threads, _connect, self.engine, user, password)
+        except AuthenticationFailed as exc:
+            pending.set_result(exc)
+            raise
+        except BaseException:
+            pending.cancel()
+            raise
+        finally:
+            del self._checking[key]
+        pending.set_result(session.identity)
         if len(self._logins) > 10_000:
             self._logins.clear()
-        self._logins[key] = (now + LOGIN_CACHE_SECONDS, session.identity)
-        return session
+        self._logins[key] = (time.monotonic() + LOGIN_CACHE_SECONDS, session.identity)
+        return session.identity
 
     async def _params(self, request: web.Request) -> dict[str, str]:
         """The request's parameters: its query string, and a POSTed form, JSON
@@ -482,6 +517,9 @@ class HttpFront:
         except _HttpError as exc:
             return _plain_error(exc)
         return web.json_response(body, dumps=_dumps, headers={"Cache-Control": "no-store"})
+
+
+_Checked = Identity | AuthenticationFailed  # a login's outcome, shared by identical ones
 
 
 def _connect(engine: Engine, user: str, password: str | None) -> Session:

@@ -6,7 +6,8 @@ the StartupMessage names the user, then the auth method's exchange runs
 it: the login throttle (failed logins per source address; a throttled
 address is refused before anything is hashed) and the connection slots (a
 cap with a reserve for RESOURCE GROUP ADMIN principals, taken once the
-principal is known). Every refusal here is FATAL: the connection ends.
+principal is known). On the admin port only those principals log in.
+Every refusal here is FATAL: the connection ends.
 """
 
 from __future__ import annotations
@@ -17,8 +18,15 @@ import struct
 from typing import Any
 
 from resgroups.auth import md5_response, scram_keys
-from resgroups.errors import AuthenticationFailed, EngineClosed, Error, FeatureNotSupported
+from resgroups.errors import (
+    AuthenticationFailed,
+    EngineClosed,
+    Error,
+    FeatureNotSupported,
+    PermissionDenied,
+)
 from resgroups.server import commands, wire
+from resgroups.server.limits import reserved_for
 from resgroups.server.pg_state import ConnectionBase, StatementMemory, TxStatus
 from resgroups.server.scram import MECHANISM, ScramFailed, ScramServer
 from resgroups.server.wire import Body, ProtocolViolation
@@ -62,6 +70,11 @@ class StartupPhase(ConnectionBase):
             if name.lower() in commands.SETTINGS:
                 commands.apply_setting(settings, name, value)
         identity = await self._throttled_authenticate(user)
+        if self.backend.admins_only and not reserved_for(self.engine, identity):
+            raise PermissionDenied(
+                f"Access denied for {user} [RESOURCE GROUP ADMIN]: the admin port is for "
+                "RESOURCE GROUP ADMIN principals (connect to the main port)"
+            )
         if self.backend.closing or self.engine.closed:
             raise EngineClosed("the server is shutting down")
         slots = self.backend.slots

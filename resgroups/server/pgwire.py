@@ -108,7 +108,8 @@ class Backend:
     cancelled.
 
     ``executor`` may be a :class:`~resgroups.server.limits.RequestThreads`:
-    then admins' requests run on its admin pool. ``max_connections`` (or
+    then admins' requests run on its admin pool. ``admins_only``: the admin
+    port's backend, where anyone else's login ends with FATAL 42501. ``max_connections`` (or
     ``slots``, shared with the HTTP listener) caps connections with a reserve
     for admins; ``throttle`` refuses an address after repeated failed logins.
     """
@@ -123,6 +124,8 @@ class Backend:
         throttle: LoginThrottle | None = None,
         slots: ConnectionSlots | None = None,
         write_timeout: float = WRITE_TIMEOUT,
+        admins_only: bool = False,
+        first_pid: int = 1,
     ) -> None:
         if auth_method not in AUTH_METHODS:
             raise FeatureNotSupported(
@@ -142,7 +145,9 @@ class Backend:
         self.max_output_waiters = max(1, _pool_size(executor) // 4)
         self.output_waiters = threading.BoundedSemaphore(self.max_output_waiters)
         self.connections: dict[int, Connection] = {}
-        self._pids = iter(range(1, 2**31))
+        # the admin port's backend: only RESOURCE GROUP ADMIN principals log in
+        self.admins_only = admins_only
+        self._pids = iter(range(first_pid, 2**31))
         self.closing = False
         self._unknown_salt = secrets.token_bytes(16)  # fake SCRAM salts for unknown names
 

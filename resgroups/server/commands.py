@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from resgroups.catalog.selectors import MAX_APPLICATION, MAX_TAG, MAX_TAGS
 from resgroups.errors import (
     Error,
     FeatureNotSupported,
@@ -176,6 +177,27 @@ def _any(value: str) -> str:
     return value
 
 
+def _application(value: str) -> str:
+    """application_name, kept to PostgreSQL's 63 bytes as PostgreSQL truncates it
+    (selectors route on it, SPEC §15)."""
+    return value.encode("utf-8")[:MAX_APPLICATION].decode("utf-8", "ignore")
+
+
+def client_tags(value: str) -> tuple[str, ...]:
+    """``client_tags``: tags separated by commas, blanks around them ignored."""
+    return tuple(t.strip() for t in value.split(",") if t.strip())
+
+
+def _tags(value: str) -> str:
+    tags = client_tags(value)
+    if len(tags) > MAX_TAGS or any(len(t) > MAX_TAG for t in tags):
+        raise InvalidSetting(
+            f'invalid value for parameter "client_tags": at most {MAX_TAGS} tags of '
+            f"at most {MAX_TAG} characters, separated by commas"
+        )
+    return ",".join(dict.fromkeys(tags))
+
+
 ISOLATION_LEVELS: Final = ("read uncommitted", "read committed", "repeatable read", "serializable")
 
 
@@ -216,7 +238,20 @@ SETTINGS: Final[dict[str, Setting]] = {
             "backslashes in '...' are literal",
         ),
         Setting("IntervalStyle", "postgres", _choice("postgres", canonical="postgres"), True),
-        Setting("application_name", "", _any, True, "the client's name for itself"),
+        Setting(
+            "application_name",
+            "",
+            _application,
+            True,
+            "the client's name for itself; resource selectors route on it",
+        ),
+        Setting(
+            "client_tags",
+            "",
+            _tags,
+            False,
+            "tags of the client's queries, separated by commas; resource selectors route on them",
+        ),
         Setting("extra_float_digits", "1", _int_range(-15, 3, "extra_float_digits")),
         Setting(
             "search_path", '"$user", public', _any, False, "accepted; resgroups has no schemas"
@@ -255,6 +290,44 @@ def find_setting(name: str) -> Setting:
             + did_you_mean(name.lower(), list(SETTINGS))
         )
     return setting
+
+
+def startup_options(options: str) -> list[tuple[str, str]]:
+    """The settings of a startup packet's ``options`` (``-c name=value``, ``-cname=value``,
+    ``--name=value``; a backslash escapes a blank, as in PostgreSQL); anything else
+    in it is refused, naming it."""
+    words, word, escaped = [], [], False
+    for ch in options:
+        if escaped:
+            word.append(ch)
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch.isspace():
+            if word:
+                words.append("".join(word))
+                word = []
+        else:
+            word.append(ch)
+    if word:
+        words.append("".join(word))
+    pairs = []
+    items = iter(words)
+    for item in items:
+        if item == "-c":
+            item = next(items, "")
+        elif item.startswith("-c") or item.startswith("--"):
+            item = item[2:]
+        else:
+            raise InvalidSetting(
+                f"invalid startup option {item[:64]!r}: only -c name=value and --name=value "
+                "are accepted"
+            )
+        name, equals, value = item.partition("=")
+        if not equals or not name:
+            raise InvalidSetting(f"invalid startup option {item[:64]!r}: expected name=value")
+        pairs.append((name.replace("-", "_"), value))
+    return pairs
 
 
 def apply_setting(values: dict[str, str], name: str, value: str | None) -> None:

@@ -59,6 +59,7 @@ from resgroups.errors import (
 from resgroups.exec import executor as builtin
 from resgroups.result import Result
 from resgroups.server import dashboard
+from resgroups.server.commands import client_tags
 from resgroups.server.limits import (
     ConnectionSlots,
     LoginThrottle,
@@ -338,7 +339,7 @@ class HttpFront:
                     raise _BadRequest("the request body is not valid JSON") from None
                 if not isinstance(body, dict):
                     raise _BadRequest('the JSON body must be an object like {"query": "..."}')
-                for name in ("query", "resource_group"):
+                for name in ("query", "resource_group", "application", "tags"):
                     value = body.get(name)
                     if value is not None and not isinstance(value, str):
                         raise _BadRequest(f'"{name}" in the JSON body must be a string')
@@ -398,6 +399,9 @@ class HttpFront:
         ``reply`` as it is made; the HTTP status."""
         try:
             session.clear_cancel()
+            # what selectors route on (SPEC §15): the request's own, else none
+            session.set_application(params.get("application") or None)
+            session.set_tags(client_tags(params.get("tags", "")))
             group = params.get("resource_group")
             if group:
                 session.execute("SET RESOURCE GROUP " + '"' + group.replace('"', '""') + '"')

@@ -248,6 +248,7 @@ class SimpleQuery(ConnectionBase):
         return Result.command("ROLLBACK")
 
     def report_changes(self, before: dict[commands.Setting, str]) -> None:
+        self.sync_attributes()  # SET application_name, client_tags, RESET ALL ...
         for setting, value in self.reported().items():
             if before.get(setting) != value:
                 self.send(wire.parameter_status(setting.name, value))

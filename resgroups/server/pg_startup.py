@@ -69,6 +69,8 @@ class StartupPhase(ConnectionBase):
         for name, value in params.items():  # checked before any password is asked
             if name.lower() in commands.SETTINGS:
                 commands.apply_setting(settings, name, value)
+        for name, value in commands.startup_options(params.get("options", "")):
+            commands.apply_setting(settings, name, value)  # an unknown name: 42704
         identity = await self._throttled_authenticate(user)
         if self.backend.admins_only and not reserved_for(self.engine, identity):
             raise PermissionDenied(
@@ -85,6 +87,7 @@ class StartupPhase(ConnectionBase):
         self.executor = self.backend.executor_for(identity.is_admin)
         self.settings.update(settings)
         self.session = Session(self.engine, identity)
+        self.sync_attributes()
         self.statement_memory = StatementMemory(self.session)
         out = [wire.AUTH_OK]
         out += [wire.parameter_status(s.name, v) for s, v in self.reported().items()]
@@ -188,6 +191,13 @@ class StartupPhase(ConnectionBase):
 
     def reported(self) -> dict[commands.Setting, str]:
         return {s: self.setting(s.name) for s in commands.SETTINGS.values() if s.report}
+
+    def sync_attributes(self) -> None:
+        """The session's application name and client tags follow the connection's
+        ``application_name`` and ``client_tags`` (what selectors route on, SPEC §15)."""
+        if self.session is not None:
+            self.session.set_application(self.setting("application_name") or None)
+            self.session.set_tags(commands.client_tags(self.setting("client_tags")))
 
     def setting(self, name: str) -> str:
         key = name.lower()

@@ -243,6 +243,9 @@ class ConnectionBase:
     def reported(self) -> dict[commands.Setting, str]:
         raise NotImplementedError
 
+    def sync_attributes(self) -> None:
+        raise NotImplementedError
+
     # simple query and connection statements
     def plan(self, text: str, offset: int = 0, mapping: Callable[[int], int] | None = None) -> Plan:
         raise NotImplementedError

@@ -217,10 +217,11 @@ def test_statement_kinds_are_declared(monkeypatch: pytest.MonkeyPatch) -> None:
         pool: str = "default",
         *,
         statement: str | None = None,
+        estimate: resgroups.Estimate | None = None,
     ) -> object:
         kinds.append(kind)
         statements.append(statement)
-        return real(self, kind, pool, statement=statement)
+        return real(self, kind, pool, statement=statement, estimate=estimate)
 
     monkeypatch.setattr(resgroups.Session, "query", spy)
     with resgroups.Engine() as engine:

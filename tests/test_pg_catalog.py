@@ -42,6 +42,7 @@ def test_pg_class_lists_tables_views_and_the_catalog(engine: resgroups.Engine) -
         ("public", "resource_group_rules", "v"),
         ("public", "resource_group_watches", "v"),
         ("public", "resource_groups", "v"),
+        ("public", "resource_selectors", "v"),
         ("public", "t", "r"),
     ]
     # the oids are stable: PostgreSQL's own for its catalogs, a name's hash for a table
@@ -229,8 +230,8 @@ def test_group_by_array_agg_derived_tables_and_offset(engine: resgroups.Engine) 
     assert [(k, n, str(a)) for k, n, a in got] == [
         (
             "v",
-            5,
-            "{resource_groups,resource_group_watches,resource_group_rules,"
+            6,
+            "{resource_selectors,resource_groups,resource_group_watches,resource_group_rules,"
             "resource_group_queries,resource_group_instances}",
         )
     ]

@@ -143,6 +143,7 @@ def test_sqlalchemy_lists_tables_and_views(inspector: Any) -> None:
         "resource_group_instances",
         "resource_group_rules",
         "resource_group_watches",
+        "resource_selectors",
     }
     assert inspector.has_table("readings")
     assert not inspector.has_table("nothing_here")

@@ -372,6 +372,7 @@ def test_node_postgres_session(node_postgres: Path, server: ServerProcess, tmp_p
         [["3"]],
         "42703",
         [["resource_groups"], ["resource_group_queries"], ["resource_group_instances"],
+         ["resource_group_rules"], ["resource_group_watches"], ["resource_selectors"],
          ["readings"]],
     ], f"node-postgres {version}"  # fmt: skip
 

@@ -121,7 +121,7 @@ def estimate(stmt: ast.Select, source: Source) -> Estimate:
     if source.sequence and stmt.where is not None:
         low, high = _x_bounds(stmt.where, 1, source.rows)
         rows = max(0, high - low + 1)
-    return Estimate(rows=rows, memory=rows * 8 * len(source.names))
+    return Estimate(rows=rows, memory=min(rows * 8 * len(source.names), INT64_MAX))
 
 
 _BOUND_OPS: Final = {"<", "<=", ">", ">=", "="}

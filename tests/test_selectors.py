@@ -291,7 +291,7 @@ _SELECTOR = st.tuples(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     selectors=st.lists(_SELECTOR, max_size=6),
     mapping=st.sampled_from([None, *_GROUPS]),

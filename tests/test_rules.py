@@ -308,6 +308,7 @@ def test_any_rule_record_is_applied_whole_or_refused(record: tuple[str, dict[str
         ("SELECT 'a''b', E'x\\'y' FROM t", "select 'other', e'' from t -- a comment"),
         ("SELECT $1::int8, 1.5e3", "select 7 :: int8 , .5"),
         ('SELECT "X" FROM t /* c */', 'select "X"\n\tfrom T'),
+        ("SELECT * FROM t WHERE x > -5", "select * from t where x>-7"),
     ],
 )
 def test_the_same_statement_with_other_literals_has_one_fingerprint(a: str, b: str) -> None:

@@ -221,6 +221,8 @@ def explain(
     *,
     access_control: bool,
     attributes: Attributes | None = None,
+    per_query: bool = True,
+    all_selectors: bool = True,
 ) -> list[Candidate]:
     """Every rule :func:`resolve` considers for ``who``, in its order, and which one
     decides: the same decision ``resolve`` makes (a property test holds them
@@ -245,7 +247,10 @@ def explain(
             rows.append(Candidate(group.name, "session", None, False, error))
             failed = True
     if attributes is not None:
-        rows.extend(_selector_rows(snap, attributes))
+        selector_rows = _selector_rows(snap, attributes, per_query)
+        if not all_selectors:  # the catalog's routing is the admin's to read in full
+            selector_rows = [r for r in selector_rows if r.eligible]
+        rows.extend(selector_rows)
     principal = login_principal(snap, who)
     if not access_control:
         rows.append(Candidate(None, "principal", None, False, "access control is off: no mappings"))
@@ -284,16 +289,32 @@ def explain(
     return rows
 
 
-def _selector_rows(snap: Snapshot, attributes: Attributes) -> list[Candidate]:
+_PER_QUERY: Final = ("statement", "estimated_rows", "estimated_memory")
+
+
+def _selector_rows(snap: Snapshot, attributes: Attributes, per_query: bool) -> list[Candidate]:
     """Every selector in the order routing considers them (highest priority first,
     ties: created first), eligible when all its conditions hold, else with the
-    first that does not."""
+    first that does not. Without ``per_query`` (EXPLAIN, which has no statement),
+    a selector whose other conditions hold but that looks at the statement or the
+    executor's estimate is shown as decided by each query, not eligible."""
     ordered = sorted(snap.selectors.values(), key=lambda s: (-s.priority, s.id))
+    like = snap.selector_index.like
     rows = []
     for selector in ordered:
         group = snap.group(selector.group_id)
         name = group.name if group is not None else None
-        missing = failing(selector.conditions, attributes)
+        conditions = selector.conditions
+        later = [c for c in conditions if c[0] in _PER_QUERY] if not per_query else []
+        missing = failing([c for c in conditions if c not in later], attributes, like)
+        if missing is None and later:
+            decided = " AND ".join(format_condition(c) for c in later)
+            why = (
+                f"selector {selector.name}: its other conditions hold; {decided} is decided "
+                "by each query (its statement text and the executor's estimate)"
+            )
+            rows.append(Candidate(name, "selector", selector.priority, False, why))
+            continue
         if missing is None:
             why = f"selector {selector.name}: {format_conditions(selector.conditions)}"
         else:

@@ -79,6 +79,10 @@ class Session:
 
     def set_tags(self, tags: Iterable[str]) -> None:
         """The client tags selectors see (``client_tags`` over the wire)."""
+        if tags is None or not hasattr(tags, "__iter__"):
+            raise InvalidParameter(
+                f"tags must be a collection of text (tags=('a', 'b')), not {tags!r}"
+            )
         if isinstance(tags, str):
             raise InvalidParameter(
                 f"tags must be a collection of text, not the string {tags!r} "

@@ -17,7 +17,7 @@ from waiting import wait_until
 import resgroups
 from resgroups.access import Identity, explain, resolve
 from resgroups.catalog.records import Record, apply
-from resgroups.catalog.selectors import Attributes, holds, like_pattern
+from resgroups.catalog.selectors import Attributes, LikeMatcher, holds
 from resgroups.sql import ast
 from resgroups.sql.format import format_sql
 from resgroups.sql.parser import parse_one
@@ -252,19 +252,46 @@ def test_session_attributes_are_checked() -> None:
             engine.connect(tags=("",))
         with pytest.raises(resgroups.InvalidParameter, match=r"resgroups\.Estimate"):
             engine.connect().query(estimate=10)  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match=r"Estimate\.rows"):
+        with pytest.raises(resgroups.InvalidParameter, match=r"Estimate\.rows"):
             Estimate(rows=-1)
 
 
-def test_like_patterns() -> None:
-    assert like_pattern("a%b_").fullmatch("a..bc")
-    assert not like_pattern("a%b_").fullmatch("a..b")
-    assert like_pattern("100\\%").fullmatch("100%")
-    assert not like_pattern("100\\%").fullmatch("1000")
-    assert like_pattern("(.*)").fullmatch("(.*)")  # regex characters are literal
+@pytest.mark.parametrize(
+    ("pattern", "text", "expected"),
+    [
+        ("a%b_", "a..bc", True),
+        ("a%b_", "a..b", False),
+        ("100\\%", "100%", True),
+        ("100\\%", "1000", False),
+        ("(.*)", "(.*)", True),  # regex characters are literal
+        ("%", "", True),
+        ("%%%", "abc", True),
+        ("_", "", False),
+        ("a%", "A", False),  # case-sensitive
+        ("%ab%ab%", "abab", True),
+        ("%ab%ab%", "aba", False),
+        ("%a_c%", "xxabcxx", True),
+        ("SELECT % FROM % WHERE %", "SELECT x FROM t WHERE y", True),
+        ("ab", "ab\n", False),
+    ],
+)
+def test_like_matches_as_sql_does(pattern: str, text: str, expected: bool) -> None:
+    assert LikeMatcher(pattern).matches(text) is expected
+
+
+def test_like_is_linear_on_what_makes_a_regex_backtrack() -> None:
+    """'%a%a%a%a%a%a%b' against 100 'a' took 38 s as a regular expression with .*;
+    the matcher answers in one pass per segment (bounded by the test's timeout)."""
+    assert not LikeMatcher("%a%a%a%a%a%a%b").matches("a" * 100_000)
+    statement = "SELECT x FROM t WHERE " + " AND ".join(["a = 1"] * 2000)
+    pattern = "SELECT % FROM % WHERE % AND % AND % AND % LIMIT 10"
+    assert not LikeMatcher(pattern).matches(statement)
+
+
+def test_conditions_hold_as_documented() -> None:
     attrs = Attributes("Ann", application=None)
-    assert not holds(("application", "like", "%"), attrs)  # no application: no match
-    assert holds(("user", "=", "ANN"), attrs)
+    assert not holds(("application", "like", "%"), attrs, {})  # no application: no match
+    assert holds(("user", "=", "ANN"), attrs, {})
 
 
 # ---- the group a query runs in is the one EXPLAIN names ------------------------------------
@@ -359,3 +386,89 @@ def test_any_selector_record_is_applied_whole_or_refused() -> None:
         with pytest.raises(resgroups.CatalogError) as caught:
             apply(base, Record(base.version + 1, "create_selector", args))
         assert caught.value.sqlstate == "XX001", args
+
+
+# ---- found by review ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("condition", "needle"),
+    [
+        ("application = ''", "never holds"),
+        ("tag = ''", "never holds"),
+        (f"tag = '{'t' * 64}'", "never holds"),
+        ("estimated_rows < 0", "never holds"),
+        ("statement LIKE 'abc\\'", "must not end with the escape character"),
+    ],
+)
+def test_selectors_that_can_never_match_are_refused(
+    engine: resgroups.Engine, condition: str, needle: str
+) -> None:
+    session = engine.connect()
+    session.execute("CREATE RESOURCE GROUP g")
+    with pytest.raises(resgroups.InvalidParameter, match=needle):
+        session.execute(f"CREATE RESOURCE SELECTOR s WHEN {condition} THEN RESOURCE GROUP g")
+
+
+def test_kind_select_may_be_written_bare(engine: resgroups.Engine) -> None:
+    session = engine.connect()
+    session.execute("CREATE RESOURCE GROUP g")
+    session.execute("CREATE RESOURCE SELECTOR s WHEN kind = select THEN RESOURCE GROUP g")
+    assert _selectors(session)[0][1] == "kind = 'select'"
+
+
+def test_explain_leaves_per_query_conditions_to_each_query(engine: resgroups.Engine) -> None:
+    session = engine.connect(application="superset")
+    session.execute_script(
+        """CREATE RESOURCE GROUP dashboards;
+        CREATE RESOURCE SELECTOR short WHEN application = 'superset' AND estimated_rows < 100000
+            THEN RESOURCE GROUP dashboards"""
+    )
+    rows = session.execute("EXPLAIN RESOURCE GROUP").rows
+    (selector,) = [r for r in rows if r[1] == "selector"]
+    assert selector[3] is False
+    assert "estimated_rows < 100000 is decided by each query" in selector[4]
+    assert session.execute("SELECT count(*) FROM long_sequence(5)").group == "dashboards"
+
+
+def test_explain_shows_other_users_selectors_to_admins_only(ac_engine: resgroups.Engine) -> None:
+    admin = ac_engine.connect()
+    admin.execute_script(
+        """CREATE RESOURCE GROUP vip; CREATE RESOURCE GROUP bi; CREATE USER ann WITH PASSWORD 'p';
+        CREATE RESOURCE SELECTOR ceo WHEN user = 'ceo' THEN RESOURCE GROUP vip;
+        CREATE RESOURCE SELECTOR tools WHEN application = 'superset' THEN RESOURCE GROUP bi"""
+    )
+    ann = ac_engine.connect("ann", "p", application="superset")
+    shown = {r[4].split(":")[0] for r in ann.execute("EXPLAIN RESOURCE GROUP").rows
+             if r[1] == "selector"}  # fmt: skip
+    assert shown == {"selector tools"}  # the one that routes her, not the others
+    rows = admin.execute("EXPLAIN RESOURCE GROUP FOR USER ann APPLICATION 'superset'").rows
+    assert len([r for r in rows if r[1] == "selector"]) == 2
+
+
+def test_explain_and_sessions_refuse_attributes_no_session_can_have(
+    engine: resgroups.Engine,
+) -> None:
+    session = engine.connect()
+    with pytest.raises(resgroups.InvalidParameter, match="at most 63"):
+        session.execute(f"EXPLAIN RESOURCE GROUP APPLICATION '{'b' * 64}'")
+    with pytest.raises(resgroups.InvalidParameter, match=r"1\.\.63 characters"):
+        session.execute("EXPLAIN RESOURCE GROUP TAGS ('')")
+    with pytest.raises(resgroups.InvalidParameter, match="collection of text"):
+        engine.connect(tags=None)  # type: ignore[arg-type]
+    with pytest.raises(resgroups.InvalidParameter, match=r"Estimate\.memory"):
+        Estimate(memory=2**63)
+
+
+def test_the_index_files_a_selector_under_its_rarest_equality(engine: resgroups.Engine) -> None:
+    session = engine.connect()
+    session.execute("CREATE RESOURCE GROUP g")
+    for i in range(50):
+        session.execute(
+            f"CREATE RESOURCE SELECTOR s{i} WHEN kind = 'select' AND tag = 't{i}' "
+            "THEN RESOURCE GROUP g"
+        )
+    index = engine.snapshot.selector_index
+    assert ("kind", "select") not in index.by_value  # filed under their tags
+    assert len(index.candidates(Attributes("u", tags=frozenset({"t7"})))) == 1
+    assert _group_of(engine.connect(tags=("t7",))) == "g"

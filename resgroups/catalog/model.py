@@ -463,14 +463,15 @@ class Snapshot:
         condition holds, the highest priority, ties to the one created first
         (None: none matches). O(candidates) through the index."""
         best: SelectorDef | None = None
-        for selector_id in self.selector_index.candidates(attrs):
+        index = self.selector_index
+        for selector_id in index.candidates(attrs):
             selector = self.selectors[selector_id]
             if best is not None and (selector.priority, -selector.id) <= (
                 best.priority,
                 -best.id,
             ):
                 continue
-            if failing(selector.conditions, attrs) is None:
+            if failing(selector.conditions, attrs, index.like) is None:
                 best = selector
         return best
 

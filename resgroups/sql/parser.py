@@ -411,6 +411,9 @@ class _ToAst(Transformer[Token, Any]):
     def selector_eq(self, attribute: str, raw: RawValue) -> tuple[Any, ...]:
         return self._selector_condition(attribute, "=", raw)
 
+    def selector_eq_select(self, attribute: str) -> tuple[Any, ...]:
+        return self._selector_condition(attribute, "=", RawValue("word", "select"))
+
     def selector_like(self, attribute: str, raw: RawValue) -> tuple[Any, ...]:
         return self._selector_condition(attribute, "like", raw)
 

@@ -22,8 +22,14 @@ from resgroups.catalog import Principal, Snapshot
 from resgroups.catalog.model import RuleDef
 from resgroups.catalog.names import Ident
 from resgroups.catalog.rules import format_conditions, format_duration
-from resgroups.catalog.selectors import Attributes
-from resgroups.errors import CatalogError, FeatureNotSupported, PermissionDenied, did_you_mean
+from resgroups.catalog.selectors import MAX_APPLICATION, MAX_TAG, MAX_TAGS, Attributes
+from resgroups.errors import (
+    CatalogError,
+    FeatureNotSupported,
+    InvalidParameter,
+    PermissionDenied,
+    did_you_mean,
+)
 from resgroups.result import Result
 from resgroups.sql import ast
 from resgroups.sql.ast import PrincipalKind
@@ -265,9 +271,9 @@ def explain_resource_group(session: Session, stmt: ast.ExplainResourceGroup) -> 
         who, chosen = Identity(principal.name, login_id=principal.id), None
         application, tags = None, frozenset()
     if stmt.application is not None:
-        application = stmt.application
+        application = _checked_application(stmt.application)
     if stmt.tags is not None:
-        tags = frozenset(stmt.tags)
+        tags = _checked_tags(stmt.tags)
     attributes = Attributes(who.login_name, stmt.query_kind or "select", application, tags)
     if attributes.kind == "export":  # exports keep the principal's group (SPEC §3)
         chosen = None
@@ -279,19 +285,41 @@ def explain_resource_group(session: Session, stmt: ast.ExplainResourceGroup) -> 
         )
         rows: list[tuple[object, ...]] = [(None, "unmanaged", None, True, why, True)]
     else:
+        admin = is_group_admin(snap, session.identity, access_control=engine.access_control)
         candidates = explain(
-            snap, who, chosen, access_control=engine.access_control, attributes=attributes
+            snap,
+            who,
+            chosen,
+            access_control=engine.access_control,
+            attributes=attributes,
+            per_query=False,  # no statement here: its conditions are each query's
+            all_selectors=admin,  # others see the selectors that route them
         )
         rows = [(c.candidate, c.source, c.priority, c.eligible, c.reason, c.chosen)
                 for c in candidates]  # fmt: skip
         picked = next((c.candidate for c in candidates if c.chosen), None)
         group = snap.find_group(Ident(picked, quoted=True)) if picked is not None else None
-        admin = is_group_admin(snap, session.identity, access_control=engine.access_control)
         if group is not None and admin:  # the rules are RESOURCE GROUP ADMIN's to read
             for rule in snap.rules_of(group.id):
                 text = _rule_text(snap, rule)
                 rows.append((group.name, "resource_rule", None, False, text, False))
     return Result.table(EXPLAIN_COLUMNS, rows, EXPLAIN_TYPES)
+
+
+def _checked_application(application: str) -> str | None:
+    """EXPLAIN's APPLICATION, as a session would have it ('' is none)."""
+    if len(application) > MAX_APPLICATION:
+        raise InvalidParameter(
+            f"APPLICATION of {len(application)} characters: at most {MAX_APPLICATION}"
+        )
+    return application or None
+
+
+def _checked_tags(tags: tuple[str, ...]) -> frozenset[str]:
+    """EXPLAIN's TAGS, as a session could carry them."""
+    if len(tags) > MAX_TAGS or any(not t or len(t) > MAX_TAG for t in tags):
+        raise InvalidParameter(f"TAGS: at most {MAX_TAGS} tags of 1..{MAX_TAG} characters")
+    return frozenset(tags)
 
 
 def _rule_text(snap: Snapshot, rule: RuleDef) -> str:

@@ -664,8 +664,9 @@ class Query:
             raise InternalError("an unmanaged query has no gate to pass")
         mode = self._mode
         dispatcher = self._dispatcher
-        if not mode.fenced:
-            if not dispatcher.core.engaged:  # read without the lock: a hint
+        # read without the lock, as hints: somebody queued means no fast path (FIFO)
+        if not mode.fenced and not runtime.gate.gate.waiting:
+            if not dispatcher.core.engaged:
                 if dispatcher.admit_counted(
                     runtime.gate.gate, runtime.cpu, self.pool_name, self.user, now
                 ):

@@ -547,7 +547,8 @@ class GateRuntime:
 
     ``lock`` may be shared: an engine's gates all use its dispatcher's lock,
     so that a query's fast path takes a slot and a worker under one lock
-    (``Dispatcher.admit_at_once``). Nothing here takes another lock while holding it.
+    (``Dispatcher.admit_counted``, ``Dispatcher.admit_at_once``). Nothing here takes
+    another lock while holding it.
     """
 
     def __init__(

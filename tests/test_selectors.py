@@ -472,3 +472,20 @@ def test_the_index_files_a_selector_under_its_rarest_equality(engine: resgroups.
     assert ("kind", "select") not in index.by_value  # filed under their tags
     assert len(index.candidates(Attributes("u", tags=frozenset({"t7"})))) == 1
     assert _group_of(engine.connect(tags=("t7",))) == "g"
+
+
+def test_joins_unions_and_subqueries_carry_an_upper_bound(engine: resgroups.Engine) -> None:
+    session = engine.connect()
+    session.execute_script(
+        """CREATE RESOURCE GROUP small; CREATE RESOURCE GROUP big;
+        CREATE RESOURCE SELECTOR a WHEN estimated_rows < 100000 THEN RESOURCE GROUP small;
+        CREATE RESOURCE SELECTOR b WHEN estimated_rows > 1000000 THEN RESOURCE GROUP big;
+        CREATE TABLE t AS SELECT x FROM long_sequence(2000)"""
+    )
+    cases = {
+        "SELECT count(*) FROM t a JOIN t b ON a.x = b.x": "big",  # 4,000,000 at most
+        "SELECT x FROM t UNION ALL SELECT x FROM t LIMIT 1": "small",  # 4,000
+        "SELECT count(*) FROM (SELECT x FROM t) AS d": "small",
+    }
+    for text, group in cases.items():
+        assert session.execute(text).group == group, text

@@ -14,6 +14,8 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Final
 
 from resgroups.access import check_group_admin, check_use, find_runtime_group
+from resgroups.catalog.params import INT64_MAX
+from resgroups.catalog.selectors import Estimate
 from resgroups.errors import (
     DatatypeMismatch,
     FeatureNotSupported,
@@ -213,7 +215,11 @@ def select(session: Session, stmt: ast.Select) -> Result:
         return _select_simple(session, stmt)
     group = None
     if _reads_tables(session, stmt):  # the workload's tables: a managed query
-        with session.query(kind="select", statement=format_sql(stmt)) as q:
+        with session.query(
+            kind="select",
+            statement=format_sql(stmt),
+            estimate=_row_engine_estimate(session, stmt),
+        ) as q:
             out, _ = _run(session, stmt, session.eval_context(q.group))
             group = q.group
     else:  # the catalog and engine state: unmanaged, like resource_groups()
@@ -225,7 +231,11 @@ def union(session: Session, stmt: ast.Union) -> Result:
     """``SELECT ... UNION [ALL] SELECT ...`` over the catalog (unmanaged) or, when
     a branch reads the workload's tables, as one managed query."""
     if _reads_tables(session, stmt):
-        with session.query(kind="select", statement=format_sql(stmt)) as q:
+        with session.query(
+            kind="select",
+            statement=format_sql(stmt),
+            estimate=_row_engine_estimate(session, stmt),
+        ) as q:
             out = _union(session, stmt, session.eval_context(q.group))
         return replace(Result.table(out.columns, out.rows, out.types), group=q.group)
     out = _union(session, stmt, session.eval_context())
@@ -278,6 +288,42 @@ def _reads_tables(session: Session, node: object) -> bool:
     return False
 
 
+def _rows_read(session: Session, node: object) -> int:
+    """An upper bound of the rows a query answered by the row engine reads, for
+    selectors (SPEC §15): the product of the row counts of the executor tables
+    and sequences a SELECT names (a join reads at most their product, a
+    subquery no more), the sum of a union's branches, capped at 2^63-1."""
+    if isinstance(node, ast.Union):  # a union reads its branches one after the other
+        return min(sum(_rows_read(session, branch) for branch in node.selects), INT64_MAX)
+    rows = 1
+    for size in _sizes(session, node):
+        rows = min(rows * size, INT64_MAX)
+    return rows
+
+
+def _sizes(session: Session, node: object) -> list[int]:
+    match node:
+        case ast.TableName(name=name, schema=schema) if schema is None or (
+            schema.text.casefold() == "public"
+        ):
+            try:
+                return [session.engine.tables.get(name).rows]
+            except UndefinedTable:
+                return []
+        case ast.TableFunction(name="long_sequence", args=(ast.Literal(value=int() as n),)):
+            return [max(0, n)]
+    if isinstance(node, tuple):
+        return [n for x in node for n in _sizes(session, x)]
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return [n for f in dataclasses.fields(node) for n in _sizes(session, getattr(node, f.name))]
+    return []
+
+
+def _row_engine_estimate(session: Session, stmt: ast.Statement) -> Estimate:
+    rows = _rows_read(session, stmt)
+    return Estimate(rows=rows, memory=min(rows * 8, INT64_MAX))
+
+
 def _select_simple(session: Session, stmt: ast.Select) -> Result:
     match stmt.source:
         case None:
@@ -292,7 +338,11 @@ def _select_simple(session: Session, stmt: ast.Select) -> Result:
     if not managed:
         out = run_select(stmt, source, session.eval_context())
     else:
-        with session.query(kind="select", statement=format_sql(stmt)) as q:
+        with session.query(
+            kind="select",
+            statement=format_sql(stmt),
+            estimate=_row_engine_estimate(session, stmt),
+        ) as q:
             out = run_select(stmt, source, session.eval_context(q.group))
             group = q.group
     return replace(Result.table(out.columns, out.rows, out.types), group=group)

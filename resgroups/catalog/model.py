@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
-from typing import Any, Final
+from typing import Any, Final, Protocol, TypeVar
 
 from immutables import Map
 
@@ -193,6 +193,30 @@ class RuleDef:
     action: str
     target_id: int | None = None
     watch_ms: int = 0
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def quoted(self) -> bool: ...
+
+
+N = TypeVar("N", bound=_Named)
+
+
+def _find_named(objects: Iterable[N], ref: Ident) -> N | None:
+    """The object ``ref`` names among ``objects`` (in their order): an exact match
+    first, then a case-insensitive one (rules and selectors, few enough to scan)."""
+    same = [o for o in objects if o.name.casefold() == ref.text.casefold()]
+    exact = [o for o in same if o.name == ref.text]
+    loose = [o for o in same if _matches(o.name, o.quoted, ref)]
+    return next(iter(exact or loose), None)
+
+
+def _name_taken(objects: Iterable[N], new: Ident) -> N | None:
+    """The object a new one called ``new`` would be confused with (see ``conflicts``)."""
+    return next((o for o in objects if conflicts(o.name, o.quoted, new)), None)
 
 
 @dataclass(frozen=True)
@@ -411,14 +435,10 @@ class Snapshot:
         return [r for r in self.all_rules if r.target_id == group_id]
 
     def find_rule(self, ref: Ident) -> RuleDef | None:
-        same = [r for r in self.all_rules if r.name.casefold() == ref.text.casefold()]
-        exact = [r for r in same if r.name == ref.text]
-        loose = [r for r in same if _matches(r.name, r.quoted, ref)]
-        return next(iter(exact or loose), None)
+        return _find_named(self.all_rules, ref)
 
     def rule_name_taken(self, new: Ident) -> RuleDef | None:
-        clash = [r for r in self.rules.values() if conflicts(r.name, r.quoted, new)]
-        return clash[0] if clash else None
+        return _name_taken(self.rules.values(), new)
 
     def with_rule(self, rule: RuleDef) -> Snapshot:
         """The snapshot with ``rule`` added, or replacing the rule of its id."""
@@ -438,14 +458,10 @@ class Snapshot:
         return [r for r in self.all_selectors if r.group_id == group_id]
 
     def find_selector(self, ref: Ident) -> SelectorDef | None:
-        same = [r for r in self.all_selectors if r.name.casefold() == ref.text.casefold()]
-        exact = [r for r in same if r.name == ref.text]
-        loose = [r for r in same if _matches(r.name, r.quoted, ref)]
-        return next(iter(exact or loose), None)
+        return _find_named(self.all_selectors, ref)
 
     def selector_name_taken(self, new: Ident) -> SelectorDef | None:
-        clash = [r for r in self.selectors.values() if conflicts(r.name, r.quoted, new)]
-        return clash[0] if clash else None
+        return _name_taken(self.selectors.values(), new)
 
     def with_selector(self, selector: SelectorDef) -> Snapshot:
         return self.evolve(selectors=self.selectors.set(selector.id, selector))

@@ -9,9 +9,10 @@ from resgroups.access import find_runtime_group
 from resgroups.catalog import Snapshot
 from resgroups.catalog.model import RuleDef
 from resgroups.catalog.rules import MOVE
-from resgroups.errors import CatalogError, did_you_mean
+from resgroups.errors import CatalogError
 from resgroups.result import Result
 from resgroups.sql import ast
+from resgroups.statements.named import duplicate, undefined
 
 if TYPE_CHECKING:
     from resgroups.session import Session
@@ -20,22 +21,15 @@ Change = tuple[str, dict[str, object]] | None
 
 
 def _duplicate(name: ast.Ident, existing: RuleDef) -> CatalogError:
-    shown = f" as {existing.name}" if existing.name != name.text else ""
-    return CatalogError(
-        f"resource rule {name.text} already exists{shown}", sqlstate=CatalogError.DUPLICATE
-    )
+    return duplicate("resource rule", name, existing.name)
 
 
 def find_rule(snap: Snapshot, ref: ast.Ident) -> RuleDef:
     """The rule ``ref`` names, or CatalogError 42704 with a suggestion."""
-    rule = snap.find_rule(ref)
-    if rule is None:
-        raise CatalogError(
-            f"resource rule {ref.text} does not exist."
-            + did_you_mean(ref.text, [r.name for r in snap.all_rules]),
-            sqlstate=CatalogError.UNDEFINED,
-        )
-    return rule
+    found = snap.find_rule(ref)
+    if found is None:
+        raise undefined("resource rule", ref, (r.name for r in snap.all_rules))
+    return found
 
 
 def create_resource_rule(session: Session, stmt: ast.CreateResourceRule) -> Result:

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 from resgroups.access import find_runtime_group
 from resgroups.catalog import Snapshot
 from resgroups.catalog.model import SelectorDef
-from resgroups.errors import CatalogError, did_you_mean
+from resgroups.errors import CatalogError
 from resgroups.result import Result
 from resgroups.sql import ast
+from resgroups.statements.named import duplicate, undefined
 
 if TYPE_CHECKING:
     from resgroups.session import Session
@@ -19,22 +20,15 @@ Change = tuple[str, dict[str, object]] | None
 
 
 def _duplicate(name: ast.Ident, existing: SelectorDef) -> CatalogError:
-    shown = f" as {existing.name}" if existing.name != name.text else ""
-    return CatalogError(
-        f"resource selector {name.text} already exists{shown}", sqlstate=CatalogError.DUPLICATE
-    )
+    return duplicate("resource selector", name, existing.name)
 
 
 def find_selector(snap: Snapshot, ref: ast.Ident) -> SelectorDef:
     """The selector ``ref`` names, or CatalogError 42704 with a suggestion."""
-    selector = snap.find_selector(ref)
-    if selector is None:
-        raise CatalogError(
-            f"resource selector {ref.text} does not exist."
-            + did_you_mean(ref.text, [r.name for r in snap.all_selectors]),
-            sqlstate=CatalogError.UNDEFINED,
-        )
-    return selector
+    found = snap.find_selector(ref)
+    if found is None:
+        raise undefined("resource selector", ref, (r.name for r in snap.all_selectors))
+    return found
 
 
 def create_resource_selector(session: Session, stmt: ast.CreateResourceSelector) -> Result:

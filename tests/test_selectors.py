@@ -386,6 +386,14 @@ def test_any_selector_record_is_applied_whole_or_refused() -> None:
         with pytest.raises(resgroups.CatalogError) as caught:
             apply(base, Record(base.version + 1, "create_selector", args))
         assert caught.value.sqlstate == "XX001", args
+    made = apply(base, Record(base.version + 1, "create_selector", good))
+    with pytest.raises(resgroups.CatalogError, match="missing selector"):  # never a boolean
+        apply(made, Record(made.version + 1, "drop_selector", {"id": True}))
+    other = {**good, "id": made.next_id, "name": "t"}
+    both = apply(made, Record(made.version + 1, "create_selector", other))
+    rename = {"id": good["id"], "name": "T", "quoted": False}
+    with pytest.raises(resgroups.CatalogError, match="taken"):
+        apply(both, Record(both.version + 1, "rename_selector", rename))
 
 
 # ---- found by review ------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Final, TypeGuard
+from typing import Any, Final, TypeGuard, TypeVar
 
 from resgroups.auth import is_md5_verifier, is_password_hash
 from resgroups.catalog.model import (
@@ -385,6 +385,9 @@ def _assume(grant: bool) -> Callable[[Snapshot, Mapping[str, Any]], Snapshot]:
     return apply_assume
 
 
+_N = TypeVar("_N", RuleDef, SelectorDef)
+
+
 def _rule(snap: Snapshot, rule_id: object) -> RuleDef:
     rule = snap.rules.get(rule_id) if _is_id(rule_id) else None
     if rule is None:
@@ -427,13 +430,18 @@ def _create_rule(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     return snap.with_rule(rule).evolve(next_id=rule_id + 1)
 
 
-def _rename_rule(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
-    rule = _rule(snap, a["id"])
+def _renamed(found: _N, a: Mapping[str, Any], taken: Callable[[Ident], _N | None]) -> _N:
+    """``found`` (a rule or a selector) under the record's new name, unless another
+    of its kind has it (``taken``)."""
     name, quoted = _name(a)
-    taken = snap.rule_name_taken(Ident(name, quoted))
-    if taken is not None and taken.id != rule.id:
-        raise _Invalid(f"cannot rename rule {rule.name} to {name}: taken")
-    return snap.with_rule(replace(rule, name=name, quoted=quoted))
+    other = taken(Ident(name, quoted))
+    if other is not None and other.id != found.id:
+        raise _Invalid(f"cannot rename {found.name} to {name}: taken")
+    return replace(found, name=name, quoted=quoted)
+
+
+def _rename_rule(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
+    return snap.with_rule(_renamed(_rule(snap, a["id"]), a, snap.rule_name_taken))
 
 
 def _drop_rule(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
@@ -441,7 +449,7 @@ def _drop_rule(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
 
 
 def _selector(snap: Snapshot, selector_id: object) -> SelectorDef:
-    selector = snap.selectors.get(selector_id) if isinstance(selector_id, int) else None
+    selector = snap.selectors.get(selector_id) if _is_id(selector_id) else None
     if selector is None:
         raise _Invalid(f"refers to missing selector id {selector_id!r}")
     return selector
@@ -464,12 +472,7 @@ def _create_selector(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
 
 
 def _rename_selector(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
-    selector = _selector(snap, a["id"])
-    name, quoted = _name(a)
-    taken = snap.selector_name_taken(Ident(name, quoted))
-    if taken is not None and taken.id != selector.id:
-        raise _Invalid(f"cannot rename selector {selector.name} to {name}: taken")
-    return snap.with_selector(replace(selector, name=name, quoted=quoted))
+    return snap.with_selector(_renamed(_selector(snap, a["id"]), a, snap.selector_name_taken))
 
 
 def _drop_selector(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:

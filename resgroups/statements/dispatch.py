@@ -8,7 +8,7 @@ raise FeatureNotSupported without it) and the permission it needs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final
@@ -23,6 +23,7 @@ from resgroups.errors import (
     UndefinedTable,
 )
 from resgroups.exec import executor
+from resgroups.exec.tables import Table
 from resgroups.exec.vector import dtype_type
 from resgroups.result import Cursor, Result, RowsCursor
 from resgroups.sql import ast
@@ -268,24 +269,39 @@ def _union(session: Session, stmt: ast.Union, ctx: EvalContext) -> Relation:
     return replace(out, columns=first.columns)
 
 
+def _sources(node: object) -> Iterator[ast.TableName | ast.TableFunction]:
+    """Every relation a statement reads from, anywhere in it (a table function's
+    arguments are not looked into)."""
+    if isinstance(node, ast.TableName | ast.TableFunction):
+        yield node
+    elif isinstance(node, tuple):
+        for item in node:
+            yield from _sources(item)
+    elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for f in dataclasses.fields(node):
+            yield from _sources(getattr(node, f.name))
+
+
+def _executor_table(session: Session, source: ast.TableName | ast.TableFunction) -> Table | None:
+    """The executor table ``source`` names (None: not one)."""
+    if isinstance(source, ast.TableFunction):
+        return None
+    if source.schema is not None and source.schema.text.casefold() != "public":
+        return None
+    try:
+        return session.engine.tables.get(source.name)
+    except UndefinedTable:
+        return None
+
+
 def _reads_tables(session: Session, node: object) -> bool:
     """Whether ``node`` names an executor table (or long_sequence) anywhere."""
-    match node:
-        case ast.TableName(name=name, schema=schema) if schema is None or (
-            schema.text.casefold() == "public"
-        ):
-            try:
-                session.engine.tables.get(name)
-            except UndefinedTable:
-                return False
-            return True
-        case ast.TableFunction(name=name):
-            return name not in TABLE_FUNCTIONS and name not in SERIES
-    if isinstance(node, tuple):
-        return any(_reads_tables(session, x) for x in node)
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return any(_reads_tables(session, getattr(node, f.name)) for f in dataclasses.fields(node))
-    return False
+    return any(
+        _executor_table(session, source) is not None
+        if isinstance(source, ast.TableName)
+        else source.name not in TABLE_FUNCTIONS and source.name not in SERIES
+        for source in _sources(node)
+    )
 
 
 def _rows_read(session: Session, node: object) -> int:
@@ -296,27 +312,15 @@ def _rows_read(session: Session, node: object) -> int:
     if isinstance(node, ast.Union):  # a union reads its branches one after the other
         return min(sum(_rows_read(session, branch) for branch in node.selects), INT64_MAX)
     rows = 1
-    for size in _sizes(session, node):
-        rows = min(rows * size, INT64_MAX)
+    for source in _sources(node):
+        match source:
+            case ast.TableFunction(name="long_sequence", args=(ast.Literal(value=int() as n),)):
+                rows = min(rows * max(0, n), INT64_MAX)
+            case ast.TableName():
+                table = _executor_table(session, source)
+                if table is not None:
+                    rows = min(rows * table.rows, INT64_MAX)
     return rows
-
-
-def _sizes(session: Session, node: object) -> list[int]:
-    match node:
-        case ast.TableName(name=name, schema=schema) if schema is None or (
-            schema.text.casefold() == "public"
-        ):
-            try:
-                return [session.engine.tables.get(name).rows]
-            except UndefinedTable:
-                return []
-        case ast.TableFunction(name="long_sequence", args=(ast.Literal(value=int() as n),)):
-            return [max(0, n)]
-    if isinstance(node, tuple):
-        return [n for x in node for n in _sizes(session, x)]
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return [n for f in dataclasses.fields(node) for n in _sizes(session, getattr(node, f.name))]
-    return []
 
 
 def _row_engine_estimate(session: Session, stmt: ast.Statement) -> Estimate:

@@ -5,6 +5,7 @@ and principals."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from resgroups.errors import CatalogError, did_you_mean
 from resgroups.sql import ast
@@ -24,3 +25,20 @@ def undefined(kind: str, ref: ast.Ident, names: Iterable[str]) -> CatalogError:
         f"{kind} {ref.text} does not exist." + did_you_mean(ref.text, list(names)),
         sqlstate=CatalogError.UNDEFINED,
     )
+
+
+class Named(Protocol):
+    @property
+    def id(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+
+
+def renamed(
+    op: str, kind: str, found: Named, new_name: ast.Ident, taken: Named | None
+) -> tuple[str, dict[str, object]]:
+    """The record of ``ALTER RESOURCE RULE|SELECTOR name RENAME TO new_name``:
+    ``taken`` is the object of the same kind ``new_name`` would be confused with."""
+    if taken is not None and taken.id != found.id:
+        raise duplicate(kind, new_name, taken.name)
+    return op, {"id": found.id, "name": new_name.text, "quoted": new_name.quoted}

@@ -12,7 +12,7 @@ from resgroups.catalog.rules import MOVE
 from resgroups.errors import CatalogError
 from resgroups.result import Result
 from resgroups.sql import ast
-from resgroups.statements.named import duplicate, undefined
+from resgroups.statements.named import duplicate, renamed, undefined
 
 if TYPE_CHECKING:
     from resgroups.session import Session
@@ -67,15 +67,8 @@ def create_resource_rule(session: Session, stmt: ast.CreateResourceRule) -> Resu
 
 def rename_resource_rule(session: Session, stmt: ast.RenameResourceRule) -> Result:
     def build(snap: Snapshot) -> Change:
-        rule = find_rule(snap, stmt.name)
-        taken = snap.rule_name_taken(stmt.new_name)
-        if taken is not None and taken.id != rule.id:
-            raise _duplicate(stmt.new_name, taken)
-        return "rename_rule", {
-            "id": rule.id,
-            "name": stmt.new_name.text,
-            "quoted": stmt.new_name.quoted,
-        }
+        found, taken = find_rule(snap, stmt.name), snap.rule_name_taken(stmt.new_name)
+        return renamed("rename_rule", "resource rule", found, stmt.new_name, taken)
 
     session.engine.write_catalog(build)
     return Result.command("ALTER RESOURCE RULE")

@@ -11,7 +11,7 @@ from resgroups.catalog.model import SelectorDef
 from resgroups.errors import CatalogError
 from resgroups.result import Result
 from resgroups.sql import ast
-from resgroups.statements.named import duplicate, undefined
+from resgroups.statements.named import duplicate, renamed, undefined
 
 if TYPE_CHECKING:
     from resgroups.session import Session
@@ -54,15 +54,8 @@ def create_resource_selector(session: Session, stmt: ast.CreateResourceSelector)
 
 def rename_resource_selector(session: Session, stmt: ast.RenameResourceSelector) -> Result:
     def build(snap: Snapshot) -> Change:
-        selector = find_selector(snap, stmt.name)
-        taken = snap.selector_name_taken(stmt.new_name)
-        if taken is not None and taken.id != selector.id:
-            raise _duplicate(stmt.new_name, taken)
-        return "rename_selector", {
-            "id": selector.id,
-            "name": stmt.new_name.text,
-            "quoted": stmt.new_name.quoted,
-        }
+        found, taken = find_selector(snap, stmt.name), snap.selector_name_taken(stmt.new_name)
+        return renamed("rename_selector", "resource selector", found, stmt.new_name, taken)
 
     session.engine.write_catalog(build)
     return Result.command("ALTER RESOURCE SELECTOR")

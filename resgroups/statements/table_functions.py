@@ -26,6 +26,7 @@ from resgroups.sched.stats import COLUMNS
 from resgroups.sql.select import Relation
 
 if TYPE_CHECKING:
+    from resgroups.catalog import Snapshot
     from resgroups.session import Session
 
 
@@ -37,19 +38,31 @@ class TableFunction:
     engine_state: bool  # True: unmanaged, like every function over engine state
 
 
-def _resource_groups(session: Session, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+def _no_arguments(name: str, args: tuple[Any, ...]) -> None:
     if args:
-        raise DatatypeMismatch(f"resource_groups() takes no arguments, got {len(args)}")
+        raise DatatypeMismatch(f"{name}() takes no arguments, got {len(args)}")
+
+
+def _for_group_admins(session: Session, name: str, args: tuple[Any, ...]) -> Snapshot:
+    """A function over engine state that takes no arguments and needs RESOURCE
+    GROUP ADMIN: the snapshot it reads, once both are checked."""
+    _no_arguments(name, args)
     engine = session.engine
-    check_group_admin(engine.snapshot, session.identity, access_control=engine.access_control)
+    snap = engine.snapshot
+    check_group_admin(snap, session.identity, access_control=engine.access_control)
+    return snap
+
+
+def _resource_groups(session: Session, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    _for_group_admins(session, "resource_groups", args)
+    engine = session.engine
     return [stats.row() for stats in engine.statistics()]
 
 
 def _resource_group_queries(session: Session, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     """Every managed query that is queued, running, parked or suspended. An admin or
     RESOURCE GROUP ADMIN sees all of them; anyone else sees their own."""
-    if args:
-        raise DatatypeMismatch(f"resource_group_queries() takes no arguments, got {len(args)}")
+    _no_arguments("resource_group_queries", args)
     engine = session.engine
     sees_all = is_group_admin(
         engine.snapshot, session.identity, access_control=engine.access_control
@@ -71,10 +84,8 @@ INSTANCE_COLUMNS: Final = (
 
 def _resource_group_instances(session: Session, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     """The fleet's instances and their health (fleet mode); RESOURCE GROUP ADMIN."""
-    if args:
-        raise DatatypeMismatch(f"resource_group_instances() takes no arguments, got {len(args)}")
+    _for_group_admins(session, "resource_group_instances", args)
     engine = session.engine
-    check_group_admin(engine.snapshot, session.identity, access_control=engine.access_control)
     if engine.fleet is None:
         raise FeatureNotSupported(
             "resource_group_instances() lists the instances of a fleet: start the engine "
@@ -96,11 +107,8 @@ RULE_COLUMNS: Final = (
 def _resource_group_rules(session: Session, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     """Every runaway-query rule, in creation order, with how often it acted
     (SPEC §16); RESOURCE GROUP ADMIN."""
-    if args:
-        raise DatatypeMismatch(f"resource_group_rules() takes no arguments, got {len(args)}")
+    snap = _for_group_admins(session, "resource_group_rules", args)
     engine = session.engine
-    snap = engine.snapshot
-    check_group_admin(snap, session.identity, access_control=engine.access_control)
     rows = []
     for rule in snap.all_rules:
         hit = engine.rule_hits.get(rule.id)
@@ -130,11 +138,8 @@ WATCH_COLUMNS: Final = (
 def _resource_group_watches(session: Session, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     """The statements watched after a rule's KILL or MOVE, until when, and how many
     queries the watch caught (SPEC §16); RESOURCE GROUP ADMIN."""
-    if args:
-        raise DatatypeMismatch(f"resource_group_watches() takes no arguments, got {len(args)}")
+    snap = _for_group_admins(session, "resource_group_watches", args)
     engine = session.engine
-    snap = engine.snapshot
-    check_group_admin(snap, session.identity, access_control=engine.access_control)
     rows = []
     for watch in engine.watches.entries():
         rule = snap.rules.get(watch.rule_id)
@@ -154,11 +159,8 @@ SELECTOR_COLUMNS: Final = (
 def _resource_selectors(session: Session, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     """Every selector, in creation order, with how many queries it routed (SPEC §15);
     RESOURCE GROUP ADMIN."""
-    if args:
-        raise DatatypeMismatch(f"resource_selectors() takes no arguments, got {len(args)}")
+    snap = _for_group_admins(session, "resource_selectors", args)
     engine = session.engine
-    snap = engine.snapshot
-    check_group_admin(snap, session.identity, access_control=engine.access_control)
     return [
         (
             selector.name,

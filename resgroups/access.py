@@ -154,12 +154,27 @@ def find_runtime_group(snap: Snapshot, ref: Ident) -> GroupDef:
             f"name one of its variants ({_variant_list(snap, group)})",
             sqlstate=CatalogError.FORBIDDEN,
         )
+    if snap.is_inner(group.id):
+        raise CatalogError(
+            f"resource group {group.name} has children, so queries do not start in it: "
+            f"name one of its children ({_children_list(snap, group)})",
+            sqlstate=CatalogError.FORBIDDEN,
+        )
     return group
+
+
+def _children_list(snap: Snapshot, group: GroupDef) -> str:
+    return ", ".join(f'"{c.name}"' for c in snap.children_of(group.id))
 
 
 def _lost_choice(snap: Snapshot, chosen: int) -> str:
     """Why a session's SET RESOURCE GROUP choice no longer resolves."""
     base = snap.group(chosen)
+    if base is not None and snap.is_inner(chosen):  # it gained children since
+        return (
+            f"resource group {base.name} chosen by SET RESOURCE GROUP has children now; "
+            f"choose one of them ({_children_list(snap, base)})"
+        )
     if base is not None:  # it exists, so it gained variants since
         return (
             f"resource group {base.name} chosen by SET RESOURCE GROUP has variants now; "
@@ -185,7 +200,7 @@ def resolve(
     ``attributes`` what the query is, for selectors (None: none apply)."""
     if chosen is not None:
         group = snap.runtime_group(chosen)
-        if group is None:
+        if group is None or snap.is_inner(chosen):
             raise CatalogError(_lost_choice(snap, chosen), sqlstate=CatalogError.UNDEFINED)
         check_use(snap, who, group, access_control=access_control)
         return group
@@ -232,7 +247,7 @@ def explain(
     failed = False
     if chosen is not None:
         group = snap.runtime_group(chosen)
-        if group is None:
+        if group is None or snap.is_inner(chosen):
             name = snap.group_name(chosen) or f"id {chosen}"
             rows.append(Candidate(name, "session", None, False, _lost_choice(snap, chosen)))
             failed = True

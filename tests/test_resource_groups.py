@@ -39,6 +39,8 @@ EXPECTED_COLUMNS = [
     ("cpu_burst_millis", "float"),
     ("base_group", "text"),
     ("fleet_quota", "int"),
+    ("parent_group", "text"),
+    ("max_active_queries_per_user", "int"),
 ]
 
 
@@ -80,6 +82,8 @@ def test_default_row_shows_the_unset_values(engine: resgroups.Engine) -> None:
         "cpu_burst_millis": None,
         "base_group": None,  # not a variant
         "fleet_quota": None,  # not in fleet quota mode
+        "parent_group": None,  # top level
+        "max_active_queries_per_user": None,
     }
 
 

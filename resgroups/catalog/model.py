@@ -158,6 +158,19 @@ class GroupDef:
         assert isinstance(value, str)
         return value
 
+    @property
+    def max_active_queries_per_user(self) -> int | None:
+        value = self.value("max_active_queries_per_user")
+        assert value is None or isinstance(value, int)
+        return value
+
+    @property
+    def parent_id(self) -> int | None:
+        """The id of the group this one is nested in (SPEC §14); None: top level."""
+        value = self.params.get("parent")
+        assert value is None or isinstance(value, int)
+        return value
+
 
 @dataclass(frozen=True)
 class Principal:
@@ -302,6 +315,7 @@ class Snapshot:
         state.pop("groups", None)  # the cached listings belong to self alone
         state.pop("rules_by_group", None)
         state.pop("selector_index", None)
+        state.pop("children", None)
         state.update(changes)
         return new
 
@@ -410,6 +424,51 @@ class Snapshot:
     def variants_of(self, base: GroupDef) -> list[GroupDef]:
         """A base's variants, in creation order."""
         return [self.group_by_id[i] for i in base.variants]
+
+    # ---- the tree of groups (SPEC §14)
+    @cached_property
+    def children(self) -> Mapping[int, tuple[int, ...]]:
+        """Each inner group's children's ids, in creation order, computed once per
+        snapshot (empty while no group has a parent)."""
+        by_parent: dict[int, tuple[int, ...]] = {}
+        for group in self.all_groups:
+            parent = group.parent_id
+            if parent is not None:
+                by_parent[parent] = (*by_parent.get(parent, ()), group.id)
+        return by_parent
+
+    def children_of(self, group_id: int) -> list[GroupDef]:
+        """A group's children, in creation order."""
+        return [self.group_by_id[i] for i in self.children.get(group_id, ())]
+
+    def is_inner(self, group_id: int) -> bool:
+        """Has the group children? Then no query of its own starts in it."""
+        return group_id in self.children
+
+    def would_cycle(self, group_id: int, parent_id: int) -> bool:
+        """Would nesting ``group_id`` in ``parent_id`` make it its own ancestor?"""
+        seen: set[int] = set()
+        at: int | None = parent_id
+        while at is not None and at not in seen:
+            if at == group_id:
+                return True
+            seen.add(at)
+            parent = self.group_by_id.get(at)
+            at = None if parent is None else parent.parent_id
+        return at is not None  # a loop above that does not pass through group_id
+
+    def path(self, group: GroupDef) -> list[GroupDef]:
+        """The group and its ancestors, from the root down to ``group``."""
+        path = [group]
+        seen = {group.id}
+        while (parent_id := path[-1].parent_id) is not None:
+            parent = self.group_by_id.get(parent_id)
+            if parent is None or parent.id in seen:  # only a broken log: _tree_problems
+                break
+            seen.add(parent.id)
+            path.append(parent)
+        path.reverse()
+        return path
 
     # ---- runaway-query rules
     @property
@@ -586,6 +645,7 @@ class Snapshot:
             if not p.use_groups <= group_ids:
                 problems.append(f"{p.name} holds USE on missing groups")
         problems += self._rule_problems()
+        problems += self._tree_problems()
         problems += _name_clashes((g.name, g.quoted) for g in self.group_by_id.values())
         problems += _name_clashes((r.name, r.quoted) for r in self.rules.values())
         problems += _name_clashes((r.name, r.quoted) for r in self.selectors.values())
@@ -626,6 +686,27 @@ class Snapshot:
                 r.target_id == r.group_id or self.runtime_group(r.target_id or 0) is None
             ):
                 problems.append(f"rule {r.name} moves to missing or base group {r.target_id}")
+        return problems
+
+    def _tree_problems(self) -> list[str]:
+        """Is the tree a tree of plain groups, with no query routed to an inner one?"""
+        problems = []
+        for g in self.group_by_id.values():
+            parent_id = g.parent_id
+            if parent_id is None:
+                continue
+            parent = self.group_by_id.get(parent_id)
+            if parent is None or parent.is_default or parent.is_base or parent.is_variant:
+                problems.append(f"group {g.name} nested in missing or special group {parent_id}")
+            if g.is_default or g.is_base or g.is_variant:
+                problems.append(f"group {g.name} has a parent but is DEFAULT, a base or a variant")
+            if self.would_cycle(g.id, parent_id):
+                problems.append(f"group {g.name} is its own ancestor")
+        for inner in self.children:
+            if self.mapped_to(inner) or self.use_grants.left_of(inner):
+                problems.append(f"inner group {inner} is mapped or granted")
+            if self.selectors_to(inner) or self.rules_of(inner) or self.rules_moving_to(inner):
+                problems.append(f"inner group {inner} has selectors or rules")
         return problems
 
     def _variant_problems(self, g: GroupDef) -> list[str]:

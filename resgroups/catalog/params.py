@@ -14,7 +14,13 @@ max_queued_queries            int >= 0                                 None
 queue_timeout                 int milliseconds >= 1                    30000
 memory_limit                  int bytes >= 0 (0: no ceiling)           0
 scheduling_policy             'fifo' | 'fair'                          'fifo'
+max_active_queries_per_user   int >= 1                                 None
+parent                        int: the parent group's id               None
 ============================  =======================================  ==========
+
+``parent`` is written as a name (``parent = etl`` or ``parent = 'etl'``) and
+stored as the parent's id, so a rename keeps the tree (SPEC §14): its parse
+gives the name as written, which the DDL resolves against the catalog.
 """
 
 from __future__ import annotations
@@ -164,6 +170,21 @@ def parse_policy(raw: RawValue) -> str:
     )
 
 
+def parse_parent(raw: RawValue) -> str:
+    """``parent = etl`` or ``parent = 'etl'``: the name as written (the DDL
+    resolves it to the group's id against the catalog)."""
+    if raw.kind in ("word", "string") and raw.text and not _is_unlimited(raw):
+        return raw.text
+    raise InvalidParameter(
+        f"invalid value {raw} for parent: expected the name of another resource group"
+    )
+
+
+def _format_parent(value: ParamValue) -> str:
+    text = str(value)
+    return "'" + text.replace("'", "''") + "'"
+
+
 @dataclass(frozen=True)
 class Parameter:
     """``parse`` turns what a statement wrote into the typed value; ``valid``
@@ -242,6 +263,18 @@ PARAMETERS: Final[Mapping[str, Parameter]] = {
             lambda v: f"'{v}'",
             lambda v: v in POLICIES,
         ),
+        Parameter(
+            "max_active_queries_per_user",
+            _or_unlimited(
+                _bounded(
+                    "max_active_queries_per_user", 1, INT32_MAX, "an integer >= 1, or UNLIMITED"
+                )
+            ),
+            None,
+            _format_int_or_unlimited,
+            _int_in(1, INT32_MAX, unlimited=True),
+        ),
+        Parameter("parent", parse_parent, None, _format_parent, _int_in(0, INT64_MAX)),
     )
 }
 

@@ -126,7 +126,31 @@ def _runtime_group(snap: Snapshot, group_id: object) -> GroupDef:
     group = _group(snap, group_id)
     if group.is_base:
         raise _Invalid(f"{group.name} has variants: only runtime groups are mapped or granted")
+    if snap.is_inner(group.id):
+        raise _Invalid(f"{group.name} has children: queries do not start in an inner group")
     return group
+
+
+def _check_parent(snap: Snapshot, group: GroupDef) -> None:
+    """Can ``group`` (as it is about to be) sit under its parent (SPEC §14)?"""
+    parent_id = group.parent_id
+    if parent_id is None:
+        return
+    parent = _group(snap, parent_id)
+    if group.is_default or group.is_base or group.is_variant:
+        raise _Invalid(f"{group.name} cannot have a parent: DEFAULT, a base or a variant")
+    if parent.is_default or parent.is_base or parent.is_variant:
+        raise _Invalid(f"{parent.name} cannot be a parent: DEFAULT, a base or a variant")
+    if snap.would_cycle(group.id, parent_id):
+        raise _Invalid(f"nesting {group.name} in {parent.name} makes a cycle")
+    if not snap.is_inner(parent_id) and (
+        snap.mapped_to(parent_id)
+        or snap.use_grants.left_of(parent_id)
+        or snap.selectors_to(parent_id)
+        or snap.rules_of(parent_id)
+        or snap.rules_moving_to(parent_id)
+    ):
+        raise _Invalid(f"{parent.name} is mapped, granted, selected or ruled: not a parent")
 
 
 def _principal(snap: Snapshot, principal_id: object, *kinds: PrincipalKind) -> Principal:
@@ -185,6 +209,7 @@ def _create_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     group = GroupDef(
         group_id, name, quoted, _params(a, "params"), uid=_uid(snap, a, group_id, name)
     )
+    _check_parent(snap, group)
     snap = snap.with_group(group).evolve(next_id=group_id + 1)
     variants = a.get("variants", [])
     if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
@@ -202,6 +227,8 @@ def _add_variant(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     name, quoted = _name(a)
     if base.id == DEFAULT_GROUP_ID or base.is_variant or VARIANT_SEPARATOR in name:
         raise _Invalid(f"variant {name!r} of {base.name}: not a variant SQL could create")
+    if base.parent_id is not None or snap.is_inner(base.id):
+        raise _Invalid(f"{base.name} is in a tree of groups, so it cannot have variants")
     if not base.is_base and (snap.mapped_to(base.id) or snap.use_grants.left_of(base.id)):
         raise _Invalid(f"{base.name} is mapped or granted, so it cannot become a base")
     if not base.is_base and (snap.rules_of(base.id) or snap.rules_moving_to(base.id)):
@@ -212,6 +239,8 @@ def _add_variant(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     if snap.group_name_taken(Ident(full, full_quoted)) is not None:
         raise _Invalid(f"variant name {full} is taken")
     overrides = _params(a, "params")
+    if "parent" in overrides:
+        raise _Invalid(f"variant {name!r} of {base.name} cannot have a parent of its own")
     variant = GroupDef(
         variant_id,
         full,
@@ -250,6 +279,8 @@ def _alter_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     if not isinstance(reset, list) or not set(reset) <= set(PARAMETERS):
         raise _Invalid(f"reset = {reset!r}: expected a list of parameter names")
     if group.is_variant:
+        if "parent" in changes:
+            raise _Invalid(f"variant {group.name} cannot have a parent of its own")
         base = _group(snap, group.base_id)
         overrides = {k: v for k, v in group.overrides.items() if k not in reset}
         overrides.update(changes)
@@ -258,6 +289,7 @@ def _alter_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
     params = {k: v for k, v in group.params.items() if k not in reset}
     params.update(changes)
     changed = replace(group, params=params)
+    _check_parent(snap, changed)
     return _with_variants_of(snap.with_group(changed), changed)
 
 
@@ -293,6 +325,8 @@ def _drop_group(snap: Snapshot, a: Mapping[str, Any]) -> Snapshot:
         raise _Invalid(f"drops {group.name}, which a rule of another group moves queries to")
     if any(snap.selectors_to(g.id) for g in family):
         raise _Invalid(f"drops {group.name}, which a selector routes queries to")
+    if snap.is_inner(group.id):
+        raise _Invalid(f"drops {group.name}, which has children")
     for member in family:
         for rule in snap.rules_of(member.id):  # a group's rules go with it
             snap = snap.without_rule(rule.id)

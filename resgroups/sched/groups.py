@@ -33,6 +33,7 @@ from resgroups.sched.stats import (
     CpuShareReading,
     GroupStatistics,
     group_statistics,
+    min_shares,
 )
 
 
@@ -180,7 +181,7 @@ class GroupRuntimes:
         ``fleet_counts`` (fleet mode) gives the leases (quota mode: the quotas)
         held fleet-wide per group identity (``GroupDef.uid``), ``fleet_quotas``
         (quota mode) this instance's."""
-        total_weight = sum(g.cpu_weight for g in snapshot.groups)
+        shares = min_shares(snapshot.groups)
         with self._lock:
             runtimes = dict(self._runtimes)
         ledger = self._memory
@@ -193,12 +194,13 @@ class GroupRuntimes:
                 runtimes[g.id].reading(memory.get(g.id, 0))
                 if g.id in runtimes
                 else CounterReading(),
-                total_weight=total_weight,
+                min_share_pct=shares[g.id],
                 cpus=self._cpus,
                 process_memory_limit=process_memory_limit,
                 fleet_active=None if fleet_counts is None else fleet_counts.get(g.uid, 0),
                 cpu=cpu.get(g.id, NO_CPU_READING),
                 base_group=None if g.base_id is None else snapshot.group_name(g.base_id),
+                parent_group=None if g.parent_id is None else snapshot.group_name(g.parent_id),
                 fleet_quota=(
                     None
                     if fleet_quotas is None or g.max_active_queries is None

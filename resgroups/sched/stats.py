@@ -7,6 +7,7 @@ The fields are the columns of SPEC §9, in order.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Final, NamedTuple
 
@@ -70,6 +71,8 @@ class GroupStatistics:
     cpu_burst_millis: float | None  # fractional CPU limit: the most the budget holds
     base_group: str | None  # a variant (tenants::acme): its base group (tenants); else NULL
     fleet_quota: int | None  # fleet quota mode, a limited group: this instance's share; else NULL
+    parent_group: str | None  # nested (SPEC §14): the group it is nested in; else NULL
+    max_active_queries_per_user: int | None  # the slots one user holds in its subtree
 
     def row(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in COLUMN_NAMES)
@@ -92,20 +95,19 @@ def group_statistics(
     group: GroupDef,
     counters: CounterReading,
     *,
-    total_weight: int,
+    min_share_pct: float,
     cpus: float,
     process_memory_limit: int,
     fleet_active: int | None = None,
     cpu: CpuShareReading = NO_CPU_READING,
     base_group: str | None = None,
     fleet_quota: int | None = None,
+    parent_group: str | None = None,
 ) -> GroupStatistics:
-    """Combine a group's definition with its counters into the row of §9."""
+    """Combine a group's definition with its counters into the row of §9;
+    ``min_share_pct`` is :func:`min_shares`' for the group."""
     limit_centi = group.cpu_limit_centi_pct
     limit_pct = None if limit_centi is None else limit_centi / 100
-    share = group.cpu_weight / total_weight * 100
-    if limit_pct is not None:
-        share = min(share, limit_pct)
     return GroupStatistics(
         name=group.name,
         memory_limit_bytes=effective_memory_limit(group.memory_limit, process_memory_limit),
@@ -121,7 +123,7 @@ def group_statistics(
         cpu_wait_nanos_total=counters.cpu_wait_nanos_total,
         admission_rejections=counters.admission_rejections,
         admission_timeouts=counters.admission_timeouts,
-        cpu_min_share_pct=share,
+        cpu_min_share_pct=min_share_pct,
         cpu_limit_pct=limit_pct,
         cpu_limit_cores=None if limit_pct is None else limit_pct / 100 * cpus,
         scheduling_policy=group.scheduling_policy,
@@ -136,4 +138,37 @@ def group_statistics(
         cpu_burst_millis=cpu.burst_ms,
         base_group=base_group,
         fleet_quota=fleet_quota,
+        parent_group=parent_group,
+        max_active_queries_per_user=group.max_active_queries_per_user,
     )
+
+
+def min_shares(groups: Iterable[GroupDef]) -> dict[int, float]:
+    """Each group's least share of the CPUs in percent when every group wants CPU
+    (SPEC §7, §14): its weight's part of its siblings' (the top-level groups' at
+    the top) times its parent's share, capped by its own ``cpu_limit`` at every
+    level. O(n) in the groups."""
+    listed = list(groups)
+    by_id = {g.id: g for g in listed}
+    siblings: dict[int | None, int] = {}
+    for g in listed:
+        parent = g.parent_id if g.parent_id in by_id else None
+        siblings[parent] = siblings.get(parent, 0) + g.cpu_weight
+    shares: dict[int, float] = {}
+
+    def share(g: GroupDef) -> float:
+        known = shares.get(g.id)
+        if known is not None:
+            return known
+        parent = by_id.get(g.parent_id) if g.parent_id is not None else None
+        above = 100.0 if parent is None else share(parent)
+        mine = g.cpu_weight / siblings[None if parent is None else parent.id] * above
+        limit = g.cpu_limit_centi_pct
+        if limit is not None:
+            mine = min(mine, limit / 100)
+        shares[g.id] = mine
+        return mine
+
+    for g in listed:
+        share(g)
+    return shares

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from resgroups.access import find_group
 from resgroups.catalog import GroupDef, Snapshot
 from resgroups.catalog.model import VARIANT_SEPARATOR, conflicts, variant_name
-from resgroups.errors import CatalogError
+from resgroups.errors import CatalogError, did_you_mean
 from resgroups.result import Result
 from resgroups.sql import ast
 from resgroups.statements.rules import check_not_a_rule_target
@@ -78,11 +78,12 @@ def create_resource_group(session: Session, stmt: ast.CreateResourceGroup) -> Re
             siblings = [v.name for v in stmt.variants[:i]]
             new_id = snap.next_id + 1 + i
             variants.append(_variant_args(snap, stmt.name, variant, new_id, siblings))
+        params = _with_parent_id(snap, None, stmt.name, dict(stmt.params), bool(variants))
         args: dict[str, object] = {
             "id": snap.next_id,
             "name": stmt.name.text,
             "quoted": stmt.name.quoted,
-            "params": dict(stmt.params),
+            "params": params,
         }
         if variants:
             args["variants"] = variants
@@ -104,38 +105,109 @@ def _base(snap: Snapshot, ref: ast.Ident) -> GroupDef:
     return group
 
 
+def _check_may_stop_running(snap: Snapshot, group: GroupDef, becoming: str) -> None:
+    """A group that gains variants or a first child stops being one queries start
+    in: refused (42809) while a mapping, a grant, a selector or a rule names it."""
+    granted = sorted(snap.use_grants.left_of(group.id))
+    holders = snap.mapped_to(group.id) + [snap.principals[i] for i in granted]
+    if holders:
+        names = ",".join(dict.fromkeys(p.name for p in holders))
+        raise CatalogError(
+            f"resource group {group.name} is mapped to or granted to [entity={names}], "
+            f"and {becoming} it would no longer be a group queries run in; "
+            "unset the mappings and revoke USE first",
+            sqlstate=CatalogError.FORBIDDEN,
+        )
+    selected = snap.selectors_to(group.id)
+    if selected:
+        names = ",".join(r.name for r in selected)
+        raise CatalogError(
+            f"resource group {group.name} is the target of resource selectors "
+            f"[selector={names}], and {becoming} it would no longer be a group "
+            "queries run in; drop the selectors first",
+            sqlstate=CatalogError.FORBIDDEN,
+        )
+    ruled = snap.rules_of(group.id) + snap.rules_moving_to(group.id)
+    if ruled:
+        names = ",".join(r.name for r in ruled)
+        raise CatalogError(
+            f"resource group {group.name} is named by resource rules [rule={names}], "
+            f"and {becoming} it would no longer be a group queries run in; "
+            "drop the rules first",
+            sqlstate=CatalogError.FORBIDDEN,
+        )
+
+
+def _path_text(snap: Snapshot, group: GroupDef) -> str:
+    return " > ".join(g.name for g in snap.path(group))
+
+
+def _with_parent_id(
+    snap: Snapshot,
+    group: GroupDef | None,
+    name: ast.Ident,
+    params: dict[str, object],
+    has_variants: bool = False,
+) -> dict[str, object]:
+    """``params`` with ``parent``'s name resolved to the parent's id, after the
+    refusals of SPEC §14 (``group`` None: the group is being created)."""
+    parent_name = params.get("parent")
+    if parent_name is None:
+        return params
+    assert isinstance(parent_name, str)
+    parent = snap.find_group(ast.Ident(parent_name, False))
+    if parent is None:
+        raise CatalogError(
+            f"resource group {parent_name} named as the parent of {name.text} does not exist."
+            + did_you_mean(parent_name, snap.group_names()),
+            sqlstate=CatalogError.UNDEFINED,
+        )
+    if group is not None and group.is_default:
+        raise CatalogError(
+            "built-in Resource Group cannot have a parent [name=DEFAULT]",
+            sqlstate=CatalogError.FORBIDDEN,
+        )
+    if parent.is_default:
+        raise CatalogError(
+            f"built-in Resource Group cannot be a parent [name=DEFAULT]; {name.text} "
+            "stays at the top level unless another group is named",
+            sqlstate=CatalogError.FORBIDDEN,
+        )
+    if has_variants or (group is not None and (group.is_base or group.is_variant)):
+        what = "a variant" if group is not None and group.is_variant else "a base with variants"
+        raise CatalogError(
+            f"resource group {name.text} is {what}, which cannot be nested in a parent",
+            sqlstate=CatalogError.FORBIDDEN,
+        )
+    if parent.is_base or parent.is_variant:
+        what = "a variant" if parent.is_variant else "a base with variants"
+        raise CatalogError(
+            f"resource group {parent.name} is {what}, which cannot be a parent",
+            sqlstate=CatalogError.FORBIDDEN,
+        )
+    if group is not None and snap.would_cycle(group.id, parent.id):
+        raise CatalogError(
+            f"resource group {parent.name} is nested in {group.name} "
+            f"({_path_text(snap, parent)}): making it {group.name}'s parent would be a cycle",
+            sqlstate=CatalogError.FORBIDDEN,
+        )
+    if not snap.is_inner(parent.id):
+        _check_may_stop_running(snap, parent, "with children")
+    return {**params, "parent": parent.id}
+
+
 def add_variant(session: Session, stmt: ast.AddVariant) -> Result:
     def build(snap: Snapshot) -> Change:
         base = _base(snap, stmt.group)
+        if base.parent_id is not None or snap.is_inner(base.id):
+            raise CatalogError(
+                f"resource group {base.name} is in a tree of groups "
+                f"({_path_text(snap, base)}), and a base with variants cannot be: "
+                "variants and nesting are two ways to split one share; use one",
+                sqlstate=CatalogError.FORBIDDEN,
+            )
         if not base.is_base:  # its first variant: it stops being a runtime group
-            granted = sorted(snap.use_grants.left_of(base.id))
-            holders = snap.mapped_to(base.id) + [snap.principals[i] for i in granted]
-            if holders:
-                names = ",".join(dict.fromkeys(p.name for p in holders))
-                raise CatalogError(
-                    f"resource group {base.name} is mapped to or granted to [entity={names}], "
-                    "and with variants it would no longer be a group queries run in; "
-                    "unset the mappings and revoke USE first",
-                    sqlstate=CatalogError.FORBIDDEN,
-                )
-            selected = snap.selectors_to(base.id)
-            if selected:
-                names = ",".join(r.name for r in selected)
-                raise CatalogError(
-                    f"resource group {base.name} is the target of resource selectors "
-                    f"[selector={names}], and with variants it would no longer be a group "
-                    "queries run in; drop the selectors first",
-                    sqlstate=CatalogError.FORBIDDEN,
-                )
-            ruled = snap.rules_of(base.id) + snap.rules_moving_to(base.id)
-            if ruled:
-                names = ",".join(r.name for r in ruled)
-                raise CatalogError(
-                    f"resource group {base.name} is named by resource rules [rule={names}], "
-                    "and with variants it would no longer be a group queries run in; "
-                    "drop the rules first",
-                    sqlstate=CatalogError.FORBIDDEN,
-                )
+            _check_may_stop_running(snap, base, "with variants")
         siblings = [v.variant for v in snap.variants_of(base) if v.variant is not None]
         name = ast.Ident(base.name, base.quoted)
         args = _variant_args(snap, name, stmt.variant, snap.next_id, siblings)
@@ -181,7 +253,8 @@ def _check_unmapped(snap: Snapshot, group: GroupDef) -> None:
 def alter_resource_group_set(session: Session, stmt: ast.AlterResourceGroupSet) -> Result:
     def build(snap: Snapshot) -> Change:
         group = find_group(snap, stmt.name)
-        return "alter_group", {"id": group.id, "set": dict(stmt.params), "reset": []}
+        params = _with_parent_id(snap, group, stmt.name, dict(stmt.params))
+        return "alter_group", {"id": group.id, "set": params, "reset": []}
 
     session.engine.write_catalog(build)
     return Result.command("ALTER RESOURCE GROUP")
@@ -248,6 +321,15 @@ def drop_resource_group(session: Session, stmt: ast.DropResourceGroup) -> Result
                 sqlstate=CatalogError.FORBIDDEN,
             )
         _check_unmapped(snap, group)
+        children = snap.children_of(group.id)
+        if children:
+            names = ",".join(c.name for c in children)
+            raise CatalogError(
+                f"resource group {group.name} has children [group={names}]; drop them "
+                f"or move them (ALTER RESOURCE GROUP ... SET (parent = ...) or RESET "
+                f"(parent)) before dropping {group.name}",
+                sqlstate=CatalogError.FORBIDDEN,
+            )
         family = {group.id, *group.variants}
         check_not_a_rule_target(snap, family, group.name)
         check_not_selected(snap, family, group.name)

@@ -299,6 +299,11 @@ def explain_resource_group(session: Session, stmt: ast.ExplainResourceGroup) -> 
                 for c in candidates]  # fmt: skip
         picked = next((c.candidate for c in candidates if c.chosen), None)
         group = snap.find_group(Ident(picked, quoted=True)) if picked is not None else None
+        path = snap.path(group) if group is not None else []
+        if len(path) > 1:  # nested (SPEC §14): a slot in every level, from the root
+            levels = " > ".join(g.name for g in path)
+            why = f"path {levels}: a query holds a slot in each level, admitted when all have room"
+            rows.append((path[-1].name, "group_path", None, False, why, False))
         if group is not None and admin:  # the rules are RESOURCE GROUP ADMIN's to read
             for rule in snap.rules_of(group.id):
                 text = _rule_text(snap, rule)

@@ -73,7 +73,8 @@ def progress_of(query: Query) -> QueryProgress | None:
     if state is SUSPENDED:
         shown = "suspended"
     elif ticket is not None and ticket.state is TICKET_QUEUED:
-        shown, blocked = "queued", "group_queue"
+        shown = "queued"
+        blocked = runtime.gate.blocked_by(ticket) or "group_queue"  # parent:x, user_limit
         position = runtime.gate.position(ticket)
         deadline = min(deadline, ticket.queue_deadline)
     elif held.counted:

@@ -60,6 +60,29 @@ The queue
     only the tickets that are due instead of scanning the whole queue every
     time a waiter wakes. A ticket's keys never change while it is queued.
 
+Nested groups (SPEC §14)
+    A gate may have a ``parent`` gate (its group's parent group's) and
+    ``children``. B = ``below``, the slots held by descendants' queries, so a
+    gate's load is A + B; a query holds a slot at its gate and B counts it at
+    every ancestor. ``max_per_user`` (P) caps what one user holds in the
+    subtree (``held_by``). A ticket is *admissible* when every gate from its
+    own to the root has load below its limit and its user is under every cap
+    on that path. A gate in a tree or with a per-user cap is ``nested``;
+    the flat path above is unchanged for the others.
+    I7 nobody waits who is admissible (I3 of a tree): a ticket arriving
+       admissible is admitted at once even when tickets wait (they are not:
+       its user passes a cap theirs is at);
+    I8 B = the children's A + B, and ``waiting_below`` and the per-user
+       counts of B likewise;
+    I9 A + B <= max(L, G) at every level (G also when a reparent brings a
+       subtree above the new ancestors' limits: it keeps what it holds).
+    When a slot comes back anywhere, the root of the tree admits: each gate
+    with room offers its own best admissible ticket and its children's
+    (recursively), and picks by its policy: fifo by arrival (one counter for
+    every gate), fair by (held in its subtree, last admitted here, oldest
+    wait). O(gates with waiters below x queue scan) per admission, paid only
+    by trees; the fast path adds one flag test to a flat gate.
+
 ALTER
     ``configure`` applies new settings online: held slots are kept, queued
     tickets keep their deadlines (computed at enqueue time), and raising L
@@ -115,6 +138,11 @@ TICKET_WITHDRAWN: Final = TicketState.WITHDRAWN
 
 
 _SEQ: Final = itertools.count()
+# Enqueue order, shared by every gate so that a tree's gates compare arrivals
+# (SPEC §14: a parent admits its subtree's waiters in arrival order); tickets put
+# at the head of a queue take numbers below every other, in their own order.
+_ARRIVALS: Final = itertools.count()
+_FRONTS: Final = itertools.count(-(2**62))
 
 
 class Ticket:
@@ -126,6 +154,7 @@ class Ticket:
         "arrival",
         "enqueued_at",
         "error",
+        "gate",
         "query_deadline",
         "queue_deadline",
         "runner",
@@ -145,6 +174,7 @@ class Ticket:
         self.arrival = 0  # the gate's enqueue counter: the queue's order
         self.error: Error | None = None  # why the wait ended, when not in a slot
         self.wake: Wakeup | None = None  # set by GateRuntime on a change, while queued
+        self.gate: Gate | None = None  # the gate it queued at (a tree admits across gates)
         # the query's runner, while queued: whoever gives a slot to this ticket may
         # hand it a free worker too, so that the woken query has nothing left to take
         # (Dispatcher.leave)
@@ -163,6 +193,7 @@ class GateConfig:
     max_queued: int | None = None
     queue_timeout_ms: int = 30_000
     policy: str = "fifo"
+    max_per_user: int | None = None  # max_active_queries_per_user: one user's slots (subtree)
 
 
 def _first_deadline(ticket: Ticket) -> float:
@@ -188,15 +219,19 @@ class Gate:
         self._deadlines: list[tuple[float, int, Ticket]] = []  # a heap, likewise
         self._positions: dict[Ticket, int] | None = None  # position(), until a change
         self.slack = 32  # the views are rebuilt beyond 2 x queued + slack (tests lower it)
-        self._arrivals = itertools.count()
-        # arrivals of tickets put at the head: below every other, in their own order
-        self._fronts = itertools.count(-(2**62))
         self._held: dict[str, int] = {}  # user -> active tickets
         self._last_admitted: dict[str, float] = {}  # user -> time of last admission
         self.waiting = 0  # the tickets queued, read on the fast path without a call
         self.demand_peak = 0  # the most active + queued at once since the quota keeper looked
         self._grandfathered = 0
         self._queue_grandfathered = 0  # |Q| when max_queued was last lowered
+        # the tree (SPEC §14): see "Nested groups" above
+        self.parent: Gate | None = None
+        self.children: list[Gate] = []
+        self.below = 0  # B: the slots the queries of descendants hold
+        self.waiting_below = 0  # the tickets queued at descendants
+        self._held_below: dict[str, int] = {}  # user -> slots held at descendants
+        self.nested = config.max_per_user is not None  # admission looks past this gate
         self.admitted_total = 0
         self.admission_rejections = 0
         self.admission_timeouts = 0
@@ -252,24 +287,33 @@ class Gate:
 
     def _enqueue(self, ticket: Ticket, *, front: bool = False) -> None:
         if front:  # before every other arrival, after the earlier tickets put at the head
-            ticket.arrival = arrival = next(self._fronts)
+            ticket.arrival = arrival = next(_FRONTS)
             queue = self._queue
             place = 0
             while place < len(queue) and queue[place].arrival < 0:
                 place += 1  # O(tickets put at the head and still in the view)
             queue.insert(place, ticket)
         else:
-            ticket.arrival = arrival = next(self._arrivals)
+            ticket.arrival = arrival = next(_ARRIVALS)
             self._queue.append(ticket)
         heapq.heappush(self._deadlines, (_first_deadline(ticket), arrival, ticket))
         self.waiting += 1
         self._positions = None
+        ticket.gate = self
+        gate = self.parent
+        while gate is not None:
+            gate.waiting_below += 1
+            gate = gate.parent
 
     def _dequeue(self, ticket: Ticket, state: TicketState) -> None:
         """``ticket`` leaves the queue for ``state``; the views drop it later."""
         ticket.state = state
         self.waiting -= 1
         self._positions = None
+        gate = self.parent
+        while gate is not None:
+            gate.waiting_below -= 1
+            gate = gate.parent
         queue = self._queue
         if queue[0] is ticket:  # leaving in arrival order: the common case
             queue.popleft()
@@ -284,10 +328,13 @@ class Gate:
         limit = self.config.max_active
         return math.inf if limit is None else max(limit, self._grandfathered)
 
-    def has_room_now(self) -> bool:
-        """Would a new ticket be admitted at once: nobody queued, a slot free."""
+    def has_room_now(self, user: str) -> bool:
+        """Would a new ticket of ``user`` be admitted at once: nobody queued, a slot
+        free (in a tree: at every level, and ``user`` under every per-user cap)."""
         if self.waiting:
             return False
+        if self.nested:
+            return self._admissible(user)
         limit = self.config.max_active
         return limit is None or len(self._active) + self.counted < limit
 
@@ -302,9 +349,15 @@ class Gate:
         if self.waiting:
             return False
         active = len(self._active) + self.counted
-        limit = self.config.max_active
-        if limit is not None and active >= limit:
-            return False
+        if self.nested:
+            if not self._admissible(user):
+                return False
+            self._took(user, now)
+            active += self.below
+        else:
+            limit = self.config.max_active
+            if limit is not None and active >= limit:
+                return False
         self.counted += 1
         if active >= self.demand_peak:
             self.demand_peak = active + 1
@@ -324,6 +377,8 @@ class Gate:
             del held[user]
         else:
             held[user] -= 1
+        if self.nested:
+            return self._gave(user, now)
         if self._grandfathered > len(self._active) + self.counted:
             self._grandfathered = len(self._active) + self.counted
         return self._admit_waiting(now) if self.waiting else []
@@ -344,6 +399,8 @@ class Gate:
         held[user] = held.get(user, 0) + 1
         self._last_admitted[user] = now
         self.admitted_total += 1
+        if self.nested:
+            self._took(user, now)
 
     # ---- transitions ---------------------------------------------------------------
 
@@ -356,7 +413,9 @@ class Gate:
         """
         if ticket.state is not TICKET_NEW:
             raise InternalError(f"{ticket!r} submitted twice")
-        if self.has_room_now():
+        # in a tree nobody queued here could be admitted now (I3), so a ticket that
+        # could is not jumping anyone: the one behind a user at a cap goes past them
+        if self._admissible(ticket.user) if self.nested else self.has_room_now(ticket.user):
             self._admit(ticket, now)
             return True
         max_queued = self.config.max_queued
@@ -387,6 +446,8 @@ class Gate:
         else:
             held[user] -= 1
         ticket.state = TICKET_RELEASED
+        if self.nested:
+            return self._gave(user, now)
         if self._grandfathered > len(self._active) + self.counted:
             self._grandfathered = len(self._active) + self.counted
         return self._admit_waiting(now) if self.waiting else []
@@ -426,10 +487,11 @@ class Gate:
         """ALTER online: keep slots and deadlines; admit what the new limit allows."""
         old = self.config
         self.config = config
+        self._renest()
         if config.max_active is not None and (
             old.max_active is None or config.max_active < old.max_active
         ):
-            self._grandfathered = max(self._grandfathered, self.active)
+            self._grandfathered = max(self._grandfathered, self.load)
         if config.max_queued is not None and (
             old.max_queued is None or config.max_queued < old.max_queued
         ):
@@ -452,8 +514,12 @@ class Gate:
         self._held[user] = self._held.get(user, 0) + 1
         self._last_admitted[user] = now
         self.admitted_total += 1
+        if self.nested:
+            self._took(user, now)
 
     def _admit_waiting(self, now: float) -> list[Ticket]:
+        if self.nested:
+            return self._admit_tree(now)
         admitted = []
         fair = self.config.policy == "fair"
         while self.waiting and self._has_room():
@@ -466,6 +532,23 @@ class Gate:
         return admitted
 
     def _next_fair(self) -> Ticket:
+        best = self._fairest(capped_too=True)
+        assert best is not None
+        return best
+
+    def _fair_key(self, ticket: Ticket) -> tuple[int, float, float]:
+        """The fair order at this gate: the user holding fewest of its slots (its
+        subtree's), then the one admitted here longest ago, then the oldest wait."""
+        user = ticket.user
+        return (
+            self._held.get(user, 0) + self._held_below.get(user, 0),
+            self._last_admitted.get(user, -math.inf),
+            ticket.enqueued_at,
+        )
+
+    def _fairest(self, *, capped_too: bool) -> Ticket | None:
+        """The queued ticket the fair order takes next (None: none; unless
+        ``capped_too``, a user at a per-user cap on the path is passed over)."""
         best: Ticket | None = None
         best_key: tuple[int, float, float] | None = None
         seen: set[str] = set()
@@ -473,15 +556,216 @@ class Gate:
             if ticket.state is not TICKET_QUEUED or ticket.user in seen:
                 continue
             seen.add(ticket.user)
-            key = (
-                self._held.get(ticket.user, 0),
-                self._last_admitted.get(ticket.user, -math.inf),
-                ticket.enqueued_at,
-            )
+            if not capped_too and self._capped(ticket.user) is not None:
+                continue
+            key = self._fair_key(ticket)
             if best_key is None or key < best_key:
                 best, best_key = ticket, key
-        assert best is not None
         return best
+
+    # ---- the tree (SPEC §14) -------------------------------------------------------
+
+    @property
+    def load(self) -> int:
+        """The slots held in this gate's subtree: its own and its descendants'."""
+        return len(self._active) + self.counted + self.below
+
+    def held_by(self, user: str) -> int:
+        """The slots ``user`` holds in this gate's subtree."""
+        return self._held.get(user, 0) + self._held_below.get(user, 0)
+
+    def _renest(self) -> None:
+        self.nested = (
+            self.parent is not None or bool(self.children) or self.config.max_per_user is not None
+        )
+
+    def _full(self) -> bool:
+        limit = self.config.max_active
+        return limit is not None and len(self._active) + self.counted + self.below >= limit
+
+    def _capped(self, user: str) -> Gate | None:
+        """The nearest gate on the path to the root where ``user`` is at its cap."""
+        gate: Gate | None = self
+        while gate is not None:
+            cap = gate.config.max_per_user
+            if cap is not None and gate.held_by(user) >= cap:
+                return gate
+            gate = gate.parent
+        return None
+
+    def _admissible(self, user: str) -> bool:
+        """Room at every level from here to the root, and ``user`` under every cap."""
+        gate: Gate | None = self
+        while gate is not None:
+            if gate._full():
+                return False
+            cap = gate.config.max_per_user
+            if cap is not None and gate.held_by(user) >= cap:
+                return False
+            gate = gate.parent
+        return True
+
+    def blocked_by(self, ticket: Ticket) -> str:
+        """Why a queued ticket waits: its own group is full (``group_queue``), the
+        nearest full ancestor (``parent:<name>``), or its user is at a per-user
+        cap on the path (``user_limit``)."""
+        if self._full():
+            return "group_queue"
+        gate = self.parent
+        while gate is not None:
+            if gate._full():
+                return f"parent:{gate.config.name}"
+            gate = gate.parent
+        if self._capped(ticket.user) is not None:
+            return "user_limit"
+        return "group_queue"
+
+    def _root(self) -> Gate:
+        gate = self
+        while gate.parent is not None:
+            gate = gate.parent
+        return gate
+
+    def _took(self, user: str, now: float) -> None:
+        """A slot of this gate was taken by ``user``: every ancestor counts it."""
+        gate = self.parent
+        while gate is not None:
+            gate.below += 1
+            held = gate._held_below
+            held[user] = held.get(user, 0) + 1
+            gate._last_admitted[user] = now
+            if gate.load > gate.demand_peak:
+                gate.demand_peak = gate.load
+            gate = gate.parent
+
+    def _gave(self, user: str, now: float) -> list[Ticket]:
+        """A slot of this gate came back from ``user``: every ancestor gives it
+        back; the tickets of the whole tree admitted in its place."""
+        gate: Gate | None = self
+        while gate is not None:
+            if gate is not self:
+                gate.below -= 1
+                held = gate._held_below
+                if held[user] == 1:
+                    del held[user]
+                else:
+                    held[user] -= 1
+            if gate._grandfathered > gate.load:
+                gate._grandfathered = gate.load
+            gate = gate.parent
+        return self._admit_tree(now)
+
+    def _admit_tree(self, now: float) -> list[Ticket]:
+        """Admit, from the root of this gate's tree down, every ticket that now
+        can be, each level choosing among its children's candidates by its own
+        policy (fifo: arrival order across the subtree; fair: ``_fair_key``)."""
+        root = self._root()
+        admitted = []
+        while (root.waiting or root.waiting_below) and (ticket := root._pick()) is not None:
+            gate = ticket.gate
+            assert gate is not None
+            gate._dequeue(ticket, TICKET_ACTIVE)
+            gate._admit(ticket, now)
+            gate._queue_grandfathered = min(gate._queue_grandfathered, gate.waiting)
+            admitted.append(ticket)
+        return admitted
+
+    def _pick(self) -> Ticket | None:
+        """The ticket this gate admits next from its subtree (None: none can be).
+        The caller has seen room at every ancestor."""
+        if self._full():
+            return None
+        fair = self.config.policy == "fair"
+        best: Ticket | None = None
+        if self.waiting:
+            if fair:
+                best = self._fairest(capped_too=False)
+            else:
+                best = next(
+                    (
+                        t
+                        for t in self._queue
+                        if t.state is TICKET_QUEUED and self._capped(t.user) is None
+                    ),
+                    None,
+                )
+        for child in self.children:
+            if not (child.waiting or child.waiting_below):
+                continue
+            candidate = child._pick()
+            if candidate is None:
+                continue
+            if best is None or (
+                self._fair_key(candidate) < self._fair_key(best)
+                if fair
+                else candidate.arrival < best.arrival
+            ):
+                best = candidate
+        return best
+
+    def set_parent(self, parent: Gate | None, now: float) -> list[Ticket]:
+        """Reparent online (ALTER ... SET/RESET (parent)): what this subtree holds
+        and queues leaves the old ancestors and joins the new ones, which keep it
+        even above their limits (grandfathered, as for a lowered limit); the
+        tickets either tree now admits."""
+        if parent is self.parent:
+            return []
+        load, waiting = self.load, self.waiting + self.waiting_below
+        held = dict(self._held)
+        for user, n in self._held_below.items():
+            held[user] = held.get(user, 0) + n
+        old = self.parent
+        gate = old
+        while gate is not None:
+            gate.below -= load
+            for user, n in held.items():
+                left = gate._held_below[user] - n
+                if left:
+                    gate._held_below[user] = left
+                else:
+                    del gate._held_below[user]
+            gate.waiting_below -= waiting
+            if gate._grandfathered > gate.load:
+                gate._grandfathered = gate.load
+            gate = gate.parent
+        if old is not None:
+            old.children.remove(self)
+            old._renest()
+        self.parent = parent
+        if parent is not None:
+            parent.children.append(self)
+        gate = parent
+        while gate is not None:
+            gate.below += load
+            for user, n in held.items():
+                gate._held_below[user] = gate._held_below.get(user, 0) + n
+            gate.waiting_below += waiting
+            gate._renest()
+            if gate.config.max_active is not None and gate.load > gate.config.max_active:
+                gate._grandfathered = max(gate._grandfathered, gate.load)
+            gate = gate.parent
+        self._renest()
+        admitted = old._admit_tree(now) if old is not None else []
+        return admitted + self._admit_tree(now)
+
+    def _tree_problems(self, in_order: list[Ticket]) -> list[str]:
+        """I7-I9 of a gate in a tree (see "Nested groups")."""
+        problems = []
+        if any(self._admissible(t.user) for t in in_order):
+            problems.append("a ticket waits that could be admitted at every level")
+        if self.below != sum(c.load for c in self.children):
+            problems.append(f"below {self.below} is not the children's slots")
+        if self.waiting_below != sum(c.waiting + c.waiting_below for c in self.children):
+            problems.append(f"waiting_below {self.waiting_below} is not the children's queues")
+        held: dict[str, int] = {}
+        for child in self.children:
+            for user in {*child._held, *child._held_below}:
+                held[user] = held.get(user, 0) + child.held_by(user)
+        if held != self._held_below:
+            problems.append(f"held below {self._held_below} is not the children's {held}")
+        if self.parent is not None and self not in self.parent.children:
+            problems.append("not among its parent's children")
+        return problems
 
     def _check_invariants(self) -> None:
         problems = []
@@ -505,9 +789,11 @@ class Gate:
             problems.append("an active ticket is not in state ACTIVE")
         if self.counted < 0:
             problems.append(f"{self.counted} counted slots")
-        if self.active > self._limit():
-            problems.append(f"{self.active} active above the limit {self._limit()}")
-        if in_order and self._has_room():
+        if self.load > self._limit():
+            problems.append(f"{self.load} active above the limit {self._limit()}")
+        if self.nested:
+            problems += self._tree_problems(in_order)
+        elif in_order and self._has_room():
             problems.append("a ticket waits while a slot is free")
         max_queued = self.config.max_queued
         if max_queued is not None and len(in_order) > max(max_queued, self._queue_grandfathered):
@@ -639,6 +925,20 @@ class GateRuntime:
             if ticket.state is not TICKET_QUEUED:
                 return None
             return int(self.gate.position(ticket))
+
+    def set_parent(self, parent: GateRuntime | None) -> None:
+        """Nest this gate under ``parent``'s (None: top level); wake whoever that
+        admits. Every gate of an engine shares one lock."""
+        with self.lock:
+            admitted = self.gate.set_parent(None if parent is None else parent.gate, self.now())
+        self._wake(admitted)
+
+    def blocked_by(self, ticket: Ticket) -> str | None:
+        """Why a queued ticket waits (None: it does not)."""
+        with self.lock:
+            if ticket.state is not TICKET_QUEUED or ticket.gate is None:
+                return None
+            return ticket.gate.blocked_by(ticket)
 
     def wake_queued(self, ticket: Ticket) -> None:
         """Wake a waiter so it re-examines its state (it was cancelled)."""

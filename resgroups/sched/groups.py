@@ -102,6 +102,10 @@ class GroupRuntimes:
             self.applied_version = snapshot.version
             for group_id in touched:
                 self._sync_locked(group_id, snapshot.runtime_group(group_id))
+            for group_id in touched:  # once every runtime exists: parents first made
+                runtime, group = self._runtimes.get(group_id), snapshot.runtime_group(group_id)
+                if runtime is not None and group is not None:
+                    self._link_locked(runtime, group)
             self._group_count = snapshot.group_count()
             self._update_engagement()
             self.configured_version = snapshot.version
@@ -117,6 +121,11 @@ class GroupRuntimes:
             if runtime.idle:
                 self._forget_locked(runtime)
 
+    def _link_locked(self, runtime: GroupRuntime, group: GroupDef) -> None:
+        """Nest the runtime's gate under its parent's (SPEC §14), online."""
+        parent = self._runtimes.get(group.parent_id) if group.parent_id is not None else None
+        runtime.gate.set_parent(parent.gate if parent is not None else None)
+
     def _mark_dropped_locked(self, runtime: GroupRuntime) -> None:
         """The group is gone from the catalog; its runtime stays while queries run."""
         runtime.dropped = True
@@ -125,6 +134,7 @@ class GroupRuntimes:
 
     def _forget_locked(self, runtime: GroupRuntime) -> None:
         del self._runtimes[runtime.group_id]
+        runtime.gate.set_parent(None)  # idle: it takes nothing from its ancestors
         self._dropped.discard(runtime.group_id)
         self._special.discard(runtime.group_id)
         runtime.forget()
@@ -147,6 +157,7 @@ class GroupRuntimes:
             runtime = self._runtimes.get(group.id)
             if runtime is None:
                 runtime = self._runtimes[group.id] = self._new(group)
+                self._link_locked(runtime, group)
                 if self._snapshot().runtime_group(group.id) is None:
                     self._mark_dropped_locked(runtime)
                 self._update_engagement()

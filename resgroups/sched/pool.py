@@ -274,7 +274,7 @@ class Dispatcher:
         at all (False: one of them would have to wait)."""
         with self.lock:
             if (
-                not gate.has_room_now()
+                not gate.has_room_now(ticket.user)
                 or self._closed
                 or self.fault_hook is not None
                 or not self.fast_path

@@ -32,6 +32,7 @@ def gate_config(group: GroupDef, quota: int | None = None) -> GateConfig:
         max_queued=group.max_queued_queries,
         queue_timeout_ms=group.queue_timeout_ms,
         policy=group.scheduling_policy,
+        max_per_user=group.max_active_queries_per_user,
     )
 
 
@@ -106,8 +107,9 @@ class GroupRuntime:
             gate = self.gate.gate
             now = self.gate.now()
             return CounterReading(
-                active_queries=gate.active,
-                queued_queries=gate.queued + self.fleet_waiting,
+                # an inner group's: its subtree's (SPEC §14)
+                active_queries=gate.load,
+                queued_queries=gate.queued + gate.waiting_below + self.fleet_waiting,
                 oldest_queue_wait_millis=round(gate.oldest_wait(now) * 1000),
                 memory_used_bytes=memory_used,
                 cpu_nanos_total=self.cpu.cpu_ns_total,

@@ -343,7 +343,7 @@ class Engine:
         budget = self.memory_ledger.group(group.id, group.name)
         own, acl = memory_limits(self.snapshot, session.identity)
         ceiling = query_ceiling(
-            own, acl, self.query_memory_limit, budget.limit, self.process_memory_limit
+            own, acl, self.query_memory_limit, budget.path_limit(), self.process_memory_limit
         )
         return Placement(group, self.runtimes.runtime_for(group), budget, ceiling)
 

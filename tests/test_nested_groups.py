@@ -357,3 +357,35 @@ def test_many_threads_never_exceed_any_level(wide: resgroups.Engine) -> None:
     listed = rows(wide)
     assert all(listed[g]["active_queries"] == 0 for g in ("team", "a", "b", "c", "d"))
     assert all(listed[g]["queued_queries"] == 0 for g in ("team", "a", "b", "c", "d"))
+
+
+# ---- memory: a parent's limit bounds its subtree ----------------------------------
+
+
+def test_a_parent_memory_limit_bounds_its_subtree(wide: resgroups.Engine) -> None:
+    from resgroups.errors import MemoryLimitExceeded
+
+    wide.connect().execute_script(
+        "CREATE RESOURCE GROUP team WITH (memory_limit = '1M');"
+        "CREATE RESOURCE GROUP a WITH (parent = team, memory_limit = '2M');"
+        "CREATE RESOURCE GROUP b WITH (parent = team)"
+    )
+    in_a, in_b = wide.connect("u"), wide.connect("v")
+    in_a.execute("SET RESOURCE GROUP a")
+    in_b.execute("SET RESOURCE GROUP b")
+    with in_a.query() as qa:
+        qa.memory.allocate(600 * 1024)
+        listed = rows(wide)
+        assert listed["team"]["memory_used_bytes"] == 600 * 1024
+        assert listed["a"]["memory_used_bytes"] == 600 * 1024
+        with pytest.raises(MemoryLimitExceeded, match="parent=team") as info:
+            with in_b.query() as qb:
+                qb.memory.allocate(600 * 1024)
+        assert "limit=1048576" in str(info.value)
+        # a's own limit is 2M, but the smallest on its path is its ceiling
+        with pytest.raises(MemoryLimitExceeded):
+            qa.memory.allocate(600 * 1024)
+    listed = rows(wide)
+    assert [listed[g]["memory_used_bytes"] for g in ("team", "a", "b")] == [0, 0, 0]
+    assert wide.statistics()  # the ledger's own invariants
+    wide.memory_ledger._check_invariants([])

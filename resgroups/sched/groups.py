@@ -125,6 +125,10 @@ class GroupRuntimes:
         """Nest the runtime's gate under its parent's (SPEC §14), online."""
         parent = self._runtimes.get(group.parent_id) if group.parent_id is not None else None
         runtime.gate.set_parent(parent.gate if parent is not None else None)
+        if parent is None:
+            self._memory.set_parent(group.id, group.name, None, "")
+        else:
+            self._memory.set_parent(group.id, group.name, parent.group_id, parent.definition.name)
 
     def _mark_dropped_locked(self, runtime: GroupRuntime) -> None:
         """The group is gone from the catalog; its runtime stays while queries run."""
@@ -135,6 +139,7 @@ class GroupRuntimes:
     def _forget_locked(self, runtime: GroupRuntime) -> None:
         del self._runtimes[runtime.group_id]
         runtime.gate.set_parent(None)  # idle: it takes nothing from its ancestors
+        self._memory.set_parent(runtime.group_id, runtime.definition.name, None, "")
         self._dropped.discard(runtime.group_id)
         self._special.discard(runtime.group_id)
         runtime.forget()

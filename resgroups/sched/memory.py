@@ -13,12 +13,20 @@ Symbols
            after every call
     U_q    the published bytes of query q; U_g = sum of U_q over g's queries,
            U_p = sum over every group (the process)
-    C_q    the query's ceiling, fixed when it starts (None: none)
+    C_q    the query's ceiling, fixed when it starts (None: none): the smallest
+           memory_limit on its group's path to the root among its limits
     L_g    the group's memory_limit, read live (0: none); L_p the process budget
 
+Nested groups (SPEC §14)
+    A group's budget may have a ``parent`` budget (its parent group's). U_g
+    is then its subtree's: its own queries' bytes plus its children's U, so
+    publishing moves a delta at every level of the path, and a parent's
+    L_g bounds its whole subtree. U_p is the sum of the top-level U_g.
+
 Invariants (``MemoryLedger._check_invariants``)
-    I1 U_g = sum of U_q of its live queries, U_p = sum of U_g: publishing
-       moves the same delta at all three levels under one lock;
+    I1 U_g = sum of U_q of its live queries plus its children's U_g, U_p =
+       sum of the top-level U_g: publishing moves the same delta at every
+       level under one lock;
     I2 nothing is published below zero;
     I3 a check fails only the request that crossed a limit: the pending
        bytes published with it had already been granted, and are counted;
@@ -58,8 +66,26 @@ class Budget:
     """A shared, published counter with an optional limit (0: none)."""
 
     name: str
-    used: int = 0
+    used: int = 0  # its subtree's, in a tree of groups
     limit: int = 0
+    parent: Budget | None = None
+
+    def path(self) -> Iterator[Budget]:
+        """This budget and its ancestors'."""
+        budget: Budget | None = self
+        while budget is not None:
+            yield budget
+            budget = budget.parent
+
+    def path_limit(self) -> int:
+        """The smallest limit from here to the root (0: none)."""
+        limits = [b.limit for b in self.path() if b.limit]
+        return min(limits) if limits else 0
+
+    def add(self, delta: int) -> None:
+        """``delta`` bytes more (or fewer) here and at every ancestor."""
+        for budget in self.path():
+            budget.used += delta
 
 
 class MemoryLedger:
@@ -88,11 +114,27 @@ class MemoryLedger:
         with self.lock:
             budget.name, budget.limit = name, limit
 
+    def set_parent(self, group_id: int, name: str, parent_id: int | None, parent: str) -> None:
+        """Nest a group's budget under its parent's (None: top level), online: what
+        its subtree holds leaves the old ancestors for the new ones (which may
+        then be above their limits; later requests fail, nothing held is lost)."""
+        budget = self.group(group_id, name)
+        above = None if parent_id is None else self.group(parent_id, parent)
+        with self.lock:
+            if budget.parent is above:
+                return
+            if budget.parent is not None:
+                budget.parent.add(-budget.used)
+            budget.parent = above
+            if above is not None:
+                above.add(budget.used)
+
     def forget(self, group_id: int) -> None:
         with self.lock:
             budget = self.groups.get(group_id)
             if budget is not None and budget.used == 0:
                 del self.groups[group_id]
+                budget.parent = None
 
     def _check_invariants(self, queries: list[QueryMemory]) -> None:
         with self.lock:
@@ -100,12 +142,17 @@ class MemoryLedger:
             for q in queries:
                 by_group[q.group_id] = by_group.get(q.group_id, 0) + q.published
             problems = []
+            below: dict[int, int] = {}
+            for budget in self.groups.values():
+                if budget.parent is not None:
+                    below[id(budget.parent)] = below.get(id(budget.parent), 0) + budget.used
             for gid, budget in self.groups.items():
-                if budget.used != by_group.get(gid, 0):
-                    problems.append(f"group {budget.name}: {budget.used} != {by_group.get(gid, 0)}")
+                expected = by_group.get(gid, 0) + below.get(id(budget), 0)
+                if budget.used != expected:
+                    problems.append(f"group {budget.name}: {budget.used} != {expected}")
                 if budget.used < 0:
                     problems.append(f"group {budget.name} below zero")
-            total = sum(b.used for b in self.groups.values())
+            total = sum(b.used for b in self.groups.values() if b.parent is None)
             if self.process.used != total:
                 problems.append(f"process {self.process.used} != groups {total}")
             if problems:
@@ -155,20 +202,29 @@ class QueryMemory:
         self.published += delta
         if self.published > self.peak:
             self.peak = self.published
-        self.group.used += delta
+        group = self.group
+        group.used += delta
+        parent = group.parent
+        while parent is not None:  # a tree of groups: every ancestor's too
+            parent.used += delta
+            parent = parent.parent
         self.ledger.process.used += delta
 
     def _check(self, delta: int, request: int) -> MemoryLimitExceeded | None:
         granted = delta - request  # pending bytes already granted, published with it
-        checks = (
-            ("query", self.ceiling or 0, self.published),
-            ("group", self.group.limit, self.group.used),
-            ("process", self.ledger.process.limit, self.ledger.process.used),
-        )
-        for scope, limit, used in checks:
+        checks = [
+            ("query", "", self.ceiling or 0, self.published),
+            ("group", "", self.group.limit, self.group.used),
+        ]
+        parent = self.group.parent
+        while parent is not None:  # a parent's limit bounds its subtree (SPEC §14)
+            checks.append(("group", f", parent={parent.name}", parent.limit, parent.used))
+            parent = parent.parent
+        checks.append(("process", "", self.ledger.process.limit, self.ledger.process.used))
+        for scope, where, limit, used in checks:
             if limit and used + delta > limit:
                 return MemoryLimitExceeded(
-                    f"query memory limit exceeded [scope={scope}, {self.describe}, "
+                    f"query memory limit exceeded [scope={scope}, {self.describe}{where}, "
                     f"limit={limit}, used={used + granted}, request={request}]"
                 )
         return None
@@ -180,14 +236,17 @@ class QueryMemory:
         ledger = self.ledger
         with ledger.lock:
             held = self.published
-            if group.limit and group.used + held > group.limit:
-                raise MemoryLimitExceeded(
-                    f"query memory limit exceeded [scope=group, {describe}, "
-                    f"limit={group.limit}, used={group.used}, request={held}]: the query "
-                    "holds more than the group it is moved to can take"
-                )
-            self.group.used -= held
-            group.used += held
+            leaving = set(map(id, self.group.path()))
+            for budget in group.path():  # the levels it is not already counted in
+                if id(budget) not in leaving and budget.limit and budget.used + held > budget.limit:
+                    where = "" if budget is group else f", parent={budget.name}"
+                    raise MemoryLimitExceeded(
+                        f"query memory limit exceeded [scope=group, {describe}{where}, "
+                        f"limit={budget.limit}, used={budget.used}, request={held}]: the "
+                        "query holds more than the group it is moved to can take"
+                    )
+            self.group.add(-held)
+            group.add(held)
             self.group, self.group_id, self.describe = group, group_id, describe
 
     def finish(self) -> int:

@@ -58,6 +58,17 @@ class Node:
             if predicate(line):
                 return line
 
+    def drain(self) -> list[dict[str, Any]]:
+        """Every line read so far that no wait took yet, appended to ``seen``
+        (after ``kill``: everything the process said)."""
+        while True:
+            try:
+                line = self._lines.get_nowait()
+            except queue.Empty:
+                return self.seen
+            if line is not None:
+                self.seen.append(line)
+
     def send(self, line: str) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(line + "\n")

@@ -119,7 +119,7 @@ def test_the_identity_migration_keeps_the_rows_it_finds(pg_catalog: str) -> None
             "INSERT INTO resgroups_fleet_quotas (group_name, instance_id, quota, wanted)"
             " VALUES ('capped', 'i0', 2, 2)"
         )
-        assert migrate(conn) == ["0005_fleet_identity.sql"]
+        assert migrate(conn) == ["0005_fleet_identity.sql", "0006_fleet_tree.sql"]
         assert _counter(conn, "capped") == 2
         rows = conn.execute(
             "SELECT query_id, group_key, group_name FROM resgroups_fleet_leases ORDER BY 1"

@@ -586,6 +586,16 @@ def _note_limits(before: Snapshot, after: Snapshot) -> Snapshot:
             and new.max_active_queries is not None
         ):
             after = after.with_group(replace(new, limited_since=before.version + 1))
+        if old is not None and new is not None and old.parent_id != new.parent_id:
+            # a subtree joining limited ancestors brings queries that hold nothing
+            # at their levels: as if their limits had just appeared (the fleet
+            # adopts them before anyone admits on those limits)
+            joined = {g.id for g in after.path(new)} - {g.id for g in before.path(old)}
+            for ancestor_id in sorted(joined - {new.id}):
+                ancestor = after.group(ancestor_id)
+                if ancestor is not None and ancestor.max_active_queries is not None:
+                    stamped = replace(ancestor, limited_since=before.version + 1)
+                    after = after.with_group(stamped)
     return after
 
 

@@ -152,7 +152,7 @@ class FleetCoordinator:
     def acquire(
         self,
         lease_id: str,
-        group: Callable[[], tuple[FleetGroup, int | None, Barrier]],
+        levels: Callable[[], list[tuple[FleetGroup, int, Barrier]]],
         *,
         deadline: float,
         queue_deadline: float,
@@ -160,22 +160,28 @@ class FleetCoordinator:
         now: Callable[[], float] = time.monotonic,
         ready: Callable[[], bool] = lambda: True,
     ) -> bool:
-        """Hold a fleet lease for ``lease_id`` before returning True. ``group()``
-        says, at each try, the group, its limit as this engine's catalog holds it
-        now and its barrier: a limit raised while waiting counts at once, and a
-        limit gone (RESET) ends the wait with False, no lease needed. While
-        ``ready()`` is false (this instance has not adopted its queries since the
+        """Hold a fleet lease for ``lease_id`` before returning True. ``levels()``
+        says, at each try, the limited levels of the query's path (root first; a
+        flat group: itself), each with its limit as this engine's catalog holds it
+        now and its barrier: a limit raised while waiting counts at once, and no
+        limit left (RESET) ends the wait with False, no lease needed. While
+        ``ready()`` is false (this instance has not adopted its queries since a
         limit appeared) it waits without asking."""
         unavailable: str | None = None
         while True:
             with self._changed:
                 seen = self._generation
-            key, limit, since = group()
-            name = key.name
-            if limit is None:
+            path = levels()
+            if not path:
                 return False
+            key, limit, since = path[-1]
+            name = key.name
             try:
-                if ready() and self.store.try_acquire(key, lease_id, limit, since):
+                if ready() and (
+                    self.store.try_acquire(key, lease_id, limit, since)
+                    if len(path) == 1
+                    else self.store.try_acquire_path(path, lease_id)
+                ):
                     return True
                 unavailable = None
             except StoreUnavailable as exc:

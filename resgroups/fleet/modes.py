@@ -101,6 +101,38 @@ class Runtimes(Protocol):
 
     def all(self) -> list[GroupRuntime]: ...
 
+    def get(self, group_id: int) -> GroupRuntime | None: ...
+
+
+def path_of(runtimes: Runtimes, runtime: GroupRuntime) -> list[GroupRuntime]:
+    """A runtime and its ancestors' (SPEC §14), root first."""
+    path = [runtime]
+    seen = {runtime.group_id}
+    while (parent_id := path[-1].definition.parent_id) is not None and parent_id not in seen:
+        parent = runtimes.get(parent_id)
+        if parent is None:
+            break
+        seen.add(parent_id)
+        path.append(parent)
+    path.reverse()
+    return path
+
+
+def _path_limited(runtimes: Runtimes, group: GroupDef) -> bool:
+    """Has the group, or any ancestor, a max_active_queries?"""
+    if group.max_active_queries is not None:
+        return True
+    parent_id, seen = group.parent_id, {group.id}
+    while parent_id is not None and parent_id not in seen:
+        parent = runtimes.get(parent_id)
+        if parent is None:
+            return False
+        if parent.definition.max_active_queries is not None:
+            return True
+        seen.add(parent_id)
+        parent_id = parent.definition.parent_id
+    return False
+
 
 class AdmissionMode:
     """Local admission: the local gate is the limit, nothing more is held."""
@@ -304,16 +336,21 @@ class LeaseAdmission(_FleetMode):
         coordinator = self.coordinator
         lease = held.lease_id = coordinator.new_lease_id()  # released at the end
         with runtime.gate.lock:  # against _sync's scan: decided and marked at once
-            group = runtime.definition
-            if group.max_active_queries is None:
+            if not self._levels(runtime):
                 held.unleased = True
                 return
             runtime.fleet_waiting += 1
             held.seeking = True
 
-        def now_held() -> tuple[FleetGroup, int | None, Barrier]:  # re-read at each try
-            group = runtime.definition
-            return fleet_group(group), group.max_active_queries, self.barrier(group)
+        def now_held() -> list[tuple[FleetGroup, int, Barrier]]:  # re-read at each try
+            return [
+                (fleet_group(g), g.max_active_queries, self.barrier(g))
+                for g in self._levels(runtime)
+                if g.max_active_queries is not None
+            ]
+
+        def ready() -> bool:
+            return all(self._adopted >= g.limited_since for g in self._levels(runtime))
 
         try:
             while not coordinator.acquire(
@@ -323,10 +360,10 @@ class LeaseAdmission(_FleetMode):
                 queue_deadline=queue_deadline,
                 cancelled=cancelled,
                 now=now,
-                ready=lambda: self._adopted >= runtime.definition.limited_since,
+                ready=ready,
             ):
-                with runtime.gate.lock:  # the limit went while waiting: none needed
-                    if runtime.definition.max_active_queries is None:
+                with runtime.gate.lock:  # the limits went while waiting: none needed
+                    if not self._levels(runtime):
                         held.unleased = True
                         return
             held.leased = True
@@ -336,6 +373,18 @@ class LeaseAdmission(_FleetMode):
         finally:
             held.seeking = False
             runtime.fleet_wait(-1)
+
+    def _levels(self, runtime: GroupRuntime) -> list[GroupDef]:
+        """The limited levels of a query's path, root first (SPEC §14: a lease at
+        each); a flat group: itself if limited."""
+        group = runtime.definition
+        if group.parent_id is None:
+            return [group] if group.max_active_queries is not None else []
+        return [
+            r.definition
+            for r in path_of(self._runtimes, runtime)
+            if r.definition.max_active_queries is not None
+        ]
 
     def recheck(self, held: Holdings) -> None:
         """A lease taken before a lapse may have been swept while the process was
@@ -379,18 +428,21 @@ class LeaseAdmission(_FleetMode):
             group = runtime.definition
             if group.max_active_queries is None or group.limited_since <= self._adopted:
                 continue
-            with runtime.gate.lock:
+            with runtime.gate.lock:  # its subtree's queries: a row at this level each
                 orphans = [
                     (h, h.lease_id)
                     for h in self._holdings()
-                    if h.runtime is runtime and h.unleased and h.lease_id is not None
+                    if h.lease_id is not None
+                    and (h.unleased or h.leased)
+                    and h.runtime is not None
+                    and runtime in path_of(self._runtimes, h.runtime)
                 ]
             if not orphans:
                 continue
             self.coordinator.store.adopt(fleet_group(group), [i for _, i in orphans])
             for held, lease in orphans:
                 with runtime.gate.lock:
-                    adopted = held.lease_id == lease and held.unleased
+                    adopted = held.lease_id == lease and (held.unleased or held.leased)
                     if adopted:
                         held.unleased, held.leased = False, True
                 if not adopted:  # it ended meanwhile: its new row goes again
@@ -434,12 +486,14 @@ class QuotaAdmission(_FleetMode):
         return self._both.valid_until
 
     def fence_for(self, group: GroupDef) -> Fenced:
-        """A limited group's queries run on their quota too: the earlier fence."""
-        return self._both if group.max_active_queries is not None else self.coordinator.fence
+        """A limited group's queries (or a limited parent's, SPEC §14) run on
+        their quota too: the earlier fence."""
+        limited = _path_limited(self._runtimes, group)
+        return self._both if limited else self.coordinator.fence
 
     def prepare(self, group: GroupDef, left: float) -> None:
         super().prepare(group, left)
-        if group.max_active_queries is not None and not self.keeper.wait_fresh(
+        if _path_limited(self._runtimes, group) and not self.keeper.wait_fresh(
             time.monotonic() + max(0.0, left)
         ):
             raise CoordinationUnavailable(
@@ -462,11 +516,12 @@ class QuotaAdmission(_FleetMode):
             limit = group.max_active_queries
             if limit is None:  # a dropped group's queries still finish under its limit
                 continue
-            gate = runtime.gate.gate
-            now = gate.active + gate.queued
+            gate = runtime.gate.gate  # an inner group's demand is its subtree's
+            queued = gate.queued + gate.waiting_below
+            now = gate.load + queued
             peak, gate.demand_peak = max(gate.demand_peak, now), now
             out[group.uid] = GroupDemand(
-                fleet_group(group), limit, gate.active, gate.queued, peak, runtime.quota,
+                fleet_group(group), limit, gate.load, queued, peak, runtime.quota,
                 self.barrier(group),
             )  # fmt: skip
         return out
@@ -481,14 +536,18 @@ class QuotaAdmission(_FleetMode):
     def _running(self, key: str) -> int:
         """The queries of the group holding a slot here now."""
         runtime = self._runtime(key)
-        return 0 if runtime is None else runtime.gate.active
+        return 0 if runtime is None else runtime.gate.gate.load
 
     def _quota_lost(self, keys: set[str]) -> None:
         """This instance's quota in these groups was reclaimed while its heartbeat
         lapsed: the queries running on it fail at their next checkpoint."""
         for held in self._holdings():
             runtime = held.runtime
-            if held.admitted and runtime is not None and runtime.definition.uid in keys:
+            if (
+                held.admitted
+                and runtime is not None
+                and any(r.definition.uid in keys for r in path_of(self._runtimes, runtime))
+            ):
                 held.fail(
                     CoordinationUnavailable(
                         f"the fleet quota of group {held.group} on this instance was "

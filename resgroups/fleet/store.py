@@ -83,6 +83,29 @@ class LeaseStore:
         )
         return bool(rows[0][0])
 
+    def try_acquire_path(
+        self, levels: list[tuple[FleetGroup, int, Barrier]], query_id: str
+    ) -> bool:
+        """One round trip: a lease at every limited level of a path (root first),
+        or none, as :meth:`try_acquire` for one (SPEC §14)."""
+        catalog, _, expiry, version = levels[-1][2]
+        rows = self._run(
+            "acquire a lease",
+            "SELECT resgroups_fleet_try_acquire_path(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (
+                [g.key for g, _, _ in levels],
+                [g.name for g, _, _ in levels],
+                self.instance_id,
+                query_id,
+                [limit for _, limit, _ in levels],
+                catalog,
+                [since for _, _, (_, since, _, _) in levels],
+                expiry,
+                version,
+            ),
+        )
+        return bool(rows[0][0])
+
     def adopt(self, group: FleetGroup, query_ids: list[str]) -> int:
         """Leases for queries admitted before the group's limit appeared, whatever
         the count (they run already); how many were added."""

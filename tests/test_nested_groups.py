@@ -378,9 +378,11 @@ def test_a_parent_memory_limit_bounds_its_subtree(wide: resgroups.Engine) -> Non
         listed = rows(wide)
         assert listed["team"]["memory_used_bytes"] == 600 * 1024
         assert listed["a"]["memory_used_bytes"] == 600 * 1024
-        with pytest.raises(MemoryLimitExceeded, match="parent=team") as info:
-            with in_b.query() as qb:
-                qb.memory.allocate(600 * 1024)
+        with (
+            pytest.raises(MemoryLimitExceeded, match="parent=team") as info,
+            in_b.query() as qb,
+        ):
+            qb.memory.allocate(600 * 1024)
         assert "limit=1048576" in str(info.value)
         # a's own limit is 2M, but the smallest on its path is its ceiling
         with pytest.raises(MemoryLimitExceeded):

@@ -137,6 +137,7 @@ def test_migrations_are_applied_once_in_order(pg_catalog: str) -> None:
         "0003_fleet_instances.sql",
         "0004_fleet_quotas.sql",
         "0005_fleet_identity.sql",
+        "0006_fleet_tree.sql",
     ]
     assert again == []
     assert names == first

@@ -116,3 +116,33 @@ def _crowd(intervals: list[tuple[str, float, float]], limit: int) -> list[tuple[
         if len(running) > limit:
             return running
     return []
+
+
+@pytest.mark.parametrize("mode", ["lease", "quota"])
+def test_a_subtree_joining_a_limited_parent_brings_its_running_queries(
+    pg_catalog: str, mode: str
+) -> None:
+    """A query admitted where no level had a limit holds nothing in the fleet;
+    when its group is reparented under a limited parent, every engine adopts it
+    there before anyone admits on the parent's limit."""
+    from test_fleet_exact import Bodies, _everyone_sees, _holds, _release, _shared_fleet
+
+    with _shared_fleet(pg_catalog, mode) as (one, two):
+        one.connect().execute_script(
+            "CREATE RESOURCE GROUP p WITH (max_active_queries = 1, queue_timeout = '30s');"
+            "CREATE RESOURCE GROUP x WITH (parent = p); CREATE RESOURCE GROUP c"
+        )
+        _everyone_sees([one, two], "c")
+        fleet = Bodies()
+        (free,) = fleet.hold(one, "c")
+        wait_until(lambda: free.admitted is not None, timeout=15)
+        one.connect().execute("ALTER RESOURCE GROUP c SET (parent = p)")
+        _everyone_sees([one, two], "c", parent_group="p")
+        (late,) = fleet.hold(two, "x")
+        # c's running query counts against p across the fleet: nobody else gets p
+        assert _holds(lambda: late.admitted is None, 1.5)
+        _release([free])
+        wait_until(lambda: late.admitted is not None, timeout=15)
+        _release([late])
+    assert not fleet.errors()
+    assert fleet.peak == 1

@@ -201,7 +201,8 @@ def resolve(
     if chosen is not None:
         group = snap.runtime_group(chosen)
         if group is None or snap.is_inner(chosen):
-            raise CatalogError(_lost_choice(snap, chosen), sqlstate=CatalogError.UNDEFINED)
+            state = CatalogError.UNDEFINED if group is None else CatalogError.FORBIDDEN
+            raise CatalogError(_lost_choice(snap, chosen), sqlstate=state)
         check_use(snap, who, group, access_control=access_control)
         return group
     if attributes is not None and snap.selectors:

@@ -85,7 +85,7 @@ def test_the_refusals_of_the_tree(ac_engine: resgroups.Engine) -> None:
         "ALTER USER alice SET RESOURCE GROUP mapped"
     )
     assert "cycle" in refused(s, "ALTER RESOURCE GROUP a SET (parent = c)")
-    assert "cycle" in refused(s, "ALTER RESOURCE GROUP a SET (parent = a)")
+    assert "its own parent" in refused(s, "ALTER RESOURCE GROUP a SET (parent = a)")
     assert "DEFAULT" in refused(s, "CREATE RESOURCE GROUP x WITH (parent = 'DEFAULT')")
     assert "DEFAULT" in refused(s, "ALTER RESOURCE GROUP DEFAULT SET (parent = a)")
     assert "variant" in refused(s, "CREATE RESOURCE GROUP x WITH (parent = 'tenants::acme')")
@@ -130,9 +130,39 @@ def test_a_group_that_gains_a_child_while_running_finishes_its_queries(
         s.execute("CREATE RESOURCE GROUP lane WITH (parent = team)")
         # the running query keeps its slot at team, which now counts for the subtree
         assert rows(wide)["team"]["active_queries"] == 1
-    with pytest.raises(CatalogError, match="has children now"), runner.query():
+    with pytest.raises(CatalogError, match="has children now") as info, runner.query():
         pass
+    assert info.value.sqlstate == "42809"  # it exists: refused, not undefined
     assert rows(wide)["team"]["active_queries"] == 0
+
+
+def test_a_quoted_parent_names_a_group_exactly(engine: resgroups.Engine) -> None:
+    s = engine.connect()
+    s.execute_script(
+        'CREATE RESOURCE GROUP "Mixed"; CREATE RESOURCE GROUP "MIXED";'
+        'CREATE RESOURCE GROUP lane WITH (parent = "Mixed")'
+    )
+    assert rows(engine)["lane"]["parent_group"] == "Mixed"
+    s.execute('ALTER RESOURCE GROUP lane SET (parent = "MIXED")')
+    assert rows(engine)["lane"]["parent_group"] == "MIXED"
+    # an unquoted name matches unquoted names only, as everywhere
+    assert "does not exist" in refused(s, "ALTER RESOURCE GROUP lane SET (parent = mixed)", "42704")
+
+
+def test_a_tree_has_at_most_sixteen_levels(engine: resgroups.Engine) -> None:
+    from resgroups.catalog.model import MAX_TREE_DEPTH
+
+    s = engine.connect()
+    s.execute("CREATE RESOURCE GROUP l1")
+    for level in range(2, MAX_TREE_DEPTH + 1):
+        s.execute(f"CREATE RESOURCE GROUP l{level} WITH (parent = l{level - 1})")
+    message = refused(s, f"CREATE RESOURCE GROUP deeper WITH (parent = l{MAX_TREE_DEPTH})")
+    assert f"at most {MAX_TREE_DEPTH}" in message
+    # nor by moving a subtree of two levels under the tenth level... of sixteen
+    s.execute_script("CREATE RESOURCE GROUP top; CREATE RESOURCE GROUP under WITH (parent = top)")
+    assert "levels" in refused(s, f"ALTER RESOURCE GROUP top SET (parent = l{MAX_TREE_DEPTH - 1})")
+    s.execute(f"ALTER RESOURCE GROUP top SET (parent = l{MAX_TREE_DEPTH - 2})")
+    assert rows(engine)["under"]["active_queries"] == 0
 
 
 def test_the_tree_survives_a_restart(tmp_path: Path) -> None:
@@ -280,6 +310,67 @@ def test_reparenting_online_moves_what_a_subtree_holds(wide: resgroups.Engine) -
     release.set()
     release_blocked.set()
     holder.join()
+
+
+def test_one_alter_that_moves_a_group_and_raises_its_limit_admits_in_the_new_tree(
+    wide: resgroups.Engine,
+) -> None:
+    s = wide.connect()
+    s.execute_script(
+        "CREATE RESOURCE GROUP p WITH (max_active_queries = 1);"
+        "CREATE RESOURCE GROUP k WITH (parent = p);"
+        "CREATE RESOURCE GROUP c WITH (max_active_queries = 1)"
+    )
+    holder = Holder(wide)
+    in_k, release_k = holder.start("k")
+    in_c, release_c = holder.start("c")
+    assert in_k.wait(10)
+    assert in_c.wait(10)
+    queued = [holder.start("c") for _ in range(3)]
+    wait_until(lambda: rows(wide)["c"]["queued_queries"] == 3)
+    s.execute("ALTER RESOURCE GROUP c SET (parent = p, max_active_queries = 4)")
+    listed = rows(wide)
+    # p kept what c and k held (2, above its 1) and admitted nobody of c's queue
+    assert (listed["p"]["active_queries"], listed["c"]["queued_queries"]) == (2, 3)
+    assert _blocked(wide, "c") == ["parent:p"] * 3
+    assert listed["p"]["oldest_queue_wait_millis"] == listed["c"]["oldest_queue_wait_millis"]
+    for release in (release_k, release_c):
+        release.set()
+    for _, release in queued:  # one at a time through p
+        release.set()
+    for entered, _ in queued:
+        assert entered.wait(10)
+    holder.join()
+
+
+def test_dropping_the_groups_of_a_running_subtree_keeps_its_slots_and_bytes(
+    wide: resgroups.Engine,
+) -> None:
+    s = wide.connect()
+    s.execute_script(
+        "CREATE RESOURCE GROUP g WITH (max_active_queries = 1, memory_limit = '1M');"
+        "CREATE RESOURCE GROUP p WITH (parent = g);"
+        "CREATE RESOURCE GROUP c WITH (parent = p);"
+        "CREATE RESOURCE GROUP d WITH (parent = g, queue_timeout = '300ms')"
+    )
+    running = wide.connect()
+    running.execute("SET RESOURCE GROUP c")
+    other = wide.connect()
+    other.execute("SET RESOURCE GROUP d")
+    with running.query() as q:
+        q.memory.allocate(900 * 1024)
+        s.execute_script("DROP RESOURCE GROUP c; DROP RESOURCE GROUP p")
+        listed = rows(wide)
+        assert (listed["g"]["active_queries"], listed["g"]["memory_used_bytes"]) == (
+            1,
+            900 * 1024,
+        )
+        with pytest.raises(resgroups.QueueTimeout), other.query():
+            pass  # g's one slot is still c's query's
+    listed = rows(wide)
+    assert (listed["g"]["active_queries"], listed["g"]["memory_used_bytes"]) == (0, 0)
+    with other.query():  # given back: d runs
+        pass
 
 
 def test_raising_a_parent_limit_admits_its_subtree(wide: resgroups.Engine) -> None:

@@ -152,7 +152,12 @@ PARAM_VALUES = {
     "memory_limit": st.integers(0, 2**63 - 1),
     "scheduling_policy": st.sampled_from(["fifo", "fair"]),
     "max_active_queries_per_user": st.one_of(st.none(), st.integers(1, 2**31 - 1)),
-    "parent": st.text(min_size=1, max_size=10).filter(lambda s: s.upper() != "UNLIMITED"),
+    "parent": st.one_of(
+        st.text(min_size=1, max_size=10).filter(
+            lambda s: s.upper() != "UNLIMITED" and not s.startswith('"')
+        ),
+        st.text(min_size=1, max_size=10).map(lambda s: '"' + s.replace('"', '""') + '"'),
+    ),
 }
 params = st.lists(st.sampled_from(sorted(PARAMETERS)), unique=True, max_size=7).flatmap(
     lambda keys: st.tuples(*(st.tuples(st.just(k), PARAM_VALUES[k]) for k in keys))

@@ -63,6 +63,7 @@ def _name_clashes(names: Iterable[tuple[str, bool]]) -> list[str]:
 
 
 VARIANT_SEPARATOR: Final = "::"
+MAX_TREE_DEPTH: Final = 16  # the most levels a path of nested groups may have (SPEC §14)
 
 
 def variant_name(base: str, variant: str) -> str:
@@ -456,6 +457,14 @@ class Snapshot:
             parent = self.group_by_id.get(at)
             at = None if parent is None else parent.parent_id
         return at is not None  # a loop above that does not pass through group_id
+
+    def height(self, group_id: int) -> int:
+        """How many levels the group's subtree has (1: no children)."""
+        levels, frontier = 0, [group_id]
+        while frontier and levels <= MAX_TREE_DEPTH + 1:  # a broken log cannot loop it
+            levels += 1
+            frontier = [c for g in frontier for c in self.children.get(g, ())]
+        return levels
 
     def path(self, group: GroupDef) -> list[GroupDef]:
         """The group and its ancestors, from the root down to ``group``."""

@@ -40,14 +40,17 @@ _MAX_DIGITS: Final = 30  # more digits than any value in range has, with room to
 
 @dataclass(frozen=True)
 class RawValue:
-    """A parameter value as written: kind is 'number', 'string', 'word' or
-    'quantity' (a size or duration written bare: 512M, 15s)."""
+    """A parameter value as written: kind is 'number', 'string', 'word',
+    'quoted' (a double-quoted identifier) or 'quantity' (a size or duration
+    written bare: 512M, 15s)."""
 
     kind: str
     text: str
 
     def __str__(self) -> str:
         text = self.text if len(self.text) <= 40 else self.text[:37] + "..."  # messages stay short
+        if self.kind == "quoted":
+            return f'"{text}"'
         return f"'{text}'" if self.kind == "string" else text
 
 
@@ -171,8 +174,11 @@ def parse_policy(raw: RawValue) -> str:
 
 
 def parse_parent(raw: RawValue) -> str:
-    """``parent = etl`` or ``parent = 'etl'``: the name as written (the DDL
-    resolves it to the group's id against the catalog)."""
+    """``parent = etl``, ``parent = 'etl'`` or ``parent = "Etl"``: the name as
+    written, a quoted identifier kept in its double quotes (the DDL resolves it
+    to the group's id against the catalog: :func:`parent_reference`)."""
+    if raw.kind == "quoted":
+        return '"' + raw.text.replace('"', '""') + '"'
     if raw.kind in ("word", "string") and raw.text and not _is_unlimited(raw):
         return raw.text
     raise InvalidParameter(
@@ -180,8 +186,18 @@ def parse_parent(raw: RawValue) -> str:
     )
 
 
+def parent_reference(value: str) -> tuple[str, bool]:
+    """What :func:`parse_parent` gave, as (name, quoted): a quoted identifier
+    names a group exactly, a bare word or a string as an unquoted name does."""
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        return value[1:-1].replace('""', '"'), True
+    return value, False
+
+
 def _format_parent(value: ParamValue) -> str:
     text = str(value)
+    if parent_reference(text)[1]:
+        return text
     return "'" + text.replace("'", "''") + "'"
 
 

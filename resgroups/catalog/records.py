@@ -22,6 +22,7 @@ from typing import Any, Final, TypeGuard, TypeVar
 from resgroups.auth import is_md5_verifier, is_password_hash
 from resgroups.catalog.model import (
     DEFAULT_GROUP_ID,
+    MAX_TREE_DEPTH,
     VARIANT_SEPARATOR,
     GroupDef,
     Principal,
@@ -143,6 +144,8 @@ def _check_parent(snap: Snapshot, group: GroupDef) -> None:
         raise _Invalid(f"{parent.name} cannot be a parent: DEFAULT, a base or a variant")
     if snap.would_cycle(group.id, parent_id):
         raise _Invalid(f"nesting {group.name} in {parent.name} makes a cycle")
+    if len(snap.path(parent)) + snap.height(group.id) > MAX_TREE_DEPTH:
+        raise _Invalid(f"nesting {group.name} in {parent.name}: deeper than {MAX_TREE_DEPTH}")
     if not snap.is_inner(parent_id) and (
         snap.mapped_to(parent_id)
         or snap.use_grants.left_of(parent_id)

@@ -196,6 +196,10 @@ class GateConfig:
     max_per_user: int | None = None  # max_active_queries_per_user: one user's slots (subtree)
 
 
+def _by_arrival(ticket: Ticket) -> int:
+    return ticket.arrival
+
+
 def _first_deadline(ticket: Ticket) -> float:
     return min(ticket.queue_deadline, ticket.query_deadline)
 
@@ -216,6 +220,10 @@ class Gate:
         self._active: set[Ticket] = set()  # T: the tickets holding a slot
         self.counted = 0  # C: the slots held without a ticket (count_in)
         self._queue: deque[Ticket] = deque()  # arrival order, with tickets that left
+        # the same per user, in arrival order (with tickets that left, dropped from
+        # the fronts): the fair order and the per-user caps look at each user's
+        # first ticket, O(users) rather than O(queue)
+        self._by_user: dict[str, deque[Ticket]] = {}
         self._deadlines: list[tuple[float, int, Ticket]] = []  # a heap, likewise
         self._positions: dict[Ticket, int] | None = None  # position(), until a change
         self.slack = 32  # the views are rebuilt beyond 2 x queued + slack (tests lower it)
@@ -280,22 +288,36 @@ class Gate:
         head = self._head()
         return max(0.0, now - head.enqueued_at) if head is not None else 0.0
 
+    def oldest_wait_below(self, now: float) -> float:
+        """:meth:`oldest_wait` over this gate's subtree (its own for a flat gate)."""
+        oldest = self.oldest_wait(now)
+        stack = [c for c in self.children if c.waiting or c.waiting_below]
+        while stack:
+            gate = stack.pop()
+            oldest = max(oldest, gate.oldest_wait(now))
+            stack.extend(c for c in gate.children if c.waiting or c.waiting_below)
+        return oldest
+
     def next_deadline(self) -> float:
         """The earliest deadline of a queued ticket (inf when none waits)."""
         first = self._first_to_expire()
         return _first_deadline(first) if first is not None else math.inf
 
     def _enqueue(self, ticket: Ticket, *, front: bool = False) -> None:
+        mine = self._by_user.get(ticket.user)
+        if mine is None:
+            mine = self._by_user[ticket.user] = deque()
         if front:  # before every other arrival, after the earlier tickets put at the head
             ticket.arrival = arrival = next(_FRONTS)
-            queue = self._queue
-            place = 0
-            while place < len(queue) and queue[place].arrival < 0:
-                place += 1  # O(tickets put at the head and still in the view)
-            queue.insert(place, ticket)
+            for queue in (self._queue, mine):
+                place = 0
+                while place < len(queue) and queue[place].arrival < 0:
+                    place += 1  # O(tickets put at the head and still in the view)
+                queue.insert(place, ticket)
         else:
             ticket.arrival = arrival = next(_ARRIVALS)
             self._queue.append(ticket)
+            mine.append(ticket)
         heapq.heappush(self._deadlines, (_first_deadline(ticket), arrival, ticket))
         self.waiting += 1
         self._positions = None
@@ -317,9 +339,13 @@ class Gate:
         queue = self._queue
         if queue[0] is ticket:  # leaving in arrival order: the common case
             queue.popleft()
+        self._user_head(ticket.user)  # drops what has left from the user's front
         most = 2 * self.waiting + self.slack  # each view holds at most this many
         if len(queue) > most:
             self._queue = deque(t for t in queue if t.state is TICKET_QUEUED)
+            self._by_user = {}
+            for t in self._queue:
+                self._by_user.setdefault(t.user, deque()).append(t)
         if len(self._deadlines) > most:
             self._deadlines = [e for e in self._deadlines if e[2].state is TICKET_QUEUED]
             heapq.heapify(self._deadlines)
@@ -546,19 +572,31 @@ class Gate:
             ticket.enqueued_at,
         )
 
+    def _user_head(self, user: str) -> Ticket | None:
+        """The user's first queued ticket (its oldest), dropping from the front of
+        its view what has left; the view goes once empty. O(1) amortized."""
+        mine = self._by_user.get(user)
+        while mine and mine[0].state is not TICKET_QUEUED:
+            mine.popleft()
+        if not mine:
+            self._by_user.pop(user, None)
+            return None
+        return mine[0]
+
+    def _heads(self) -> list[Ticket]:
+        """Each waiting user's first queued ticket: O(users)."""
+        return [t for t in map(self._user_head, list(self._by_user)) if t is not None]
+
     def _fairest(self, *, capped_too: bool) -> Ticket | None:
         """The queued ticket the fair order takes next (None: none; unless
-        ``capped_too``, a user at a per-user cap on the path is passed over)."""
+        ``capped_too``, a user at a per-user cap on the path is passed over):
+        the least ``_fair_key``, equal keys in arrival order. O(users)."""
         best: Ticket | None = None
-        best_key: tuple[int, float, float] | None = None
-        seen: set[str] = set()
-        for ticket in self._queue:  # arrival order: a user's first ticket is its oldest
-            if ticket.state is not TICKET_QUEUED or ticket.user in seen:
-                continue
-            seen.add(ticket.user)
+        best_key: tuple[int, float, float, int] | None = None
+        for ticket in self._heads():  # a user's first ticket is its oldest
             if not capped_too and self._capped(ticket.user) is not None:
                 continue
-            key = self._fair_key(ticket)
+            key = (*self._fair_key(ticket), ticket.arrival)
             if best_key is None or key < best_key:
                 best, best_key = ticket, key
         return best
@@ -680,15 +718,9 @@ class Gate:
         if self.waiting:
             if fair:
                 best = self._fairest(capped_too=False)
-            else:
-                best = next(
-                    (
-                        t
-                        for t in self._queue
-                        if t.state is TICKET_QUEUED and self._capped(t.user) is None
-                    ),
-                    None,
-                )
+            else:  # arrival order, past the users at a cap: O(users)
+                heads = [t for t in self._heads() if self._capped(t.user) is None]
+                best = min(heads, key=_by_arrival) if heads else None
         for child in self.children:
             if not (child.waiting or child.waiting_below):
                 continue
@@ -775,6 +807,9 @@ class Gate:
             problems.append("a ticket is queued twice")
         if self.waiting != len(in_order):
             problems.append(f"waiting {self.waiting} != {len(in_order)} queued")
+        by_user = [t for mine in self._by_user.values() for t in mine if t.state is TICKET_QUEUED]
+        if sorted(by_user, key=_by_arrival) != sorted(in_order, key=_by_arrival):
+            problems.append("the per-user view of the queue is not the queue")
         arrivals = [t.arrival for t in self._queue]
         if arrivals != sorted(arrivals):
             problems.append("the queue is not in arrival order")

@@ -100,12 +100,18 @@ class GroupRuntimes:
             else:
                 touched = set(self._runtimes) | set(snapshot.group_by_id)
             self.applied_version = snapshot.version
+            for group_id in touched:  # new groups first, so that a child finds its parent
+                group = snapshot.runtime_group(group_id)
+                if group is not None and group_id not in self._runtimes:
+                    self._runtimes[group_id] = self._new(group)
+            # the tree before the settings: a record that moves a group and raises its
+            # limit never admits its queue under the limit outside the new tree
             for group_id in touched:
-                self._sync_locked(group_id, snapshot.runtime_group(group_id))
-            for group_id in touched:  # once every runtime exists: parents first made
                 runtime, group = self._runtimes.get(group_id), snapshot.runtime_group(group_id)
                 if runtime is not None and group is not None:
                     self._link_locked(runtime, group)
+            for group_id in touched:
+                self._sync_locked(group_id, snapshot.runtime_group(group_id))
             self._group_count = snapshot.group_count()
             self._update_engagement()
             self.configured_version = snapshot.version
@@ -118,8 +124,15 @@ class GroupRuntimes:
             self._configure(runtime, group)
         elif runtime is not None:
             self._mark_dropped_locked(runtime)
-            if runtime.idle:
+            if self._idle(runtime):
                 self._forget_locked(runtime)
+
+    def _idle(self, runtime: GroupRuntime) -> bool:
+        """Nothing held or queued in its subtree, no tracked byte in its budget:
+        a dropped group's runtime may go (an inner one stays while a descendant's
+        queries hold its slots and bytes)."""
+        budget = self._memory.groups.get(runtime.group_id)
+        return runtime.idle and (budget is None or budget.used == 0)
 
     def _link_locked(self, runtime: GroupRuntime, group: GroupDef) -> None:
         """Nest the runtime's gate under its parent's (SPEC §14), online."""
@@ -137,9 +150,10 @@ class GroupRuntimes:
         self._special.discard(runtime.group_id)
 
     def _forget_locked(self, runtime: GroupRuntime) -> None:
+        # its gate and budget stay linked to their parents' (idle, they count for
+        # nothing there): a query that resolved to it just before still counts at
+        # every level if it enters
         del self._runtimes[runtime.group_id]
-        runtime.gate.set_parent(None)  # idle: it takes nothing from its ancestors
-        self._memory.set_parent(runtime.group_id, runtime.definition.name, None, "")
         self._dropped.discard(runtime.group_id)
         self._special.discard(runtime.group_id)
         runtime.forget()
@@ -169,13 +183,19 @@ class GroupRuntimes:
             return runtime
 
     def query_ended(self, runtime: GroupRuntime) -> None:
-        """A query of ``runtime`` ended: a dropped group goes once idle."""
+        """A query of ``runtime`` ended: a dropped group goes once idle, and so do
+        its dropped ancestors that this leaves idle."""
         if not (runtime.dropped and runtime.idle):
             return
         with self._lock:
-            if self._runtimes.get(runtime.group_id) is runtime and runtime.idle:
-                self._forget_locked(runtime)
-                self._update_engagement()
+            at: GroupRuntime | None = runtime
+            while at is not None and at.dropped and self._runtimes.get(at.group_id) is at:
+                if not self._idle(at):
+                    break
+                self._forget_locked(at)
+                parent_id = at.definition.parent_id
+                at = self._runtimes.get(parent_id) if parent_id is not None else None
+            self._update_engagement()
 
     # ---- observation ----------------------------------------------------------------
 

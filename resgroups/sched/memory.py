@@ -79,6 +79,8 @@ class Budget:
 
     def path_limit(self) -> int:
         """The smallest limit from here to the root (0: none)."""
+        if self.parent is None:  # a flat group: every query's placement asks
+            return self.limit
         limits = [b.limit for b in self.path() if b.limit]
         return min(limits) if limits else 0
 
@@ -132,9 +134,8 @@ class MemoryLedger:
     def forget(self, group_id: int) -> None:
         with self.lock:
             budget = self.groups.get(group_id)
-            if budget is not None and budget.used == 0:
+            if budget is not None and budget.used == 0:  # it stays linked to its parent's
                 del self.groups[group_id]
-                budget.parent = None
 
     def _check_invariants(self, queries: list[QueryMemory]) -> None:
         with self.lock:

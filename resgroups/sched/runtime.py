@@ -93,8 +93,8 @@ class GroupRuntime:
 
     @property
     def idle(self) -> bool:
-        gate = self.gate.gate
-        return not gate.active and not gate.queued and not self.suspended
+        gate = self.gate.gate  # its subtree's too: an inner group holds what is below
+        return not gate.load and not gate.queued and not gate.waiting_below and not self.suspended
 
     def forget(self) -> None:
         """The group is gone and idle: drop its CPU state too."""
@@ -110,7 +110,7 @@ class GroupRuntime:
                 # an inner group's: its subtree's (SPEC §14)
                 active_queries=gate.load,
                 queued_queries=gate.queued + gate.waiting_below + self.fleet_waiting,
-                oldest_queue_wait_millis=round(gate.oldest_wait(now) * 1000),
+                oldest_queue_wait_millis=round(gate.oldest_wait_below(now) * 1000),
                 memory_used_bytes=memory_used,
                 cpu_nanos_total=self.cpu.cpu_ns_total,
                 cpu_wait_nanos_total=self.cpu.wait_ns_total,

@@ -214,6 +214,12 @@ class _ToAst(Transformer[Token, Any]):
     def word_value(self, tok: Token) -> RawValue:
         return RawValue("word", str(tok))
 
+    def quoted_word_value(self, tok: Token) -> RawValue:
+        text = _unquote(tok, '"')
+        if not text:
+            raise _PositionedError("empty quoted identifier", tok)
+        return RawValue("quoted", text)
+
     def parameter_value(self, tok: Token) -> RawValue:
         _literal_placeholder(tok, None)  # typed by the option it sets (param below)
         return RawValue("parameter", str(tok))

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from resgroups.access import find_group
 from resgroups.catalog import GroupDef, Snapshot
-from resgroups.catalog.model import VARIANT_SEPARATOR, conflicts, variant_name
+from resgroups.catalog.model import MAX_TREE_DEPTH, VARIANT_SEPARATOR, conflicts, variant_name
+from resgroups.catalog.params import parent_reference
 from resgroups.errors import CatalogError, did_you_mean
 from resgroups.result import Result
 from resgroups.sql import ast
@@ -155,7 +156,8 @@ def _with_parent_id(
     if parent_name is None:
         return params
     assert isinstance(parent_name, str)
-    parent = snap.find_group(ast.Ident(parent_name, False))
+    parent_name, quoted = parent_reference(parent_name)
+    parent = snap.find_group(ast.Ident(parent_name, quoted))
     if parent is None:
         raise CatalogError(
             f"resource group {parent_name} named as the parent of {name.text} does not exist."
@@ -185,10 +187,22 @@ def _with_parent_id(
             f"resource group {parent.name} is {what}, which cannot be a parent",
             sqlstate=CatalogError.FORBIDDEN,
         )
+    if group is not None and parent.id == group.id:
+        raise CatalogError(
+            f"resource group {group.name} cannot be its own parent",
+            sqlstate=CatalogError.FORBIDDEN,
+        )
     if group is not None and snap.would_cycle(group.id, parent.id):
         raise CatalogError(
             f"resource group {parent.name} is nested in {group.name} "
             f"({_path_text(snap, parent)}): making it {group.name}'s parent would be a cycle",
+            sqlstate=CatalogError.FORBIDDEN,
+        )
+    levels = len(snap.path(parent)) + (snap.height(group.id) if group is not None else 1)
+    if levels > MAX_TREE_DEPTH:
+        raise CatalogError(
+            f"nesting {name.text} in {parent.name} ({_path_text(snap, parent)}) would make "
+            f"a path of {levels} levels; at most {MAX_TREE_DEPTH} are allowed",
             sqlstate=CatalogError.FORBIDDEN,
         )
     if not snap.is_inner(parent.id):

@@ -14,15 +14,29 @@ What it does
 
 Symbols
     w_g   cpu_weight of group g
+    P(g)  the parent of g (None: top level; SPEC §14); S(g) its siblings,
+          the groups with the same parent; A(g) g and its ancestors up to
+          the root (the *path*); D(g) g and its descendants (the *subtree*)
     c_g   CPU charged to g (ns), the sum of every runner's thread CPU between
           its grant and its slice end (charged however long that was)
-    v_g   virtual time of g: v_g += c * 100 / w_g for each charge c, so a
-          group of weight 100 has v_g = c_g
-    R     the runnable groups: a runner running or waiting
+    v_g   virtual time of g *among its siblings*: every charge c of a runner
+          anywhere in D(g) adds c * 100 / w_g, so a top-level group of weight
+          100 with no children has v_g = c_g; virtual times are compared only
+          between siblings (each level is a frame of its own)
+    o_g   own virtual time of an inner group g: its own queries (those running
+          when it gained its first child) compete with its children as one more
+          child of weight w_g; o_g += c * 100 / w_g for each charge c of them
+    E(n)  the entries of a node n (n = the root, or an inner group): its
+          children with work in their subtree, plus n's own work when it has
+          any (key o_n); at the root, the top-level groups with work
+    R     the runnable groups: a runner running or waiting (a node is runnable
+          when any group of its subtree is)
     G     granularity (default 50 ms of CPU, in the units of v)
     L_g   cpu_limit of g in cores (None: none); cap_g = ceil(L_g) workers
     b_g   CPU budget of g (ns) for a fractional L_g: refills continuously at
           L_g * 1e9 ns per second, at most B_g = 0.1 s * L_g * 1e9 (burst)
+    h_g   held_g: the scheduled runners holding workers in D(g), all pools; a
+          limit caps the subtree: every charge in D(g) spends b_g
 
 Counted workers
     A runner exists for a thread that must wait, or be sliced and charged.
@@ -43,39 +57,71 @@ Invariants (``_check_invariants``)
        counted workers of every pool sum to those of every group;
     I2 each runner is in exactly one place: waiting in one group's queue of
        one pool, running (holding one worker), or done;
-    I3 held_g (scheduled runners of g holding workers, all pools) <= cap_g,
-       plus one task while every running query of g is a CTAS; an ALTER that
-       lowers cap_g takes no worker back, so until enough leave, held_g may
-       stay at what it was (and nothing new is granted meanwhile);
+    I3 for every group g, h_g (the scheduled runners holding workers in
+       D(g), all pools) <= cap_g, plus one task while every running query of
+       D(g) is a CTAS; an ALTER that lowers cap_g, or a reparent that puts
+       running work under a lower cap, takes no worker back, so until enough
+       leave, h_g may stay at what it was (and nothing new is granted in D(g)
+       meanwhile); a group runs at most one task beyond a cap;
     I4 work conservation: after any operation no pool has a free worker
        while a runner that may take it waits there;
     I5 b_g <= B_g;
-    I6 ``busy`` holds every charged group with work (a runner running or
-       waiting, or a counted worker), and while engaged nothing else.
+    I6 ``busy`` holds every charged group with work in its subtree (a runner
+       running or waiting, or a counted worker, in D(g)), and while engaged
+       nothing else; ``active_children`` of each group counts its children
+       in ``busy``;
+    I7 the tree is the catalog's: P is acyclic, each group is among its
+       parent's ``children`` exactly once, and ``path_limited`` /
+       ``single_threaded`` of every group are those of its path.
 
 Rules
-    Pick (a worker is free in pool p): among groups with a runner waiting in
-    p that may run (held_g < cap_g, and b_g > 0 unless the runner is a task
-    of a group limited above one core), the least v_g (ties: the group
-    created first); inside it, fifo takes arrival order, fair takes the
-    user holding fewest of g's workers in p, then that user's query holding
-    fewest, ties to a runner that has not run in p yet, then arrival order.
+    May run: a runner of g may take a worker when, for every n in A(g),
+    h_n < cap_n (or the CTAS exception holds for D(n)) and b_n > 0 (unless
+    the runner is a task and L_n > 1 core: tasks above one core do not wait
+    for that level's budget). A limit at any level so caps its subtree, the
+    worker cap and the budget alike.
 
-    No banking: when g goes from idle (nothing running, nothing waiting) to
-    runnable, v_g := max(v_g, min over the other runnable groups of v). A
-    busy group keeps its lead or its debt.
+    Pick (a worker is free in pool p): walk down from the root; at each node
+    n take, among the entries of E(n) with a runner waiting in p that may
+    run somewhere below, the least virtual time (v_c for a child, o_n for
+    n's own work; ties: the group created first, n's own work by n's id);
+    stop at a group whose own work was taken. Inside that group, fifo takes
+    arrival order, fair takes the user holding fewest of g's workers in p,
+    then that user's query holding fewest, ties to a runner that has not run
+    in p yet, then arrival order. With no parent anywhere this is the flat
+    rule: the least v_g among the groups with a runner that may run.
+
+    No banking, at every level: when a node n goes from idle (nothing
+    running, nothing waiting in D(n)) to runnable, v_n := max(v_n, min of v
+    over its runnable siblings and of o_P(n) if P(n)'s own work is
+    runnable); when an inner group's own work goes from idle to runnable,
+    o_n := max(o_n, min of v over its runnable children). A node that
+    becomes runnable because a descendant did is placed the same way, from
+    the top of the newly runnable part down. A busy node keeps its lead or
+    its debt.
+
+    Reparent (ALTER SET/RESET parent, online): D(g)'s held workers and
+    counted work move with it (caps above may be exceeded as by an ALTER:
+    nothing is taken back); its virtual time is meaningless in the new
+    frame, so v_g := min v of its new runnable siblings, or, if none is
+    runnable, max v of its new siblings (it brings neither a lead nor a
+    debt); CPU charged before the move stays charged to the old ancestors
+    (their budgets and shares), and what follows goes to the new ones.
 
     Slice end of runner r of group g (after charging its CPU):
       - a CTAS renews (it never gives up its worker); its debt is capped at
         what L_g refills in 10 s; a parallel task renews too (tasks are
         short, and a parked task would hold a pool thread without a worker);
-      - b_g <= 0 (fractional limit, budget spent): yield, wait for budget;
-      - a waiting runner q of another group h in the same pool, h allowed to
-        run, yields r's worker to it when
+      - b_n <= 0 for some fractional n in A(g): yield, wait for budget;
+      - a waiting runner q of another group h in the same pool, q allowed
+        to run once r's worker is free, yields r's worker to it when, with
+        x and y the entries where the paths of g and h part (siblings under
+        their lowest common node, or that node's own work; x = g, y = h
+        with no parent anywhere),
           (a) q is *fresh* (arrived, not parked) since r's grant and
-              v_h <= v_g: new work entitled to go first, or
-          (b) (v_g - v_h) * w_h / 100 > G: h lags by more than the
-              granularity, in CPU time it would take h to catch up;
+              v_y <= v_x: new work entitled to go first, or
+          (b) (v_x - v_y) * w_y / 100 > G: y lags by more than the
+              granularity, in CPU time it would take y to catch up;
       - fair groups: a waiting runner of g in the same pool whose user holds
         fewer of g's workers (or, same user, whose query holds fewer) takes
         the worker when it is fresh since r's grant or r has used more than
@@ -99,6 +145,30 @@ Alternatives rejected
     Yielding at every slice end (round robin): measured 17-20 % throughput
     lost to thread hand-offs on 2 cores. A timer thread to refill budgets:
     waiting runners wake themselves at the next refill instead.
+    Flattening the tree into effective weights (w_g * share of the parent,
+    one virtual time per leaf): an idle sibling's share would have to be
+    recomputed for every group on each change of the runnable set, and a
+    subtree's limit would still need its own cap and budget; one virtual
+    time per level costs a walk of the path per charge (depth, at slice
+    ends only) and nothing on the counted fast path. Giving an inner
+    group's own queries priority over its children: they may run for hours,
+    so they compete as a child of the group's weight instead (o_g).
+
+Costs
+    A charge, a placement and a may-run check walk the path (its depth); a
+    pick walks down the tree over the runnable nodes of the pool. With no
+    parent anywhere every path is one group, and the counted fast path
+    (count_in, count_out) stays O(1) at any depth: it never looks up the
+    tree but to mark the path busy when a group first gets work.
+
+Share window
+    An inner group's entitlement (``shares.py``) is its subtree's: the
+    window water-fills the top-level groups with work by weight under their
+    limits, then each group's fraction among its children with work the
+    same way; a subtree's limit is its cap, lowered to what its children
+    could take when every one is capped. An inner group's own queries take
+    no part of that split (they are the rare leftovers of a group that
+    gained children), but their CPU counts in its used share.
 
 Known races
     None inside: the pool layer calls every method under one lock. The CPU a

@@ -186,7 +186,7 @@ from enum import Enum
 from typing import Final, TypeVar
 
 from resgroups.errors import InternalError
-from resgroups.sched.shares import Share, ShareWindow
+from resgroups.sched.shares import Share, ShareWindow, tree_fill
 
 K = TypeVar("K")
 NS: Final = 1_000_000_000
@@ -288,6 +288,14 @@ class GroupCpu:
         self.group_id = group_id
         self.name = name
         self.weight = weight
+        # the tree (SPEC §14): set by CpuScheduler._reparent, before the limit below
+        self.parent: GroupCpu | None = None
+        self.children: list[GroupCpu] = []
+        self.active_children = 0  # children in the scheduler's ``busy`` (I6)
+        self.own_vtime = 0.0  # o_g: its own queries among its children
+        self.gone = False  # forgotten while children of it still ran: dropped after them
+        self.path_limited = False  # a limit here or above (refresh_path)
+        self.single_threaded = False  # limited to one core or less here or above
         self.limit_cores = limit_cores
         self.policy = policy
         self.charged = charged  # False: the pseudo-group of uncharged CTAS tasks
@@ -321,7 +329,20 @@ class GroupCpu:
         self.rate = 0.0 if cores is None else cores * NS  # budget refill in ns per second
         self.burst = self.rate * BURST_S
         # limited to one core or less: a query's parallel work runs on its own thread
-        self.single_threaded = cores is not None and cores <= 1 + 1e-9
+        self.own_single_threaded = cores is not None and cores <= 1 + 1e-9
+        self.refresh_path()
+
+    def refresh_path(self) -> None:
+        """What follows from the limits of the path (I7), for this group and its
+        subtree: a limit above caps every group below (SPEC §14)."""
+        parent = self.parent
+        # a limit here or above: a freed worker may unblock any pool
+        self.path_limited = self.limited or (parent is not None and parent.path_limited)
+        self.single_threaded = self.own_single_threaded or (
+            parent is not None and parent.single_threaded
+        )
+        for child in self.children:
+            child.refresh_path()
 
     def refill(self, now: float) -> None:
         if self.fractional:
@@ -343,13 +364,40 @@ class GroupCpu:
 
     # ---- state
     @property
-    def idle(self) -> bool:
+    def own_idle(self) -> bool:
+        """Nothing of its own running or waiting (its children aside)."""
         return not self.running and not self.counted and not any(self.waiting.values())
 
+    @property
+    def idle(self) -> bool:
+        """Nothing running or waiting in its subtree."""
+        return not self.active_children and self.own_idle
+
+    def path(self) -> list[GroupCpu]:
+        """A(g), from the root down to this group."""
+        path = [self]
+        while (parent := path[-1].parent) is not None:
+            path.append(parent)
+        path.reverse()
+        return path
+
+    def subtree(self) -> list[GroupCpu]:
+        """D(g): this group and its descendants."""
+        found = [self]
+        for g in found:
+            found.extend(g.children)
+        return found
+
     def all_running_are_ctas(self) -> bool:
-        return bool(self.running) and all(
-            r.kind == "ctas" and not r.is_task for r in self.running if r.scheduled
+        """Every scheduled running query of the subtree is a CTAS (and one runs)."""
+        running = [r for g in self.subtree() for r in g.running]
+        return bool(running) and all(
+            r.kind == "ctas" and not r.is_task for r in running if r.scheduled
         )
+
+    def runs_extra(self) -> bool:
+        """Does a task beyond a cap run in the subtree?"""
+        return any(r.extra for g in self.subtree() for r in g.running)
 
     def __repr__(self) -> str:
         return f"<GroupCpu {self.name} v={self.vtime:.0f} held={self.held} b={self.budget_ns:.0f}>"
@@ -357,6 +405,21 @@ class GroupCpu:
 
 def _group_id(g: GroupCpu) -> int:
     return g.group_id
+
+
+def _parting(path: list[GroupCpu], h: GroupCpu) -> tuple[float, float, int]:
+    """Where the paths of g (``path``, root first) and h part: (the virtual time of
+    g's entry, that of h's entry, the weight of h's entry). An entry is a
+    child of the lowest common node, or that node's own work (o_n)."""
+    theirs = h.path()
+    i = 0
+    while i < len(path) and i < len(theirs) and path[i] is theirs[i]:
+        i += 1
+    if i == len(path):  # g is an ancestor of h: g's own work against h's side
+        return path[-1].own_vtime, theirs[i].vtime, theirs[i].weight
+    if i == len(theirs):  # h is an ancestor of g: h's own work against g's side
+        return path[i].vtime, h.own_vtime, h.weight
+    return path[i].vtime, theirs[i].vtime, theirs[i].weight
 
 
 @dataclass
@@ -382,7 +445,9 @@ class CpuScheduler:
     ) -> None:
         self.sizes = dict(pools)
         # entitled and used CPU per group over a sliding window (shares.py)
-        self.shares = ShareWindow(cpus or float(sum(pools.values())), window_s=share_window_s)
+        self.shares = ShareWindow(
+            cpus or float(sum(pools.values())), window_s=share_window_s, fill=tree_fill
+        )
         self.free = dict(pools)
         self.counted = dict.fromkeys(pools, 0)  # counted workers held, per pool
         self.waiting_in = dict.fromkeys(pools, 0)  # runners waiting, per pool
@@ -393,6 +458,7 @@ class CpuScheduler:
         # cost follows the work in flight, not the number of groups in the catalog
         self.busy: set[GroupCpu] = set()
         self.outside = GroupCpu(-1, "(outside)", charged=False)
+        self.nested = 0  # groups with a parent: 0 keeps every rule on its flat path
         self.engaged = False
         self.degraded = False
 
@@ -412,8 +478,12 @@ class CpuScheduler:
         limit_cores: float | None,
         policy: str,
         now: float,
+        *,
+        parent: int | None = None,
     ) -> list[Runner]:
-        """ALTER online; returns runners granted because of it (a raised limit)."""
+        """ALTER online (``parent``: the id of the group it is nested in, None at
+        the top; a change moves it, its subtree and their runners, waiting or
+        running); returns runners granted because of it (a raised limit)."""
         g = self.group(group_id, name)
         g.refill(now)
         was_fractional = g.fractional
@@ -423,24 +493,105 @@ class CpuScheduler:
         if g.fractional and not was_fractional:
             g.budget_ns = g.burst
         g.budget_ns = min(g.budget_ns, g.burst)
-        # weights and limits apply from now on
+        old = g.parent
+        if (None if old is None else old.group_id) != parent:
+            # a parent not configured yet (a full sync goes in any order) is made now
+            self._reparent(g, None if parent is None else self.group(parent, f"#{parent}"), now)
+        # weights, limits and the tree apply from now on
         self.shares.reconfigured([h for h in self.busy if not h.idle], now)
         return self.dispatch(now)
 
+    def _reparent(self, g: GroupCpu, parent: GroupCpu | None, now: float) -> None:
+        """Move g and its subtree under ``parent`` (None: the top), online: its
+        held workers and busy state go along; its virtual time enters the new
+        frame level with the new siblings (no lead, no debt). O(depth + siblings)."""
+        if parent is not None and parent in g.subtree():
+            # only mid-way through a full sync of a reshaped tree: the would-be
+            # parent goes to the top for now; its own configure puts it in place
+            self._reparent(parent, None, now)
+        was_busy = g in self.busy
+        old = g.parent
+        if old is not None:
+            if was_busy:
+                old.active_children -= 1
+                self._unmark(old)
+            for n in old.path():
+                n.held -= g.held
+                n.held_over_cap = min(n.held_over_cap, n.held)
+            old.children.remove(g)
+            self.nested -= 1
+        g.parent = parent
+        if parent is not None:
+            parent.children.append(g)
+            self.nested += 1
+            for n in parent.path():
+                n.held += g.held
+                if n.held > n.cap:  # nothing is taken back, as by an ALTER (I3)
+                    n.held_over_cap = max(n.held_over_cap, n.held)
+        siblings = [h for h in self._siblings(g) if h is not g]
+        runnable = [h.vtime for h in siblings if h in self.busy]
+        if parent is not None and parent in self.busy and not parent.own_idle:
+            runnable.append(parent.own_vtime)
+        if runnable:
+            g.vtime = min(runnable)
+        elif siblings:
+            g.vtime = max(h.vtime for h in siblings)
+        g.refresh_path()
+        if was_busy and parent is not None:
+            parent.active_children += 1
+            if parent not in self.busy:
+                if self.engaged:
+                    self._place_chain(parent)
+                self._mark(parent)
+        if self.engaged:
+            self.shares.changed(self.busy, now)
+
+    def _siblings(self, g: GroupCpu) -> list[GroupCpu]:
+        """S(g) and g: its parent's children, or the top-level groups."""
+        if g.parent is not None:
+            return g.parent.children
+        return [h for h in self.groups.values() if h.parent is None]
+
     def forget(self, group_id: int) -> None:
-        """Drop the state of a group that is gone and idle."""
+        """Drop the state of a group that is gone and idle (a group with children
+        still running goes after them)."""
         g = self.groups.get(group_id)
-        if g is not None and g.idle:
-            del self.groups[group_id]
+        if g is None or not g.own_idle:
+            return
+        g.gone = True
+        while g is not None and g.gone and g.idle and not g.children:
+            del self.groups[g.group_id]
             self.busy.discard(g)
+            parent = g.parent
+            if parent is not None:
+                parent.children.remove(g)
+                self.nested -= 1
+                g.parent = None
+            g = parent
 
     # ---- becoming runnable -------------------------------------------------------------
 
     def _place(self, g: GroupCpu) -> None:
-        """No banking: an idle group becoming runnable is placed level with the others."""
-        others = [h.vtime for h in self.busy if h is not g]
-        if others:
-            g.vtime = max(g.vtime, min(others))
+        """No banking: g's own work goes from idle to runnable. An inner group's own
+        work is placed level with its runnable children; every node of the path
+        that becomes runnable with it, level with its runnable siblings."""
+        if g.active_children:
+            children = [c.vtime for c in g.children if c in self.busy]
+            if children:
+                g.own_vtime = max(g.own_vtime, min(children))
+        self._place_chain(g)
+
+    def _place_chain(self, g: GroupCpu) -> None:
+        n: GroupCpu | None = g
+        while n is not None and n not in self.busy:
+            parent = n.parent
+            # flat: every busy group is a sibling
+            others = [h.vtime for h in self.busy if h.parent is parent and h is not n]
+            if parent is not None and parent in self.busy and not parent.own_idle:
+                others.append(parent.own_vtime)
+            if others:
+                n.vtime = max(n.vtime, min(others))
+            n = parent
 
     def submit(self, runner: Runner, now: float) -> list[Runner]:
         """``runner`` (new work: a query starting or resuming, a task) wants a worker
@@ -450,7 +601,7 @@ class CpuScheduler:
         if runner.pool not in self.sizes:
             raise InternalError(f"no pool {runner.pool!r}")
         g = runner.group
-        if self.engaged and g.charged and g.idle:
+        if self.engaged and g.charged and g.own_idle:
             self._place(g)
         if self.free[runner.pool] and not self.waiting_in[runner.pool]:
             # the uncontended path: nobody else waits, a worker is free
@@ -480,7 +631,7 @@ class CpuScheduler:
         if g.charged and self.engaged and not self.degraded:
             if not self._may_run(runner, now):  # its group's CPU cap or budget
                 return False
-            if g not in self.busy:
+            if g not in self.busy or (g.active_children and g.own_idle):
                 self._place(g)  # an idle group becoming runnable: no banking
         runner.runnable_since = now
         self._grant(runner, now)
@@ -510,8 +661,8 @@ class CpuScheduler:
         self.free[pool] += 1
         if self.engaged and not g.counted:  # disengaged, busy may keep it (I6)
             self._maybe_idle(g, now)
-        if self.waiting_in[pool] or g.limited:
-            return self.dispatch(now, None if g.limited else (pool,))
+        if self.waiting_in[pool] or g.path_limited:
+            return self.dispatch(now, None if g.path_limited else (pool,))
         return []
 
     def release_running(self, runner: Runner, cpu_ns: int, now: float) -> list[Runner]:
@@ -521,7 +672,7 @@ class CpuScheduler:
         self._charge(runner, cpu_ns, now)
         self._unhold(runner, now)
         runner.state = RUNNER_DONE
-        if self.waiting_in[runner.pool] or runner.group.limited:
+        if self.waiting_in[runner.pool] or runner.group.path_limited:
             return self.dispatch(now, self._freed(runner))
         return []
 
@@ -533,7 +684,7 @@ class CpuScheduler:
             return False
         runner.seq = next(_SEQ)
         g = runner.group
-        if self.engaged and g.charged and g.idle:
+        if self.engaged and g.charged and g.own_idle:
             self._place(g)
         runner.fresh = True
         runner.runnable_since = now
@@ -569,8 +720,8 @@ class CpuScheduler:
 
     def _freed(self, runner: Runner) -> tuple[str, ...] | None:
         """The pools a freed worker may unblock: its own, or every pool when the
-        group's cap counts workers across pools (None: all)."""
-        return None if runner.group.limited else (runner.pool,)
+        group's cap, or an ancestor's, counts workers across pools (None: all)."""
+        return None if runner.group.path_limited else (runner.pool,)
 
     def _unwait(self, runner: Runner, now: float) -> None:
         queue = runner.group.waiting.get(runner.pool, [])
@@ -580,21 +731,47 @@ class CpuScheduler:
 
     def _busy(self, g: GroupCpu, now: float) -> None:
         if g.charged and g not in self.busy:
-            self.busy.add(g)
+            self._mark(g)
             if self.engaged:  # disengaged, no CPU is sampled: nothing to share out
                 self.shares.changed(self.busy, now)
 
+    def _mark(self, g: GroupCpu) -> None:
+        """g has work: it and every ancestor not yet busy become busy (I6)."""
+        n = g
+        while n not in self.busy:
+            self.busy.add(n)
+            parent = n.parent
+            if parent is None:
+                return
+            parent.active_children += 1
+            n = parent
+
+    def _unmark(self, g: GroupCpu) -> None:
+        """g may be idle now: it and every ancestor left idle leave ``busy``."""
+        n: GroupCpu | None = g
+        while n is not None and n.idle and n in self.busy:
+            self.busy.discard(n)
+            n = n.parent
+            if n is not None:
+                n.active_children -= 1
+
     def _maybe_idle(self, g: GroupCpu, now: float) -> None:
         if g.idle and g in self.busy:
-            self.busy.discard(g)
+            self._unmark(g)
             if self.engaged:
                 self.shares.changed(self.busy, now)
 
     def set_engaged(self, engaged: bool, now: float) -> None:
         """Slicing starts or stops; the share window follows only while engaged."""
         self.engaged = engaged
-        if engaged:  # groups left busy while nobody looked (I6)
-            self.busy = {g for g in self.busy if not g.idle}
+        if engaged:  # groups left busy while nobody looked (I6): from their own work
+            stale = self.busy
+            for g in stale:
+                g.active_children = 0
+            self.busy = set()
+            for g in stale:
+                if not g.own_idle:
+                    self._mark(g)
         self.shares.changed(self.busy if engaged else (), now)
 
     # ---- slices ---------------------------------------------------------------------------
@@ -624,19 +801,27 @@ class CpuScheduler:
         g = runner.group
         if runner.is_task or runner.kind == "ctas":
             return None  # tasks are short and a CTAS cannot give up its worker
-        if g.fractional and not g.budget_ok(now):
-            return "budget"
+        path = g.path() if self.nested else None
+        for n in path or (g,):
+            if n.fractional and not n.budget_ok(now):
+                return "budget"
+        # nested: a cap shared with the waiting runner counts r's worker as free
+        freed = set(path) if path is not None else None
         for h in self._groups_waiting(runner.pool):
             if h is g:
                 continue
-            candidates = [q for q in h.waiting.get(runner.pool, []) if self._may_run(q, now)]
+            candidates = [q for q in h.waiting.get(runner.pool, []) if self._may_run(q, now, freed)]
             if not candidates:
                 continue
-            if h.vtime <= g.vtime and any(
+            if path is None:
+                mine, theirs, weight = g.vtime, h.vtime, h.weight
+            else:
+                mine, theirs, weight = _parting(path, h)
+            if theirs <= mine and any(
                 q.fresh and q.runnable_since > runner.granted_at for q in candidates
             ):
                 return f"fresh work of {h.name}"
-            if (g.vtime - h.vtime) * h.weight / 100 > self.granularity_ns:
+            if (mine - theirs) * weight / 100 > self.granularity_ns:
                 return f"{h.name} lags"
         if g.policy == "fair":
             overdue = runner.cpu_since_grant_ns > self.granularity_ns
@@ -672,14 +857,18 @@ class CpuScheduler:
         if not g.charged:
             return
         g.cpu_ns_total += cpu_ns
-        self.shares.charge(g.group_id, cpu_ns, now)
         g.cpu_by_user[runner.user] = g.cpu_by_user.get(runner.user, 0) + cpu_ns
-        g.vtime += cpu_ns * 100 / g.weight
-        if g.fractional:
-            g.refill(now)
-            g.budget_ns -= cpu_ns
-            if runner.kind == "ctas" and not runner.is_task:
-                g.budget_ns = max(g.budget_ns, -g.rate * CTAS_DEBT_S)
+        g.own_vtime += cpu_ns * 100 / g.weight
+        n: GroupCpu | None = g
+        while n is not None:  # every level of the path: its frame, its limit, its share
+            self.shares.charge(n.group_id, cpu_ns, now)
+            n.vtime += cpu_ns * 100 / n.weight
+            if n.fractional:
+                n.refill(now)
+                n.budget_ns -= cpu_ns
+                if runner.kind == "ctas" and not runner.is_task:
+                    n.budget_ns = max(n.budget_ns, -n.rate * CTAS_DEBT_S)
+            n = n.parent
 
     # ---- dispatch ------------------------------------------------------------------------
 
@@ -691,23 +880,34 @@ class CpuScheduler:
             gs.append(self.outside)
         return gs
 
-    def _may_run(self, r: Runner, now: float) -> bool:
-        """May ``r`` take a worker now (cap and budget), if one is free?"""
+    def _may_run(self, r: Runner, now: float, freed: set[GroupCpu] | None = None) -> bool:
+        """May ``r`` take a worker now (the cap and budget of every level of its
+        path), if one is free? ``freed``: the path of a runner whose worker counts
+        as given back (a slice end deciding whether to yield)."""
         g = r.group
         if not self.engaged or self.degraded or not g.charged:
             return True
-        if g.held >= g.cap:
-            # the one task beyond the cap while every running query is a CTAS
-            return r.is_task and g.all_running_are_ctas() and not any(x.extra for x in g.running)
-        if r.is_task and g.limit_cores is not None and g.limit_cores > 1:
-            return True  # tasks above one core do not wait for budget; the query repays
-        return g.budget_ok(now)
+        n: GroupCpu | None = g
+        while n is not None:
+            held = n.held - 1 if freed is not None and n in freed else n.held
+            if held >= n.cap:
+                # the one task beyond the cap while every running query is a CTAS
+                if not (r.is_task and n.all_running_are_ctas() and not n.runs_extra()):
+                    return False
+            elif not (r.is_task and n.limit_cores is not None and n.limit_cores > 1) and (
+                not n.budget_ok(now)  # (tasks above one core do not wait: the query repays)
+            ):
+                return False
+            n = n.parent
+        return True
 
     def _pick(self, pool: str, now: float) -> Runner | None:
         groups = self._groups_waiting(pool)
         if not self.engaged or self.degraded:
             waiting = [r for g in groups for r in g.waiting[pool]]
             return min(waiting, key=lambda r: r.seq) if waiting else None
+        if self.nested:
+            return self._pick_nested(groups, pool, now)
         best: Runner | None = None
         best_key: tuple[float, int] | None = None
         for g in groups:
@@ -719,6 +919,38 @@ class CpuScheduler:
                 best_key = key
                 best = self._pick_in_group(g, candidates)
         return best
+
+    def _pick_nested(self, groups: list[GroupCpu], pool: str, now: float) -> Runner | None:
+        """The pick down the tree: at each node the entry of least virtual time
+        among those with a runner that may run below (O(runnable paths x depth))."""
+        eligible: dict[GroupCpu, list[Runner]] = {}
+        for g in groups:
+            candidates = [r for r in g.waiting[pool] if self._may_run(r, now)]
+            if candidates:
+                eligible[g] = candidates
+        paths = [g.path() for g in eligible]
+        node: GroupCpu | None = None
+        depth = 0
+        while paths:
+            best: GroupCpu | None = None
+            best_key: tuple[float, int] | None = None
+            own = False
+            for path in paths:
+                if len(path) > depth:
+                    entry = path[depth]
+                    key = (entry.vtime if entry.charged else -math.inf, entry.group_id)
+                    mine = False
+                else:  # the node's own work
+                    assert node is not None
+                    entry, key, mine = node, (node.own_vtime, node.group_id), True
+                if best_key is None or key < best_key:
+                    best, best_key, own = entry, key, mine
+            assert best is not None
+            if own:
+                return self._pick_in_group(best, eligible[best])
+            paths = [p for p in paths if len(p) > depth and p[depth] is best]
+            node, depth = best, depth + 1
+        return None
 
     def _pick_in_group(self, g: GroupCpu, candidates: list[Runner]) -> Runner:
         if g.policy != "fair":
@@ -758,8 +990,12 @@ class CpuScheduler:
         if r.scheduled:
             if g.charged:
                 g.wait_ns_total += max(0, round((now - r.runnable_since) * NS))
-            r.extra = g.held >= g.cap
-            g.held += 1
+            n: GroupCpu | None = g
+            r.extra = False
+            while n is not None:  # a cap counts the workers of its whole subtree
+                r.extra = r.extra or n.held >= n.cap
+                n.held += 1
+                n = n.parent
             g.held_by[(r.pool, r.user)] = g.held_by.get((r.pool, r.user), 0) + 1
             key = (r.pool, r.query_id)
             g.held_by_query[key] = g.held_by_query.get(key, 0) + 1
@@ -772,8 +1008,11 @@ class CpuScheduler:
         self._maybe_idle(g, now)
         self.free[r.pool] += 1
         if r.scheduled:
-            g.held -= 1
-            g.held_over_cap = min(g.held_over_cap, g.held)
+            n: GroupCpu | None = g
+            while n is not None:
+                n.held -= 1
+                n.held_over_cap = min(n.held_over_cap, n.held)
+                n = n.parent
             _decrement(g.held_by, (r.pool, r.user))
             _decrement(g.held_by_query, (r.pool, r.query_id))
         r.extra = False
@@ -785,12 +1024,13 @@ class CpuScheduler:
         ("worker": all busy, or others are ahead by weight or arrival)."""
         if runner.state is not RUNNER_WAITING:
             return None
-        g = runner.group
-        if g.fractional:
-            budget = min(g.burst, g.budget_ns + (now - g.budget_at) * g.rate)
-            if budget <= 0:
-                return "cpu_budget"
-        if g.held >= g.cap:
+        path = runner.group.path()  # its own limit, or one above it (SPEC §14)
+        for g in path:
+            if g.fractional:
+                budget = min(g.burst, g.budget_ns + (now - g.budget_at) * g.rate)
+                if budget <= 0:
+                    return "cpu_budget"
+        if any(g.held >= g.cap for g in path):
             return "cpu_limit"
         return "worker"
 
@@ -808,7 +1048,12 @@ class CpuScheduler:
 
     def next_wakeup(self, now: float) -> float:
         """When a waiting runner may next be able to run (a budget refills); inf if never."""
-        times = [g.refill_time(now) for g in self.busy if any(g.waiting.values()) and g.fractional]
+        times = [
+            g.refill_time(now)
+            for g in self.busy
+            if g.fractional
+            and (any(g.waiting.values()) or (g.active_children and g.refill_time(now) > now))
+        ]
         return min(times, default=math.inf)
 
     # ---- invariants ----------------------------------------------------------------------
@@ -844,20 +1089,22 @@ class CpuScheduler:
             for pool, queue in g.waiting.items():
                 if any(r.state is not RUNNER_WAITING or r.pool != pool for r in queue):
                     problems.append(f"{g.name}: a waiting runner is misfiled")
-            scheduled = sum(1 for r in g.running if r.scheduled)
+            below = g.subtree() if g.charged else [g]
+            scheduled = sum(1 for h in below for r in h.running if r.scheduled)
             if g.held != scheduled:
                 problems.append(f"{g.name}: held {g.held} != scheduled running {scheduled}")
-            extra = sum(1 for r in g.running if r.extra)
+            extra = sum(1 for h in below for r in h.running if r.extra)
             allowed = max(g.cap, g.held_over_cap)
             if self.engaged and not self.degraded and g.charged and g.held - extra > allowed:
                 problems.append(f"{g.name}: holds {g.held} workers above its cap {g.cap}")
-            if extra > 1:
-                problems.append(f"{g.name}: {extra} tasks beyond the cap")
+            if sum(1 for r in g.running if r.extra) > 1:
+                problems.append(f"{g.name}: more than one task beyond a cap")
             if g.budget_ns > g.burst + 1e-6:
                 problems.append(f"{g.name}: budget {g.budget_ns} above burst {g.burst}")
-        busy = {g for g in self.groups.values() if g.charged and not g.idle}
+        busy = {n for g in self.groups.values() if g.charged and not g.own_idle for n in g.path()}
         if not busy <= self.busy or (self.engaged and busy != self.busy):
             problems.append(f"busy groups {self.busy} are not those with work {busy} (I6)")
+        problems += self._tree_problems()
         for pool in self.sizes:
             if self.free[pool] > 0 and self._pick(pool, now) is not None:
                 problems.append(f"pool {pool}: a worker is free while a runner may take it")
@@ -865,3 +1112,34 @@ class CpuScheduler:
             raise InternalError(
                 "CPU scheduler broken: " + "; ".join(problems) + f"; groups={everyone}"
             )
+
+    def _tree_problems(self) -> list[str]:
+        """I6's counts and I7: an acyclic tree, children lists that agree with the
+        parents, and what follows from the limits of each path."""
+        problems = []
+        groups = list(self.groups.values())
+        for g in groups:
+            seen = {g}
+            n = g.parent
+            while n is not None:
+                if n in seen:
+                    return [f"{g.name}: a cycle of parents"]
+                seen.add(n)
+                n = n.parent
+            if g.parent is not None and g.parent.children.count(g) != 1:
+                problems.append(f"{g.name}: not once among its parent's children")
+            if g.parent is not None and self.groups.get(g.parent.group_id) is not g.parent:
+                problems.append(f"{g.name}: its parent is not a group of the scheduler")
+            if any(c.parent is not g for c in g.children):
+                problems.append(f"{g.name}: a child names another parent")
+            active = sum(1 for c in g.children if c in self.busy)
+            if g.active_children != active:
+                problems.append(f"{g.name}: active_children {g.active_children} != {active}")
+            path = g.path()
+            if g.path_limited != any(n.limited for n in path):
+                problems.append(f"{g.name}: path_limited disagrees with its path")
+            if g.single_threaded != any(n.own_single_threaded for n in path):
+                problems.append(f"{g.name}: single_threaded disagrees with its path")
+        if self.nested != sum(1 for g in groups if g.parent is not None):
+            problems.append(f"nested {self.nested} is not the groups with a parent")
+        return problems

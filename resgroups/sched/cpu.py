@@ -505,6 +505,8 @@ class CpuScheduler:
         """Move g and its subtree under ``parent`` (None: the top), online: its
         held workers and busy state go along; its virtual time enters the new
         frame level with the new siblings (no lead, no debt). O(depth + siblings)."""
+        if parent is g:  # the catalog refuses it (a cycle); never a loop here
+            parent = None
         if parent is not None and parent in g.subtree():
             # only mid-way through a full sync of a reshaped tree: the would-be
             # parent goes to the top for now; its own configure puts it in place

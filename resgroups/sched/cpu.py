@@ -545,8 +545,7 @@ class CpuScheduler:
                 if self.engaged:
                     self._place_chain(parent)
                 self._mark(parent)
-        if self.engaged:
-            self.shares.changed(self.busy, now)
+        # (the share window learns of the new tree from configure: reconfigured)
 
     def _siblings(self, g: GroupCpu) -> list[GroupCpu]:
         """S(g) and g: its parent's children, or the top-level groups."""

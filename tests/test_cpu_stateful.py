@@ -30,6 +30,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.runners: list[Runner] = []
         self.queries = 0
         self.dropped: set[int] = set()
+        self.counted: list[tuple[int, str]] = []  # counted workers held: (group, pool)
         self.settings: dict[int, tuple[int, float | None, str]] = {}
         for gid in GROUPS:
             self.settings[gid] = (100, None, "fifo")
@@ -156,7 +157,11 @@ class CoreMachine(RuleBasedStateMachine):
             assert plain <= max(g.cap, g.held_over_cap), (g, running)
 
     def teardown(self) -> None:
-        # everything drains: finish what runs, let budgets refill, until nothing waits
+        # everything drains: counted workers come back, finish what runs, let budgets
+        # refill, until nothing waits
+        for gid, pool in self.counted:
+            self.s.count_out(self.s.groups[gid], pool, self.now)
+        self.counted.clear()
         for _ in range(10_000):
             running = self._live(RunnerState.RUNNING)
             if not running and not self._live(RunnerState.WAITING):
@@ -173,5 +178,35 @@ class CoreMachine(RuleBasedStateMachine):
         self.s._check_invariants(self.now)
 
 
+class CountedCoreMachine(CoreMachine):
+    """The same, with counted workers (the fast path's, SPEC §6) taken and given
+    back in trees, and engagement flipped as the engine does."""
+
+    @rule()
+    def flip_engagement(self) -> None:
+        """Engagement as the engine flips it: busy is rebuilt from the groups' own
+        work (a counted worker given back while disengaged leaves its group busy)."""
+        self.s.set_engaged(not self.s.engaged, self.now)
+        self.s.dispatch(self.now)
+
+    @rule(gid=st.sampled_from(GROUPS), pool=st.sampled_from(list(POOLS)))
+    def count_in(self, gid: int, pool: str) -> None:
+        """A query granted a counted worker (scheduling not engaged, or degraded)."""
+        if gid not in self.dropped and self.s.count_in(self.s.groups[gid], pool, self.now):
+            self.counted.append((gid, pool))
+
+    @precondition(lambda self: self.counted)
+    @rule(data=st.data())
+    def count_out(self, data: st.DataObject) -> None:
+        gid, pool = data.draw(st.sampled_from(self.counted))
+        self.counted.remove((gid, pool))
+        self.s.count_out(self.s.groups[gid], pool, self.now)
+        self._forget_dropped()
+
+
 CoreMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=50, deadline=None)
 TestCoreStateful = CoreMachine.TestCase
+CountedCoreMachine.TestCase.settings = settings(
+    max_examples=200, stateful_step_count=50, deadline=None
+)
+TestCountedCoreStateful = CountedCoreMachine.TestCase

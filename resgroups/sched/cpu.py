@@ -485,6 +485,7 @@ class CpuScheduler:
         the top; a change moves it, its subtree and their runners, waiting or
         running); returns runners granted because of it (a raised limit)."""
         g = self.group(group_id, name)
+        g.gone = False  # configured: a group of the catalog (or a dropped one's queries)
         g.refill(now)
         was_fractional = g.fractional
         g.name, g.weight, g.limit_cores, g.policy = name, weight, limit_cores, policy
@@ -562,7 +563,9 @@ class CpuScheduler:
         g.gone = True
         while g is not None and g.gone and g.idle and not g.children:
             del self.groups[g.group_id]
-            self.busy.discard(g)
+            self._unmark(
+                g
+            )  # busy while nobody looked (disengaged): leaves, and its parent counts it out
             parent = g.parent
             if parent is not None:
                 parent.children.remove(g)

@@ -157,9 +157,12 @@ Alternatives rejected
 Costs
     A charge, a placement and a may-run check walk the path (its depth); a
     pick walks down the tree over the runnable nodes of the pool. With no
-    parent anywhere every path is one group, and the counted fast path
-    (count_in, count_out) stays O(1) at any depth: it never looks up the
-    tree but to mark the path busy when a group first gets work.
+    parent anywhere every path is one group and every rule takes its flat
+    code (``nested == 0``): the counted fast path (count_in, count_out) is
+    O(1) as before. A tree means two groups or more, so scheduling is
+    engaged and counted workers are taken only degraded; then a group's
+    first counted worker marks its path busy and its last unmarks it,
+    O(depth).
 
 Share window
     An inner group's entitlement (``shares.py``) is its subtree's: the

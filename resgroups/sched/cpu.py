@@ -70,9 +70,12 @@ Invariants (``_check_invariants``)
        running or waiting, or a counted worker, in D(g)), and while engaged
        nothing else; ``active_children`` of each group counts its children
        in ``busy``;
-    I7 the tree is the catalog's: P is acyclic, each group is among its
-       parent's ``children`` exactly once, and ``path_limited`` /
-       ``single_threaded`` of every group are those of its path.
+    I7 P is acyclic, each group is among its parent's ``children`` exactly
+       once, and ``path_limited`` / ``single_threaded`` of every group are
+       those of its path. Once a catalog version is applied the tree is the
+       catalog's; mid-way through a full sync (any order) a parent not
+       configured yet exists under a placeholder name, and a would-be cycle
+       puts the would-be parent at the top until its own configure.
 
 Rules
     May run: a runner of g may take a worker when, for every n in A(g),

@@ -15,6 +15,7 @@ from waiting import wait_until
 
 import resgroups
 from resgroups.query import Task
+from resgroups.sched.cpu import CpuScheduler, Runner
 
 WINDOW = 4.0  # seconds of the share window (the default is 10)
 
@@ -176,3 +177,32 @@ def test_map_runs_on_the_query_thread_under_a_parent_limited_to_one_core() -> No
         with session.query() as q:
             assert q.map(work, range(12)) == list(range(12))
         assert names == {threading.current_thread().name}
+
+
+def test_a_parent_configured_after_its_child_and_one_never_configured() -> None:
+    """A full sync configures groups in any order: a child naming a parent the
+    core has not seen yet gets it under a placeholder, which the parent's own
+    configure turns into the group; a parent never configured (a dropped group's
+    late query) goes with its last child."""
+    core = CpuScheduler({"default": 2}, slice_ms=10)
+    core.engaged = True
+    core.configure(2, "nightly", 200, None, "fifo", 0.0, parent=1)
+    etl = core.groups[1]
+    assert core.groups[2].parent is etl
+    core._check_invariants(0.0)
+    core.configure(1, "etl", 100, 1.0, "fifo", 0.0)
+    assert core.groups[1] is etl
+    assert etl.name == "etl"
+    assert core.groups[2].path_limited
+    core.forget(2)
+    assert 1 in core.groups  # a configured parent stays when its last child goes
+    core.configure(4, "late", 100, None, "fifo", 0.0, parent=3)
+    runner = Runner(core.groups[4], "default", "u", 1)
+    core.submit(runner, 0.0)
+    core.forget(4)  # not idle: stays
+    assert 4 in core.groups
+    core.release(runner, 0, 0.01)
+    core.forget(4)
+    assert 3 not in core.groups
+    assert 4 not in core.groups
+    core._check_invariants(0.01)

@@ -502,11 +502,20 @@ class CpuScheduler:
         g.budget_ns = min(g.budget_ns, g.burst)
         old = g.parent
         if (None if old is None else old.group_id) != parent:
-            # a parent not configured yet (a full sync goes in any order) is made now
-            self._reparent(g, None if parent is None else self.group(parent, f"#{parent}"), now)
+            self._reparent(g, None if parent is None else self._parent(parent), now)
         # weights, limits and the tree apply from now on
         self.shares.reconfigured([h for h in self.busy if not h.idle], now)
         return self.dispatch(now)
+
+    def _parent(self, group_id: int) -> GroupCpu:
+        """The group a child names as its parent. One not configured yet (a full
+        sync goes in any order; a dropped group's late query) is made now, as
+        gone: its own configure keeps it, else it goes with its last child."""
+        parent = self.groups.get(group_id)
+        if parent is None:
+            parent = self.group(group_id, f"#{group_id}")
+            parent.gone = True
+        return parent
 
     def _reparent(self, g: GroupCpu, parent: GroupCpu | None, now: float) -> None:
         """Move g and its subtree under ``parent`` (None: the top), online: its

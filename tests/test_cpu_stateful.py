@@ -1,7 +1,12 @@
 """A stateful property test of the scheduling core: any sequence of arrivals,
 slice ends, releases, ALTERs, engagement flips and a degradation keeps every
 invariant of ``CpuScheduler._check_invariants`` (work conservation, caps,
-budgets, one place per runner), and all work eventually drains."""
+budgets, one place per runner), and all work eventually drains.
+
+Groups form random trees (SPEC §14): nesting and reparenting online with
+runners waiting and running, limits at any level, drops of idle groups; the
+tree's invariants (I6's busy paths, I7) are checked after every step, and a
+cap at any level must hold for its whole subtree."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from resgroups.sched.cpu import CpuScheduler, Runner, RunnerState
 
 MS = 1_000_000
-GROUPS = (0, 1, 2)
+GROUPS = (0, 1, 2, 3, 4)
 POOLS = {"default": 2, "export": 1}
 
 
@@ -24,11 +29,23 @@ class CoreMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.runners: list[Runner] = []
         self.queries = 0
+        self.dropped: set[int] = set()
+        self.counted: list[tuple[int, str]] = []  # counted workers held: (group, pool)
+        self.settings: dict[int, tuple[int, float | None, str]] = {}
         for gid in GROUPS:
+            self.settings[gid] = (100, None, "fifo")
             self.s.configure(gid, f"g{gid}", 100, None, "fifo", self.now)
 
     def _live(self, state: RunnerState) -> list[Runner]:
         return [r for r in self.runners if r.state is state]
+
+    def _parent(self, gid: int) -> int | None:
+        parent = self.s.groups[gid].parent
+        return None if parent is None else parent.group_id
+
+    def _configure(self, gid: int, parent: int | None) -> None:
+        weight, limit, policy = self.settings[gid]
+        self.s.configure(gid, f"g{gid}", weight, limit, policy, self.now, parent=parent)
 
     @rule(
         gid=st.sampled_from(GROUPS),
@@ -37,7 +54,35 @@ class CoreMachine(RuleBasedStateMachine):
         policy=st.sampled_from(["fifo", "fair"]),
     )
     def alter(self, gid: int, weight: int, limit: float | None, policy: str) -> None:
-        self.s.configure(gid, f"g{gid}", weight, limit, policy, self.now)
+        if gid in self.dropped:
+            return
+        self.settings[gid] = (weight, limit, policy)
+        self._configure(gid, self._parent(gid))  # an ALTER keeps the parent
+
+    @rule(gid=st.sampled_from(GROUPS), parent=st.sampled_from([None, *GROUPS]))
+    def nest(self, gid: int, parent: int | None) -> None:
+        """ALTER ... SET (parent = p) / RESET (parent), with work waiting and running.
+        A parent below gid (a cycle the catalog refuses, seen here as a full sync
+        half-way through reshaping the tree) goes to the top first."""
+        if gid in self.dropped or parent in self.dropped or parent == gid:
+            return
+        self._configure(gid, parent)
+        assert self._parent(gid) == parent
+
+    @rule(gid=st.sampled_from(GROUPS))
+    def drop(self, gid: int) -> None:
+        """DROP of a group without children: its state goes once it is idle."""
+        if gid in self.dropped or any(self._parent(c) == gid for c in self.s.groups):
+            return
+        self.dropped.add(gid)
+        self._forget_dropped()
+
+    def _forget_dropped(self) -> None:
+        """What GroupRuntimes does as the queries of dropped groups end."""
+        for gid in self.dropped:
+            g = self.s.groups.get(gid)
+            if g is not None and g.own_idle:
+                self.s.forget(gid)
 
     @rule(
         gid=st.sampled_from(GROUPS),
@@ -46,6 +91,8 @@ class CoreMachine(RuleBasedStateMachine):
         kind=st.sampled_from(["select", "select", "ctas"]),
     )
     def arrive(self, gid: int, user: str, pool: str, kind: str) -> None:
+        if gid in self.dropped:
+            return
         self.queries += 1
         r = Runner(self.s.groups[gid], pool, user, self.queries, kind)
         self.runners.append(r)
@@ -54,7 +101,11 @@ class CoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.runners)
     @rule(data=st.data())
     def task(self, data: st.DataObject) -> None:
-        parent = data.draw(st.sampled_from(self.runners))
+        # of a query whose group is still there (a dropped group's state goes once idle)
+        known = [r for r in self.runners if self.s.groups.get(r.group.group_id) is r.group]
+        if not known:
+            return
+        parent = data.draw(st.sampled_from(known))
         r = Runner(parent.group, parent.pool, parent.user, parent.query_id, parent.kind, True)
         self.runners.append(r)
         self.s.submit(r, self.now)
@@ -71,6 +122,7 @@ class CoreMachine(RuleBasedStateMachine):
         live = self._live(RunnerState.RUNNING) + self._live(RunnerState.WAITING)
         r = data.draw(st.sampled_from(live))
         self.s.release(r, cpu_ms * MS, self.now)
+        self._forget_dropped()
 
     @rule(ms=st.sampled_from([1, 10, 100, 1000]))
     def time_passes(self, ms: int) -> None:
@@ -91,8 +143,25 @@ class CoreMachine(RuleBasedStateMachine):
     def invariants_hold(self) -> None:
         self.s._check_invariants(self.now)
 
+    @invariant()
+    def a_cap_holds_for_the_whole_subtree(self) -> None:
+        """Independently of the held counters: the scheduled workers running in a
+        group's subtree, beyond-the-cap tasks aside, never exceed its cap (or what
+        it held when an ALTER or a reparent lowered it)."""
+        s = self.s
+        if not s.engaged or s.degraded:
+            return
+        for g in s.groups.values():
+            running = [r for h in g.subtree() for r in h.running if r.scheduled]
+            plain = sum(1 for r in running if not r.extra)
+            assert plain <= max(g.cap, g.held_over_cap), (g, running)
+
     def teardown(self) -> None:
-        # everything drains: finish what runs, let budgets refill, until nothing waits
+        # everything drains: counted workers come back, finish what runs, let budgets
+        # refill, until nothing waits
+        for gid, pool in self.counted:
+            self.s.count_out(self.s.groups[gid], pool, self.now)
+        self.counted.clear()
         for _ in range(10_000):
             running = self._live(RunnerState.RUNNING)
             if not running and not self._live(RunnerState.WAITING):
@@ -104,7 +173,40 @@ class CoreMachine(RuleBasedStateMachine):
             self.s._check_invariants(self.now)
         assert not self._live(RunnerState.WAITING)
         assert all(v == POOLS[p] for p, v in self.s.free.items())
+        self._forget_dropped()
+        assert not self.dropped & set(self.s.groups)  # dropped groups go once idle
+        self.s._check_invariants(self.now)
+
+
+class CountedCoreMachine(CoreMachine):
+    """The same, with counted workers (the fast path's, SPEC §6) taken and given
+    back in trees, and engagement flipped as the engine does."""
+
+    @rule()
+    def flip_engagement(self) -> None:
+        """Engagement as the engine flips it: busy is rebuilt from the groups' own
+        work (a counted worker given back while disengaged leaves its group busy)."""
+        self.s.set_engaged(not self.s.engaged, self.now)
+        self.s.dispatch(self.now)
+
+    @rule(gid=st.sampled_from(GROUPS), pool=st.sampled_from(list(POOLS)))
+    def count_in(self, gid: int, pool: str) -> None:
+        """A query granted a counted worker (scheduling not engaged, or degraded)."""
+        if gid not in self.dropped and self.s.count_in(self.s.groups[gid], pool, self.now):
+            self.counted.append((gid, pool))
+
+    @precondition(lambda self: self.counted)
+    @rule(data=st.data())
+    def count_out(self, data: st.DataObject) -> None:
+        gid, pool = data.draw(st.sampled_from(self.counted))
+        self.counted.remove((gid, pool))
+        self.s.count_out(self.s.groups[gid], pool, self.now)
+        self._forget_dropped()
 
 
 CoreMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=50, deadline=None)
 TestCoreStateful = CoreMachine.TestCase
+CountedCoreMachine.TestCase.settings = settings(
+    max_examples=200, stateful_step_count=50, deadline=None
+)
+TestCountedCoreStateful = CountedCoreMachine.TestCase

@@ -5,7 +5,8 @@ followed by ``----`` and the state it must print, up to a blank line, so a
 change to a scheduling rule shows up as a readable diff. Commands:
 
     pool NAME SIZE                       (before anything else; default: default 2)
-    group NAME [weight=W] [limit=CORES] [policy=fifo|fair]   (create or ALTER)
+    group NAME [weight=W] [limit=CORES] [policy=fifo|fair] [parent=GROUP]
+                                         (create or ALTER; no parent: top level)
     query GROUP USER [kind=K] [pool=P] [xN]   new queries q1, q2, ...
     task QUERY                           a parallel task of a query: t1, t2, ...
     tick MS [cpu=MS] [xN]                time passes; every running runner ends a slice
@@ -71,8 +72,15 @@ class Scenario:
         name = args[0]
         gid = list(self.groups).index(name) if name in self.groups else len(self.groups)
         limit = None if o.get("limit", "none") == "none" else float(o["limit"])
+        parent = self.groups[o["parent"]].group_id if "parent" in o else None
         self.core.configure(
-            gid, name, int(o.get("weight", 100)), limit, o.get("policy", "fifo"), self.now
+            gid,
+            name,
+            int(o.get("weight", 100)),
+            limit,
+            o.get("policy", "fifo"),
+            self.now,
+            parent=parent,
         )
         self.groups[name] = self.core.groups[gid]
 
@@ -125,14 +133,19 @@ class Scenario:
         lines = [
             f"t={self.now * 1000:.0f}ms free=" + ",".join(f"{p}:{n}" for p, n in core.free.items())
         ]
-        for name, g in self.groups.items():
+        for g in self.groups.values():
             g.refill(self.now)  # the budget as of now
             running = sorted(self.names[id(r)] for r in g.running)
             waiting = [self.names[id(r)] for q in g.waiting.values() for r in q]
             budget = f" budget={g.budget_ns / MS:.0f}ms" if g.fractional else ""
             users = ",".join(f"{u}:{ns // MS}" for u, ns in sorted(g.cpu_by_user.items()))
+            # in a tree: the path, and an inner group's subtree CPU (held is the subtree's)
+            label = "/".join(h.name for h in g.path())
+            if g.children:
+                subtree = sum(h.cpu_ns_total for h in g.subtree()) // MS
+                label += f" (subtree cpu={subtree}ms)"
             lines.append(
-                f"{name}: cpu={g.cpu_ns_total // MS}ms v={g.vtime / MS:.0f} held={g.held}"
+                f"{label}: cpu={g.cpu_ns_total // MS}ms v={g.vtime / MS:.0f} held={g.held}"
                 f"{budget} running=[{' '.join(running)}] waiting=[{' '.join(waiting)}]"
                 + (f" users={users}" if g.policy == "fair" else "")
             )

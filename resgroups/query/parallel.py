@@ -191,7 +191,8 @@ def task_runners(query: Query, count: int) -> list[Runner]:
     group = core.outside
     if runtime is not None:
         cpu = runtime.cpu
-        if cpu.single_threaded or (query.kind == "ctas" and cpu.limit_cores is not None):
+        # a limit of its own group or of one above it (SPEC §14)
+        if cpu.single_threaded or (query.kind == "ctas" and cpu.path_limited):
             return []
         if query.kind != "ctas":
             group = cpu

@@ -14,15 +14,29 @@ What it does
 
 Symbols
     w_g   cpu_weight of group g
+    P(g)  the parent of g (None: top level; SPEC §14); S(g) its siblings,
+          the groups with the same parent; A(g) g and its ancestors up to
+          the root (the *path*); D(g) g and its descendants (the *subtree*)
     c_g   CPU charged to g (ns), the sum of every runner's thread CPU between
           its grant and its slice end (charged however long that was)
-    v_g   virtual time of g: v_g += c * 100 / w_g for each charge c, so a
-          group of weight 100 has v_g = c_g
-    R     the runnable groups: a runner running or waiting
+    v_g   virtual time of g *among its siblings*: every charge c of a runner
+          anywhere in D(g) adds c * 100 / w_g, so a top-level group of weight
+          100 with no children has v_g = c_g; virtual times are compared only
+          between siblings (each level is a frame of its own)
+    o_g   own virtual time of an inner group g: its own queries (those running
+          when it gained its first child) compete with its children as one more
+          child of weight w_g; o_g += c * 100 / w_g for each charge c of them
+    E(n)  the entries of a node n (n = the root, or an inner group): its
+          children with work in their subtree, plus n's own work when it has
+          any (key o_n); at the root, the top-level groups with work
+    R     the runnable groups: a runner running or waiting (a node is runnable
+          when any group of its subtree is)
     G     granularity (default 50 ms of CPU, in the units of v)
     L_g   cpu_limit of g in cores (None: none); cap_g = ceil(L_g) workers
     b_g   CPU budget of g (ns) for a fractional L_g: refills continuously at
           L_g * 1e9 ns per second, at most B_g = 0.1 s * L_g * 1e9 (burst)
+    h_g   held_g: the scheduled runners holding workers in D(g), all pools; a
+          limit caps the subtree: every charge in D(g) spends b_g
 
 Counted workers
     A runner exists for a thread that must wait, or be sliced and charged.
@@ -43,39 +57,74 @@ Invariants (``_check_invariants``)
        counted workers of every pool sum to those of every group;
     I2 each runner is in exactly one place: waiting in one group's queue of
        one pool, running (holding one worker), or done;
-    I3 held_g (scheduled runners of g holding workers, all pools) <= cap_g,
-       plus one task while every running query of g is a CTAS; an ALTER that
-       lowers cap_g takes no worker back, so until enough leave, held_g may
-       stay at what it was (and nothing new is granted meanwhile);
+    I3 for every group g, h_g (the scheduled runners holding workers in
+       D(g), all pools) <= cap_g, plus one task while every running query of
+       D(g) is a CTAS; an ALTER that lowers cap_g, or a reparent that puts
+       running work under a lower cap, takes no worker back, so until enough
+       leave, h_g may stay at what it was (and nothing new is granted in D(g)
+       meanwhile); a group runs at most one task beyond a cap;
     I4 work conservation: after any operation no pool has a free worker
        while a runner that may take it waits there;
     I5 b_g <= B_g;
-    I6 ``busy`` holds every charged group with work (a runner running or
-       waiting, or a counted worker), and while engaged nothing else.
+    I6 ``busy`` holds every charged group with work in its subtree (a runner
+       running or waiting, or a counted worker, in D(g)), and while engaged
+       nothing else; ``active_children`` of each group counts its children
+       in ``busy``;
+    I7 P is acyclic, each group is among its parent's ``children`` exactly
+       once, and ``path_limited`` / ``single_threaded`` of every group are
+       those of its path. Once a catalog version is applied the tree is the
+       catalog's; mid-way through a full sync (any order) a parent not
+       configured yet exists under a placeholder name, and a would-be cycle
+       puts the would-be parent at the top until its own configure.
 
 Rules
-    Pick (a worker is free in pool p): among groups with a runner waiting in
-    p that may run (held_g < cap_g, and b_g > 0 unless the runner is a task
-    of a group limited above one core), the least v_g (ties: the group
-    created first); inside it, fifo takes arrival order, fair takes the
-    user holding fewest of g's workers in p, then that user's query holding
-    fewest, ties to a runner that has not run in p yet, then arrival order.
+    May run: a runner of g may take a worker when, for every n in A(g),
+    h_n < cap_n (or the CTAS exception holds for D(n)) and b_n > 0 (unless
+    the runner is a task and L_n > 1 core: tasks above one core do not wait
+    for that level's budget). A limit at any level so caps its subtree, the
+    worker cap and the budget alike.
 
-    No banking: when g goes from idle (nothing running, nothing waiting) to
-    runnable, v_g := max(v_g, min over the other runnable groups of v). A
-    busy group keeps its lead or its debt.
+    Pick (a worker is free in pool p): walk down from the root; at each node
+    n take, among the entries of E(n) with a runner waiting in p that may
+    run somewhere below, the least virtual time (v_c for a child, o_n for
+    n's own work; ties: the group created first, n's own work by n's id);
+    stop at a group whose own work was taken. Inside that group, fifo takes
+    arrival order, fair takes the user holding fewest of g's workers in p,
+    then that user's query holding fewest, ties to a runner that has not run
+    in p yet, then arrival order. With no parent anywhere this is the flat
+    rule: the least v_g among the groups with a runner that may run.
+
+    No banking, at every level: when a node n goes from idle (nothing
+    running, nothing waiting in D(n)) to runnable, v_n := max(v_n, min of v
+    over its runnable siblings and of o_P(n) if P(n)'s own work is
+    runnable); when an inner group's own work goes from idle to runnable,
+    o_n := max(o_n, min of v over its runnable children). A node that
+    becomes runnable because a descendant did is placed the same way, from
+    the top of the newly runnable part down. A busy node keeps its lead or
+    its debt.
+
+    Reparent (ALTER SET/RESET parent, online): D(g)'s held workers and
+    counted work move with it (caps above may be exceeded as by an ALTER:
+    nothing is taken back); its virtual time is meaningless in the new
+    frame, so v_g := min v of its new runnable siblings, or, if none is
+    runnable, max v of its new siblings (it brings neither a lead nor a
+    debt); CPU charged before the move stays charged to the old ancestors
+    (their budgets and shares), and what follows goes to the new ones.
 
     Slice end of runner r of group g (after charging its CPU):
       - a CTAS renews (it never gives up its worker); its debt is capped at
         what L_g refills in 10 s; a parallel task renews too (tasks are
         short, and a parked task would hold a pool thread without a worker);
-      - b_g <= 0 (fractional limit, budget spent): yield, wait for budget;
-      - a waiting runner q of another group h in the same pool, h allowed to
-        run, yields r's worker to it when
+      - b_n <= 0 for some fractional n in A(g): yield, wait for budget;
+      - a waiting runner q of another group h in the same pool, q allowed
+        to run once r's worker is free, yields r's worker to it when, with
+        x and y the entries where the paths of g and h part (siblings under
+        their lowest common node, or that node's own work; x = g, y = h
+        with no parent anywhere),
           (a) q is *fresh* (arrived, not parked) since r's grant and
-              v_h <= v_g: new work entitled to go first, or
-          (b) (v_g - v_h) * w_h / 100 > G: h lags by more than the
-              granularity, in CPU time it would take h to catch up;
+              v_y <= v_x: new work entitled to go first, or
+          (b) (v_x - v_y) * w_y / 100 > G: y lags by more than the
+              granularity, in CPU time it would take y to catch up;
       - fair groups: a waiting runner of g in the same pool whose user holds
         fewer of g's workers (or, same user, whose query holds fewer) takes
         the worker when it is fresh since r's grant or r has used more than
@@ -99,6 +148,33 @@ Alternatives rejected
     Yielding at every slice end (round robin): measured 17-20 % throughput
     lost to thread hand-offs on 2 cores. A timer thread to refill budgets:
     waiting runners wake themselves at the next refill instead.
+    Flattening the tree into effective weights (w_g * share of the parent,
+    one virtual time per leaf): an idle sibling's share would have to be
+    recomputed for every group on each change of the runnable set, and a
+    subtree's limit would still need its own cap and budget; one virtual
+    time per level costs a walk of the path per charge (depth, at slice
+    ends only) and nothing on the counted fast path. Giving an inner
+    group's own queries priority over its children: they may run for hours,
+    so they compete as a child of the group's weight instead (o_g).
+
+Costs
+    A charge, a placement and a may-run check walk the path (its depth); a
+    pick walks down the tree over the runnable nodes of the pool. With no
+    parent anywhere every path is one group and every rule takes its flat
+    code (``nested == 0``): the counted fast path (count_in, count_out) is
+    O(1) as before. A tree means two groups or more, so scheduling is
+    engaged and counted workers are taken only degraded; then a group's
+    first counted worker marks its path busy and its last unmarks it,
+    O(depth).
+
+Share window
+    An inner group's entitlement (``shares.py``) is its subtree's: the
+    window water-fills the top-level groups with work by weight under their
+    limits, then each group's fraction among its children with work the
+    same way; a subtree's limit is its cap, lowered to what its children
+    could take when every one is capped. An inner group's own queries take
+    no part of that split (they are the rare leftovers of a group that
+    gained children), but their CPU counts in its used share.
 
 Known races
     None inside: the pool layer calls every method under one lock. The CPU a
@@ -116,7 +192,7 @@ from enum import Enum
 from typing import Final, TypeVar
 
 from resgroups.errors import InternalError
-from resgroups.sched.shares import Share, ShareWindow
+from resgroups.sched.shares import Share, ShareWindow, tree_fill
 
 K = TypeVar("K")
 NS: Final = 1_000_000_000
@@ -218,6 +294,14 @@ class GroupCpu:
         self.group_id = group_id
         self.name = name
         self.weight = weight
+        # the tree (SPEC §14): set by CpuScheduler._reparent, before the limit below
+        self.parent: GroupCpu | None = None
+        self.children: list[GroupCpu] = []
+        self.active_children = 0  # children in the scheduler's ``busy`` (I6)
+        self.own_vtime = 0.0  # o_g: its own queries among its children
+        self.gone = False  # forgotten while children of it still ran: dropped after them
+        self.path_limited = False  # a limit here or above (refresh_path)
+        self.single_threaded = False  # limited to one core or less here or above
         self.limit_cores = limit_cores
         self.policy = policy
         self.charged = charged  # False: the pseudo-group of uncharged CTAS tasks
@@ -251,7 +335,20 @@ class GroupCpu:
         self.rate = 0.0 if cores is None else cores * NS  # budget refill in ns per second
         self.burst = self.rate * BURST_S
         # limited to one core or less: a query's parallel work runs on its own thread
-        self.single_threaded = cores is not None and cores <= 1 + 1e-9
+        self.own_single_threaded = cores is not None and cores <= 1 + 1e-9
+        self.refresh_path()
+
+    def refresh_path(self) -> None:
+        """What follows from the limits of the path (I7), for this group and its
+        subtree: a limit above caps every group below (SPEC §14)."""
+        parent = self.parent
+        # a limit here or above: a freed worker may unblock any pool
+        self.path_limited = self.limited or (parent is not None and parent.path_limited)
+        self.single_threaded = self.own_single_threaded or (
+            parent is not None and parent.single_threaded
+        )
+        for child in self.children:
+            child.refresh_path()
 
     def refill(self, now: float) -> None:
         if self.fractional:
@@ -273,13 +370,40 @@ class GroupCpu:
 
     # ---- state
     @property
-    def idle(self) -> bool:
+    def own_idle(self) -> bool:
+        """Nothing of its own running or waiting (its children aside)."""
         return not self.running and not self.counted and not any(self.waiting.values())
 
+    @property
+    def idle(self) -> bool:
+        """Nothing running or waiting in its subtree."""
+        return not self.active_children and self.own_idle
+
+    def path(self) -> list[GroupCpu]:
+        """A(g), from the root down to this group."""
+        path = [self]
+        while (parent := path[-1].parent) is not None:
+            path.append(parent)
+        path.reverse()
+        return path
+
+    def subtree(self) -> list[GroupCpu]:
+        """D(g): this group and its descendants."""
+        found = [self]
+        for g in found:
+            found.extend(g.children)
+        return found
+
     def all_running_are_ctas(self) -> bool:
-        return bool(self.running) and all(
-            r.kind == "ctas" and not r.is_task for r in self.running if r.scheduled
+        """Every scheduled running query of the subtree is a CTAS (and one runs)."""
+        running = [r for g in self.subtree() for r in g.running]
+        return bool(running) and all(
+            r.kind == "ctas" and not r.is_task for r in running if r.scheduled
         )
+
+    def runs_extra(self) -> bool:
+        """Does a task beyond a cap run in the subtree?"""
+        return any(r.extra for g in self.subtree() for r in g.running)
 
     def __repr__(self) -> str:
         return f"<GroupCpu {self.name} v={self.vtime:.0f} held={self.held} b={self.budget_ns:.0f}>"
@@ -287,6 +411,21 @@ class GroupCpu:
 
 def _group_id(g: GroupCpu) -> int:
     return g.group_id
+
+
+def _parting(path: list[GroupCpu], h: GroupCpu) -> tuple[float, float, int]:
+    """Where the paths of g (``path``, root first) and h part: (the virtual time of
+    g's entry, that of h's entry, the weight of h's entry). An entry is a
+    child of the lowest common node, or that node's own work (o_n)."""
+    theirs = h.path()
+    i = 0
+    while i < len(path) and i < len(theirs) and path[i] is theirs[i]:
+        i += 1
+    if i == len(path):  # g is an ancestor of h: g's own work against h's side
+        return path[-1].own_vtime, theirs[i].vtime, theirs[i].weight
+    if i == len(theirs):  # h is an ancestor of g: h's own work against g's side
+        return path[i].vtime, h.own_vtime, h.weight
+    return path[i].vtime, theirs[i].vtime, theirs[i].weight
 
 
 @dataclass
@@ -312,7 +451,9 @@ class CpuScheduler:
     ) -> None:
         self.sizes = dict(pools)
         # entitled and used CPU per group over a sliding window (shares.py)
-        self.shares = ShareWindow(cpus or float(sum(pools.values())), window_s=share_window_s)
+        self.shares = ShareWindow(
+            cpus or float(sum(pools.values())), window_s=share_window_s, fill=tree_fill
+        )
         self.free = dict(pools)
         self.counted = dict.fromkeys(pools, 0)  # counted workers held, per pool
         self.waiting_in = dict.fromkeys(pools, 0)  # runners waiting, per pool
@@ -323,6 +464,7 @@ class CpuScheduler:
         # cost follows the work in flight, not the number of groups in the catalog
         self.busy: set[GroupCpu] = set()
         self.outside = GroupCpu(-1, "(outside)", charged=False)
+        self.nested = 0  # groups with a parent: 0 keeps every rule on its flat path
         self.engaged = False
         self.degraded = False
 
@@ -342,9 +484,14 @@ class CpuScheduler:
         limit_cores: float | None,
         policy: str,
         now: float,
+        *,
+        parent: int | None = None,
     ) -> list[Runner]:
-        """ALTER online; returns runners granted because of it (a raised limit)."""
+        """ALTER online (``parent``: the id of the group it is nested in, None at
+        the top; a change moves it, its subtree and their runners, waiting or
+        running); returns runners granted because of it (a raised limit)."""
         g = self.group(group_id, name)
+        g.gone = False  # configured: a group of the catalog (or a dropped one's queries)
         g.refill(now)
         was_fractional = g.fractional
         g.name, g.weight, g.limit_cores, g.policy = name, weight, limit_cores, policy
@@ -353,24 +500,117 @@ class CpuScheduler:
         if g.fractional and not was_fractional:
             g.budget_ns = g.burst
         g.budget_ns = min(g.budget_ns, g.burst)
-        # weights and limits apply from now on
+        old = g.parent
+        if (None if old is None else old.group_id) != parent:
+            self._reparent(g, None if parent is None else self._parent(parent), now)
+        # weights, limits and the tree apply from now on
         self.shares.reconfigured([h for h in self.busy if not h.idle], now)
         return self.dispatch(now)
 
+    def _parent(self, group_id: int) -> GroupCpu:
+        """The group a child names as its parent. One not configured yet (a full
+        sync goes in any order; a dropped group's late query) is made now, as
+        gone: its own configure keeps it, else it goes with its last child."""
+        parent = self.groups.get(group_id)
+        if parent is None:
+            parent = self.group(group_id, f"#{group_id}")
+            parent.gone = True
+        return parent
+
+    def _reparent(self, g: GroupCpu, parent: GroupCpu | None, now: float) -> None:
+        """Move g and its subtree under ``parent`` (None: the top), online: its
+        held workers and busy state go along; its virtual time enters the new
+        frame level with the new siblings (no lead, no debt). O(depth + siblings)."""
+        if parent is g:  # the catalog refuses it (a cycle); never a loop here
+            parent = None
+        if parent is not None and parent in g.subtree():
+            # only mid-way through a full sync of a reshaped tree: the would-be
+            # parent goes to the top for now; its own configure puts it in place
+            self._reparent(parent, None, now)
+        was_busy = g in self.busy
+        old = g.parent
+        if old is not None:
+            if was_busy:
+                old.active_children -= 1
+                self._unmark(old)
+            for n in old.path():
+                n.held -= g.held
+                n.held_over_cap = min(n.held_over_cap, n.held)
+            old.children.remove(g)
+            self.nested -= 1
+        g.parent = parent
+        if parent is not None:
+            parent.children.append(g)
+            self.nested += 1
+            for n in parent.path():
+                n.held += g.held
+                if n.held > n.cap:  # nothing is taken back, as by an ALTER (I3)
+                    n.held_over_cap = max(n.held_over_cap, n.held)
+        siblings = [h for h in self._siblings(g) if h is not g]
+        runnable = [h.vtime for h in siblings if h in self.busy]
+        if parent is not None and parent in self.busy and not parent.own_idle:
+            runnable.append(parent.own_vtime)
+        if runnable:
+            g.vtime = min(runnable)
+        elif siblings:
+            g.vtime = max(h.vtime for h in siblings)
+        g.refresh_path()
+        if was_busy and parent is not None:
+            parent.active_children += 1
+            if parent not in self.busy:
+                if self.engaged:
+                    self._place_chain(parent)
+                self._mark(parent)
+        # (the share window learns of the new tree from configure: reconfigured)
+
+    def _siblings(self, g: GroupCpu) -> list[GroupCpu]:
+        """S(g) and g: its parent's children, or the top-level groups."""
+        if g.parent is not None:
+            return g.parent.children
+        return [h for h in self.groups.values() if h.parent is None]
+
     def forget(self, group_id: int) -> None:
-        """Drop the state of a group that is gone and idle."""
+        """Drop the state of a group that is gone and idle (a group with children
+        still running goes after them)."""
         g = self.groups.get(group_id)
-        if g is not None and g.idle:
-            del self.groups[group_id]
-            self.busy.discard(g)
+        if g is None or not g.own_idle:
+            return
+        g.gone = True
+        while g is not None and g.gone and g.idle and not g.children:
+            del self.groups[g.group_id]
+            self._unmark(
+                g
+            )  # busy while nobody looked (disengaged): leaves, and its parent counts it out
+            parent = g.parent
+            if parent is not None:
+                parent.children.remove(g)
+                self.nested -= 1
+                g.parent = None
+            g = parent
 
     # ---- becoming runnable -------------------------------------------------------------
 
     def _place(self, g: GroupCpu) -> None:
-        """No banking: an idle group becoming runnable is placed level with the others."""
-        others = [h.vtime for h in self.busy if h is not g]
-        if others:
-            g.vtime = max(g.vtime, min(others))
+        """No banking: g's own work goes from idle to runnable. An inner group's own
+        work is placed level with its runnable children; every node of the path
+        that becomes runnable with it, level with its runnable siblings."""
+        if g.active_children:
+            children = [c.vtime for c in g.children if c in self.busy]
+            if children:
+                g.own_vtime = max(g.own_vtime, min(children))
+        self._place_chain(g)
+
+    def _place_chain(self, g: GroupCpu) -> None:
+        n: GroupCpu | None = g
+        while n is not None and n not in self.busy:
+            parent = n.parent
+            # flat: every busy group is a sibling
+            others = [h.vtime for h in self.busy if h.parent is parent and h is not n]
+            if parent is not None and parent in self.busy and not parent.own_idle:
+                others.append(parent.own_vtime)
+            if others:
+                n.vtime = max(n.vtime, min(others))
+            n = parent
 
     def submit(self, runner: Runner, now: float) -> list[Runner]:
         """``runner`` (new work: a query starting or resuming, a task) wants a worker
@@ -380,7 +620,7 @@ class CpuScheduler:
         if runner.pool not in self.sizes:
             raise InternalError(f"no pool {runner.pool!r}")
         g = runner.group
-        if self.engaged and g.charged and g.idle:
+        if self.engaged and g.charged and g.own_idle:
             self._place(g)
         if self.free[runner.pool] and not self.waiting_in[runner.pool]:
             # the uncontended path: nobody else waits, a worker is free
@@ -410,7 +650,7 @@ class CpuScheduler:
         if g.charged and self.engaged and not self.degraded:
             if not self._may_run(runner, now):  # its group's CPU cap or budget
                 return False
-            if g not in self.busy:
+            if g not in self.busy or (g.active_children and g.own_idle):
                 self._place(g)  # an idle group becoming runnable: no banking
         runner.runnable_since = now
         self._grant(runner, now)
@@ -440,8 +680,8 @@ class CpuScheduler:
         self.free[pool] += 1
         if self.engaged and not g.counted:  # disengaged, busy may keep it (I6)
             self._maybe_idle(g, now)
-        if self.waiting_in[pool] or g.limited:
-            return self.dispatch(now, None if g.limited else (pool,))
+        if self.waiting_in[pool] or g.path_limited:
+            return self.dispatch(now, None if g.path_limited else (pool,))
         return []
 
     def release_running(self, runner: Runner, cpu_ns: int, now: float) -> list[Runner]:
@@ -451,7 +691,7 @@ class CpuScheduler:
         self._charge(runner, cpu_ns, now)
         self._unhold(runner, now)
         runner.state = RUNNER_DONE
-        if self.waiting_in[runner.pool] or runner.group.limited:
+        if self.waiting_in[runner.pool] or runner.group.path_limited:
             return self.dispatch(now, self._freed(runner))
         return []
 
@@ -463,7 +703,7 @@ class CpuScheduler:
             return False
         runner.seq = next(_SEQ)
         g = runner.group
-        if self.engaged and g.charged and g.idle:
+        if self.engaged and g.charged and g.own_idle:
             self._place(g)
         runner.fresh = True
         runner.runnable_since = now
@@ -499,8 +739,8 @@ class CpuScheduler:
 
     def _freed(self, runner: Runner) -> tuple[str, ...] | None:
         """The pools a freed worker may unblock: its own, or every pool when the
-        group's cap counts workers across pools (None: all)."""
-        return None if runner.group.limited else (runner.pool,)
+        group's cap, or an ancestor's, counts workers across pools (None: all)."""
+        return None if runner.group.path_limited else (runner.pool,)
 
     def _unwait(self, runner: Runner, now: float) -> None:
         queue = runner.group.waiting.get(runner.pool, [])
@@ -510,21 +750,47 @@ class CpuScheduler:
 
     def _busy(self, g: GroupCpu, now: float) -> None:
         if g.charged and g not in self.busy:
-            self.busy.add(g)
+            self._mark(g)
             if self.engaged:  # disengaged, no CPU is sampled: nothing to share out
                 self.shares.changed(self.busy, now)
 
+    def _mark(self, g: GroupCpu) -> None:
+        """g has work: it and every ancestor not yet busy become busy (I6)."""
+        n = g
+        while n not in self.busy:
+            self.busy.add(n)
+            parent = n.parent
+            if parent is None:
+                return
+            parent.active_children += 1
+            n = parent
+
+    def _unmark(self, g: GroupCpu) -> None:
+        """g may be idle now: it and every ancestor left idle leave ``busy``."""
+        n: GroupCpu | None = g
+        while n is not None and n.idle and n in self.busy:
+            self.busy.discard(n)
+            n = n.parent
+            if n is not None:
+                n.active_children -= 1
+
     def _maybe_idle(self, g: GroupCpu, now: float) -> None:
         if g.idle and g in self.busy:
-            self.busy.discard(g)
+            self._unmark(g)
             if self.engaged:
                 self.shares.changed(self.busy, now)
 
     def set_engaged(self, engaged: bool, now: float) -> None:
         """Slicing starts or stops; the share window follows only while engaged."""
         self.engaged = engaged
-        if engaged:  # groups left busy while nobody looked (I6)
-            self.busy = {g for g in self.busy if not g.idle}
+        if engaged:  # groups left busy while nobody looked (I6): from their own work
+            stale = self.busy
+            for g in stale:
+                g.active_children = 0
+            self.busy = set()
+            for g in stale:
+                if not g.own_idle:
+                    self._mark(g)
         self.shares.changed(self.busy if engaged else (), now)
 
     # ---- slices ---------------------------------------------------------------------------
@@ -554,19 +820,27 @@ class CpuScheduler:
         g = runner.group
         if runner.is_task or runner.kind == "ctas":
             return None  # tasks are short and a CTAS cannot give up its worker
-        if g.fractional and not g.budget_ok(now):
-            return "budget"
+        path = g.path() if self.nested else None
+        for n in path or (g,):
+            if n.fractional and not n.budget_ok(now):
+                return "budget"
+        # nested: a cap shared with the waiting runner counts r's worker as free
+        freed = set(path) if path is not None else None
         for h in self._groups_waiting(runner.pool):
             if h is g:
                 continue
-            candidates = [q for q in h.waiting.get(runner.pool, []) if self._may_run(q, now)]
+            candidates = [q for q in h.waiting.get(runner.pool, []) if self._may_run(q, now, freed)]
             if not candidates:
                 continue
-            if h.vtime <= g.vtime and any(
+            if path is None:
+                mine, theirs, weight = g.vtime, h.vtime, h.weight
+            else:
+                mine, theirs, weight = _parting(path, h)
+            if theirs <= mine and any(
                 q.fresh and q.runnable_since > runner.granted_at for q in candidates
             ):
                 return f"fresh work of {h.name}"
-            if (g.vtime - h.vtime) * h.weight / 100 > self.granularity_ns:
+            if (mine - theirs) * weight / 100 > self.granularity_ns:
                 return f"{h.name} lags"
         if g.policy == "fair":
             overdue = runner.cpu_since_grant_ns > self.granularity_ns
@@ -602,14 +876,18 @@ class CpuScheduler:
         if not g.charged:
             return
         g.cpu_ns_total += cpu_ns
-        self.shares.charge(g.group_id, cpu_ns, now)
         g.cpu_by_user[runner.user] = g.cpu_by_user.get(runner.user, 0) + cpu_ns
-        g.vtime += cpu_ns * 100 / g.weight
-        if g.fractional:
-            g.refill(now)
-            g.budget_ns -= cpu_ns
-            if runner.kind == "ctas" and not runner.is_task:
-                g.budget_ns = max(g.budget_ns, -g.rate * CTAS_DEBT_S)
+        g.own_vtime += cpu_ns * 100 / g.weight
+        n: GroupCpu | None = g
+        while n is not None:  # every level of the path: its frame, its limit, its share
+            self.shares.charge(n.group_id, cpu_ns, now)
+            n.vtime += cpu_ns * 100 / n.weight
+            if n.fractional:
+                n.refill(now)
+                n.budget_ns -= cpu_ns
+                if runner.kind == "ctas" and not runner.is_task:
+                    n.budget_ns = max(n.budget_ns, -n.rate * CTAS_DEBT_S)
+            n = n.parent
 
     # ---- dispatch ------------------------------------------------------------------------
 
@@ -621,23 +899,34 @@ class CpuScheduler:
             gs.append(self.outside)
         return gs
 
-    def _may_run(self, r: Runner, now: float) -> bool:
-        """May ``r`` take a worker now (cap and budget), if one is free?"""
+    def _may_run(self, r: Runner, now: float, freed: set[GroupCpu] | None = None) -> bool:
+        """May ``r`` take a worker now (the cap and budget of every level of its
+        path), if one is free? ``freed``: the path of a runner whose worker counts
+        as given back (a slice end deciding whether to yield)."""
         g = r.group
         if not self.engaged or self.degraded or not g.charged:
             return True
-        if g.held >= g.cap:
-            # the one task beyond the cap while every running query is a CTAS
-            return r.is_task and g.all_running_are_ctas() and not any(x.extra for x in g.running)
-        if r.is_task and g.limit_cores is not None and g.limit_cores > 1:
-            return True  # tasks above one core do not wait for budget; the query repays
-        return g.budget_ok(now)
+        n: GroupCpu | None = g
+        while n is not None:
+            held = n.held - 1 if freed is not None and n in freed else n.held
+            if held >= n.cap:
+                # the one task beyond the cap while every running query is a CTAS
+                if not (r.is_task and n.all_running_are_ctas() and not n.runs_extra()):
+                    return False
+            elif not (r.is_task and n.limit_cores is not None and n.limit_cores > 1) and (
+                not n.budget_ok(now)  # (tasks above one core do not wait: the query repays)
+            ):
+                return False
+            n = n.parent
+        return True
 
     def _pick(self, pool: str, now: float) -> Runner | None:
         groups = self._groups_waiting(pool)
         if not self.engaged or self.degraded:
             waiting = [r for g in groups for r in g.waiting[pool]]
             return min(waiting, key=lambda r: r.seq) if waiting else None
+        if self.nested:
+            return self._pick_nested(groups, pool, now)
         best: Runner | None = None
         best_key: tuple[float, int] | None = None
         for g in groups:
@@ -649,6 +938,38 @@ class CpuScheduler:
                 best_key = key
                 best = self._pick_in_group(g, candidates)
         return best
+
+    def _pick_nested(self, groups: list[GroupCpu], pool: str, now: float) -> Runner | None:
+        """The pick down the tree: at each node the entry of least virtual time
+        among those with a runner that may run below (O(runnable paths x depth))."""
+        eligible: dict[GroupCpu, list[Runner]] = {}
+        for g in groups:
+            candidates = [r for r in g.waiting[pool] if self._may_run(r, now)]
+            if candidates:
+                eligible[g] = candidates
+        paths = [g.path() for g in eligible]
+        node: GroupCpu | None = None
+        depth = 0
+        while paths:
+            best: GroupCpu | None = None
+            best_key: tuple[float, int] | None = None
+            own = False
+            for path in paths:
+                if len(path) > depth:
+                    entry = path[depth]
+                    key = (entry.vtime if entry.charged else -math.inf, entry.group_id)
+                    mine = False
+                else:  # the node's own work
+                    assert node is not None
+                    entry, key, mine = node, (node.own_vtime, node.group_id), True
+                if best_key is None or key < best_key:
+                    best, best_key, own = entry, key, mine
+            assert best is not None
+            if own:
+                return self._pick_in_group(best, eligible[best])
+            paths = [p for p in paths if len(p) > depth and p[depth] is best]
+            node, depth = best, depth + 1
+        return None
 
     def _pick_in_group(self, g: GroupCpu, candidates: list[Runner]) -> Runner:
         if g.policy != "fair":
@@ -688,8 +1009,12 @@ class CpuScheduler:
         if r.scheduled:
             if g.charged:
                 g.wait_ns_total += max(0, round((now - r.runnable_since) * NS))
-            r.extra = g.held >= g.cap
-            g.held += 1
+            n: GroupCpu | None = g
+            r.extra = False
+            while n is not None:  # a cap counts the workers of its whole subtree
+                r.extra = r.extra or n.held >= n.cap
+                n.held += 1
+                n = n.parent
             g.held_by[(r.pool, r.user)] = g.held_by.get((r.pool, r.user), 0) + 1
             key = (r.pool, r.query_id)
             g.held_by_query[key] = g.held_by_query.get(key, 0) + 1
@@ -702,8 +1027,11 @@ class CpuScheduler:
         self._maybe_idle(g, now)
         self.free[r.pool] += 1
         if r.scheduled:
-            g.held -= 1
-            g.held_over_cap = min(g.held_over_cap, g.held)
+            n: GroupCpu | None = g
+            while n is not None:
+                n.held -= 1
+                n.held_over_cap = min(n.held_over_cap, n.held)
+                n = n.parent
             _decrement(g.held_by, (r.pool, r.user))
             _decrement(g.held_by_query, (r.pool, r.query_id))
         r.extra = False
@@ -715,12 +1043,13 @@ class CpuScheduler:
         ("worker": all busy, or others are ahead by weight or arrival)."""
         if runner.state is not RUNNER_WAITING:
             return None
-        g = runner.group
-        if g.fractional:
-            budget = min(g.burst, g.budget_ns + (now - g.budget_at) * g.rate)
-            if budget <= 0:
-                return "cpu_budget"
-        if g.held >= g.cap:
+        path = runner.group.path()  # its own limit, or one above it (SPEC §14)
+        for g in path:
+            if g.fractional:
+                budget = min(g.burst, g.budget_ns + (now - g.budget_at) * g.rate)
+                if budget <= 0:
+                    return "cpu_budget"
+        if any(g.held >= g.cap for g in path):
             return "cpu_limit"
         return "worker"
 
@@ -738,7 +1067,12 @@ class CpuScheduler:
 
     def next_wakeup(self, now: float) -> float:
         """When a waiting runner may next be able to run (a budget refills); inf if never."""
-        times = [g.refill_time(now) for g in self.busy if any(g.waiting.values()) and g.fractional]
+        times = [
+            g.refill_time(now)
+            for g in self.busy
+            if g.fractional
+            and (any(g.waiting.values()) or (g.active_children and g.refill_time(now) > now))
+        ]
         return min(times, default=math.inf)
 
     # ---- invariants ----------------------------------------------------------------------
@@ -774,20 +1108,22 @@ class CpuScheduler:
             for pool, queue in g.waiting.items():
                 if any(r.state is not RUNNER_WAITING or r.pool != pool for r in queue):
                     problems.append(f"{g.name}: a waiting runner is misfiled")
-            scheduled = sum(1 for r in g.running if r.scheduled)
+            below = g.subtree() if g.charged else [g]
+            scheduled = sum(1 for h in below for r in h.running if r.scheduled)
             if g.held != scheduled:
                 problems.append(f"{g.name}: held {g.held} != scheduled running {scheduled}")
-            extra = sum(1 for r in g.running if r.extra)
+            extra = sum(1 for h in below for r in h.running if r.extra)
             allowed = max(g.cap, g.held_over_cap)
             if self.engaged and not self.degraded and g.charged and g.held - extra > allowed:
                 problems.append(f"{g.name}: holds {g.held} workers above its cap {g.cap}")
-            if extra > 1:
-                problems.append(f"{g.name}: {extra} tasks beyond the cap")
+            if sum(1 for r in g.running if r.extra) > 1:
+                problems.append(f"{g.name}: more than one task beyond a cap")
             if g.budget_ns > g.burst + 1e-6:
                 problems.append(f"{g.name}: budget {g.budget_ns} above burst {g.burst}")
-        busy = {g for g in self.groups.values() if g.charged and not g.idle}
+        busy = {n for g in self.groups.values() if g.charged and not g.own_idle for n in g.path()}
         if not busy <= self.busy or (self.engaged and busy != self.busy):
             problems.append(f"busy groups {self.busy} are not those with work {busy} (I6)")
+        problems += self._tree_problems()
         for pool in self.sizes:
             if self.free[pool] > 0 and self._pick(pool, now) is not None:
                 problems.append(f"pool {pool}: a worker is free while a runner may take it")
@@ -795,3 +1131,34 @@ class CpuScheduler:
             raise InternalError(
                 "CPU scheduler broken: " + "; ".join(problems) + f"; groups={everyone}"
             )
+
+    def _tree_problems(self) -> list[str]:
+        """I6's counts and I7: an acyclic tree, children lists that agree with the
+        parents, and what follows from the limits of each path."""
+        problems = []
+        groups = list(self.groups.values())
+        for g in groups:
+            seen = {g}
+            n = g.parent
+            while n is not None:
+                if n in seen:
+                    return [f"{g.name}: a cycle of parents"]
+                seen.add(n)
+                n = n.parent
+            if g.parent is not None and g.parent.children.count(g) != 1:
+                problems.append(f"{g.name}: not once among its parent's children")
+            if g.parent is not None and self.groups.get(g.parent.group_id) is not g.parent:
+                problems.append(f"{g.name}: its parent is not a group of the scheduler")
+            if any(c.parent is not g for c in g.children):
+                problems.append(f"{g.name}: a child names another parent")
+            active = sum(1 for c in g.children if c in self.busy)
+            if g.active_children != active:
+                problems.append(f"{g.name}: active_children {g.active_children} != {active}")
+            path = g.path()
+            if g.path_limited != any(n.limited for n in path):
+                problems.append(f"{g.name}: path_limited disagrees with its path")
+            if g.single_threaded != any(n.own_single_threaded for n in path):
+                problems.append(f"{g.name}: single_threaded disagrees with its path")
+        if self.nested != sum(1 for g in groups if g.parent is not None):
+            problems.append(f"nested {self.nested} is not the groups with a parent")
+        return problems

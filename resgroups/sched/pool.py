@@ -420,11 +420,22 @@ class Dispatcher:
             self._wake(self._guarded(partial(self.core.dispatch, self.now())))
 
     def configure(
-        self, group_id: int, name: str, weight: int, limit_cores: float | None, policy: str
+        self,
+        group_id: int,
+        name: str,
+        weight: int,
+        limit_cores: float | None,
+        policy: str,
+        *,
+        parent: int | None = None,
     ) -> None:
+        """ALTER online; ``parent`` (the id of the group it is nested in, None at the
+        top) moves it in the core's tree with its runners, waiting or running."""
         with self.lock:
             granted = self._guarded(
-                lambda: self.core.configure(group_id, name, weight, limit_cores, policy, self.now())
+                lambda: self.core.configure(
+                    group_id, name, weight, limit_cores, policy, self.now(), parent=parent
+                )
             )
             self._wake(granted)
 

@@ -69,7 +69,12 @@ class GroupRuntime:
         centi = group.cpu_limit_centi_pct
         limit_cores = None if centi is None else centi / 10000 * cpus
         self._dispatcher.configure(
-            group.id, group.name, group.cpu_weight, limit_cores, group.scheduling_policy
+            group.id,
+            group.name,
+            group.cpu_weight,
+            limit_cores,
+            group.scheduling_policy,
+            parent=group.parent_id,
         )
 
     def set_quota(self, quota: int) -> None:

@@ -12,12 +12,18 @@ hands its entitlement to the others within one window.
 Shares are percentages of the CPUs available to the process: a group that
 runs fewer threads than its share of cores cannot use its entitlement and
 shows a negative error.
+
+Nested groups (SPEC §14, :func:`tree_fill`): the wanting set then holds every
+group with work in its subtree; the top-level ones share the CPUs as above,
+and each group's fraction is shared among its wanting children the same way,
+so an inner group's entitlement is its subtree's. Its used CPU is its
+subtree's too: the scheduler charges every group of the path.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final, NamedTuple, Protocol
 
 from resgroups.errors import InvalidParameter
@@ -38,6 +44,13 @@ class Wanting(Protocol):
     def limit_cores(self) -> float | None: ...
 
 
+class Nested(Wanting, Protocol):
+    """A group in a tree (``GroupCpu``): what :func:`tree_fill` needs."""
+
+    @property
+    def parent(self) -> Nested | None: ...
+
+
 class Share(NamedTuple):
     entitled_pct: float
     used_pct: float
@@ -50,24 +63,74 @@ def water_fill(groups: Iterable[Wanting], cpus: float) -> dict[int, float]:
     if len(left) == 1:  # the common case: one group alone takes what its limit allows
         ((gid, g),) = left.items()
         return {gid: 1.0 if g.limit_cores is None else min(1.0, g.limit_cores / cpus)}
+    return _fill({gid: (g.weight, _cap(g, cpus)) for gid, g in left.items()}, 1.0)
+
+
+def _cap(g: Wanting, cpus: float) -> float | None:
+    return None if g.limit_cores is None else min(1.0, g.limit_cores / cpus)
+
+
+def _fill(left: dict[int, tuple[int, float | None]], amount: float) -> dict[int, float]:
+    """Share ``amount`` by weight, each entry capped at its cap (a fraction of
+    the CPUs; None: none), what a cap leaves over going to the others."""
     share: dict[int, float] = {}
-    remaining = 1.0
+    remaining = amount
     while left:
-        total = sum(g.weight for g in left.values())
+        total = sum(weight for weight, _ in left.values())
         capped = {
-            gid: min(1.0, g.limit_cores / cpus)
-            for gid, g in left.items()
-            if g.limit_cores is not None and remaining * g.weight / total >= g.limit_cores / cpus
+            gid: cap
+            for gid, (weight, cap) in left.items()
+            if cap is not None and remaining * weight / total >= cap
         }
         if not capped:
-            for gid, g in left.items():
-                share[gid] = remaining * g.weight / total
+            for gid, (weight, _) in left.items():
+                share[gid] = remaining * weight / total
             break
+        left = {gid: entry for gid, entry in left.items() if gid not in capped}
         for gid, cap in capped.items():
             share[gid] = cap
             remaining -= cap
-            del left[gid]
         remaining = max(0.0, remaining)
+    return share
+
+
+def tree_fill(groups: Iterable[Nested], cpus: float) -> dict[int, float]:
+    """:func:`water_fill` level by level: the top-level groups share the CPUs,
+    each group's fraction is shared among its wanting children. A group's cap
+    is its limit, lowered to the sum of its wanting children's caps when every
+    one of them is capped (what its subtree could take). With no parent among
+    ``groups`` this is :func:`water_fill`. O(n) per level."""
+    wanting = list(groups)
+    if all(g.parent is None for g in wanting):
+        return water_fill(wanting, cpus)
+    ids = {g.group_id for g in wanting}
+    children: dict[int | None, list[Nested]] = {}
+    for g in wanting:
+        parent = g.parent
+        key = parent.group_id if parent is not None and parent.group_id in ids else None
+        children.setdefault(key, []).append(g)
+    caps: dict[int, float | None] = {}
+
+    def cap(g: Nested) -> float | None:
+        if g.group_id not in caps:
+            own = _cap(g, cpus)
+            below = [cap(c) for c in children.get(g.group_id, [])]
+            if below and all(c is not None for c in below):
+                subtree = sum(c for c in below if c is not None)
+                own = subtree if own is None else min(own, subtree)
+            caps[g.group_id] = own
+        return caps[g.group_id]
+
+    share: dict[int, float] = {}
+    level = [(children.get(None, []), 1.0)]
+    while level:
+        nodes, amount = level.pop()
+        fill = _fill({g.group_id: (g.weight, cap(g)) for g in nodes}, amount)
+        share.update(fill)
+        for g in nodes:
+            below = children.get(g.group_id)
+            if below:
+                level.append((below, fill[g.group_id]))
     return share
 
 
@@ -75,10 +138,19 @@ class ShareWindow:
     """Entitled and used CPU per group over a sliding window. Not thread-safe:
     the scheduling core calls it under its lock."""
 
-    def __init__(self, cpus: float, *, window_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        cpus: float,
+        *,
+        window_s: float = 10.0,
+        fill: Callable[..., dict[int, float]] = water_fill,
+    ) -> None:
+        """``fill``: how a wanting set shares the CPUs (:func:`tree_fill` for a
+        scheduler's groups, which may be nested)."""
         if not window_s > 0:
             raise InvalidParameter(f"cpu_share_window={window_s!r}: expected seconds > 0")
         self.cpus = cpus
+        self._fill = fill
         self.window_s = window_s
         self.bucket_s = window_s / 20  # a reading's edge is off by at most 5 %
         self._buckets: dict[int, dict[int, list[float]]] = {}  # index -> gid -> [ent, cpu]
@@ -134,7 +206,7 @@ class ShareWindow:
         if shares is None:
             if len(self._fills) > 1024:
                 self._fills.clear()
-            shares = self._fills[key] = water_fill(key, self.cpus)
+            shares = self._fills[key] = self._fill(key, self.cpus)
         self._shares = shares
 
     def reconfigured(self, wanting: Iterable[Wanting], now: float) -> None:

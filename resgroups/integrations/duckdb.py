@@ -2,6 +2,7 @@
 
 >>> import duckdb
 
+from resgroups.integrations.kinds import statement_kind
 from resgroups.integrations.native_cpu import EngineThreads
 >>> from resgroups.integrations.duckdb import execute
 >>> con = duckdb.connect("warehouse.db")
@@ -24,14 +25,16 @@ Install with ``pip install 'resgroups[duckdb]'`` (DuckDB and pyarrow).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import duckdb
 
 from resgroups.errors import InvalidParameter
+from resgroups.integrations.kinds import statement_kind
 from resgroups.integrations.native_cpu import EngineThreads
+
+__all__ = ["BATCH_ROWS", "THREADS", "execute", "statement_kind"]
 
 if TYPE_CHECKING:
     from resgroups.session import Session
@@ -40,23 +43,6 @@ BATCH_ROWS: Final = 100_000
 
 # DuckDB's worker threads carry no name of their own: the unnamed native threads
 THREADS: Final = EngineThreads("duckdb", lambda name: name.startswith("python"))
-
-# the statement's kind, from its first words (comments and parentheses skipped)
-_KINDS: Final = (
-    (re.compile(r"(create\s+(or\s+replace\s+)?(temp\w*\s+)?table\b.*\bas\b)", re.I | re.S), "ctas"),
-    (re.compile(r"insert\b", re.I), "insert_select"),
-    (re.compile(r"copy\b.*\bto\b", re.I | re.S), "export"),
-    (re.compile(r"(select|with|from|values|pivot|unpivot|summarize|table)\b", re.I), "select"),
-)
-_LEADING: Final = re.compile(r"(\s+|--[^\n]*|/\*.*?\*/|\()*", re.S)
-
-
-def statement_kind(sql: str) -> str:
-    """The managed query kind of a DuckDB statement; "other" (unmanaged) for the
-    rest (SET, DDL without a query, ATTACH...)."""
-    leading = _LEADING.match(sql)
-    text = sql[leading.end() :] if leading is not None else sql
-    return next((kind for pattern, kind in _KINDS if pattern.match(text)), "other")
 
 
 def execute(

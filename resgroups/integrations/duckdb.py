@@ -1,9 +1,6 @@
 """DuckDB under resource groups: one statement, one managed query.
 
 >>> import duckdb
-
-from resgroups.integrations.kinds import statement_kind
-from resgroups.integrations.native_cpu import EngineThreads
 >>> from resgroups.integrations.duckdb import execute
 >>> con = duckdb.connect("warehouse.db")
 >>> rows = execute(session, con, "SELECT region, sum(amount) FROM sales GROUP BY 1")
@@ -32,7 +29,7 @@ import duckdb
 
 from resgroups.errors import InvalidParameter
 from resgroups.integrations.kinds import statement_kind
-from resgroups.integrations.native_cpu import EngineThreads
+from resgroups.integrations.native_cpu import EngineThreads, unnamed
 
 __all__ = ["BATCH_ROWS", "THREADS", "execute", "statement_kind"]
 
@@ -42,7 +39,7 @@ if TYPE_CHECKING:
 BATCH_ROWS: Final = 100_000
 
 # DuckDB's worker threads carry no name of their own: the unnamed native threads
-THREADS: Final = EngineThreads("duckdb", lambda name: name.startswith("python"))
+THREADS: Final = EngineThreads("duckdb", unnamed)
 
 
 def execute(

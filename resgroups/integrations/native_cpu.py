@@ -53,6 +53,7 @@ Alternatives rejected
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -87,10 +88,22 @@ def _comm(tid: int) -> str | None:
         return None
 
 
+def unnamed(name: str) -> bool:
+    """Is ``name`` that of a thread nobody named (it inherits the process's name,
+    ``python`` or ``pytest``, as DuckDB's threads do)?"""
+    return name == _process_name()
+
+
+@functools.cache
+def _process_name() -> str:
+    with open("/proc/self/comm") as f:
+        return f.read().strip()
+
+
 class EngineThreads:
     """One engine's own threads in this process, and the queries inside it.
 
-    >>> DUCKDB = EngineThreads("duckdb", lambda name: name == "python")
+    >>> DUCKDB = EngineThreads("duckdb", unnamed)
     >>> with session.query(statement=sql) as q, DUCKDB.inside(q) as native:
     ...     with native.active():
     ...         reader = cursor.execute(sql).fetch_record_batch()

@@ -122,7 +122,8 @@ def admission_limit_holds(run: Run, clients: int = 4, each: int = 3) -> None:
     """max_active_queries = 1: never two at once, the others queue and all complete."""
     with resgroups.Engine(workers=2) as engine:
         engine.connect().execute(
-            "CREATE RESOURCE GROUP one WITH (max_active_queries = 1, max_queued_queries = 10)"
+            "CREATE RESOURCE GROUP one WITH (max_active_queries = 1, max_queued_queries = 10, "
+            "queue_timeout = 60000)"
         )
         peak = [0]
         queued = [0]
@@ -154,7 +155,7 @@ def admission_limit_holds(run: Run, clients: int = 4, each: int = 3) -> None:
             t.join(120)
         done.set()
         watcher.join(10)
-        assert errors == []
+        assert errors == [], errors
         assert peak[0] == 1
         assert queued[0] >= 1
         assert group_row(engine, "one")["admitted_total"] == clients * each
@@ -210,7 +211,7 @@ def weights_hold(run: Run, seconds: float = 4.0, at_least: float = 1.5) -> float
             t.start()
         for t in threads:
             t.join(seconds + 120)
-        assert errors == []
+        assert errors == [], errors
         used = {g: group_row(engine, g)["cpu_nanos_total"] - start[g] for g in ("hi", "lo")}
         ratio = used["hi"] / max(1, used["lo"])
         assert ratio >= at_least, f"hi:lo charged {ratio:.2f} ({used})"

@@ -220,7 +220,9 @@ def weights_hold(run: Run, seconds: float = 4.0, at_least: float = 1.5) -> float
 
 def limit_holds(run: Run, seconds: float = 4.0, points: float = 10.0) -> float:
     """cpu_limit = '25%' (half a core on 2 CPUs, a budget): the process CPU the
-    group's queries used, in percent of the CPUs, within ``points`` of 25."""
+    group's queries used, in percent of the CPUs, at most ``points`` above 25.
+    Below, the bound is looser (10 %): on a machine other work loads, the
+    queries may get less than their limit, which a cap allows."""
     with resgroups.Engine(workers=2) as engine:
         engine.connect().execute("CREATE RESOURCE GROUP lim WITH (cpu_limit = '25%')")
         session = in_group(engine, "lim")
@@ -231,5 +233,5 @@ def limit_holds(run: Run, seconds: float = 4.0, points: float = 10.0) -> float:
             run(session, "work")
         wall = time.monotonic() - started
         pct = 100 * (time.process_time_ns() - process) / 1e9 / wall / engine.cpus
-        assert abs(pct - 25) <= points, f"limited to 25 %, used {pct:.1f} %"
+        assert 10 <= pct <= 25 + points, f"limited to 25 %, used {pct:.1f} %"
         return pct

@@ -175,7 +175,8 @@ def test_a_limited_groups_long_statement_is_held_to_its_limit_inside_sqlite(
         q.cancel()
         runner.join(30)
         assert isinstance(outcome[0], resgroups.QueryCancelled), outcome
-        assert abs(pct / engine.cpus - 25) <= 10, f"{pct / engine.cpus:.1f} % of the CPUs"
+        # a cap: at most 10 points above (a loaded machine may give it less)
+        assert 10 <= pct / engine.cpus <= 35, f"{pct / engine.cpus:.1f} % of the CPUs"
 
 
 # ---- the checks every integration passes (tests/engine_checks.py) ------------------

@@ -13,7 +13,12 @@ limited (parked between instructions until its group's budget allows) and
 cancelled like the built-in executor's. ``q.on_cancel`` also calls
 ``Connection.interrupt()``, for a statement waiting on a lock. One statement
 runs at a time on a connection (the progress handler is the connection's):
-give each thread its own connection.
+give each thread its own connection. A statement parked by the scheduler
+inside its progress handler keeps what it holds in SQLite: a reader's
+shared lock (harmless to other readers of a file; a writer waits for it),
+and, in a shared-cache database (``cache=shared``, ``:memory:`` shared
+between connections), the cache's mutex, which stalls every connection of
+that cache: never use a shared cache with resource groups.
 
 Standard library only: no extra to install.
 """

@@ -92,15 +92,15 @@ SCENARIOS: Final = {
 
 
 _DASHBOARDS = SCENARIOS["dashboards"]
-for _engine in demo_engines.ENGINES:  # the same story on an embedded engine's table
+for _engine, _demo in demo_engines.ENGINES.items():  # the same story on an engine's table
     SCENARIOS[_engine] = Scenario(
         _engine,
         f"the same on {_engine} (resgroups.integrations.{_engine}): dashboards (short queries, "
         "4 users) against a nightly report (GROUP BY over the whole table) and an ad-hoc analyst",
         (
-            replace(_DASHBOARDS.workloads[0], sql=demo_engines.DASHBOARDS_SQL),
+            replace(_DASHBOARDS.workloads[0], sql=_demo.sql[0]),
             Workload("report", ("nightly", "nightly"), demo_engines.REPORT_SQL, 0.0, 1.0),
-            replace(_DASHBOARDS.workloads[2], sql=demo_engines.ADHOC_SQL),
+            replace(_DASHBOARDS.workloads[2], sql=_demo.sql[1]),
         ),
         _DASHBOARDS.ddl,
         engine=_engine,

@@ -111,7 +111,8 @@ class EngineThreads:
     ...         q.checkpoint()
 
     ``accepts(name)`` picks the engine's threads by their name; ``clock`` is
-    monotonic seconds (injectable for tests).
+    monotonic seconds and ``clocks()`` the threads' CPU clocks (thread id ->
+    ns), both injectable for tests.
     """
 
     def __init__(
@@ -119,10 +120,12 @@ class EngineThreads:
         engine: str,
         accepts: Callable[[str], bool],
         clock: Callable[[], float] = time.monotonic,
+        clocks: Callable[[], dict[int, int]] | None = None,
     ) -> None:
         self.engine = engine
         self._accepts = accepts
         self._clock = clock
+        self._clocks = clocks if clocks is not None else self._thread_clocks
         self._lock = threading.Lock()
         self._names: dict[int, bool] = {}  # tid -> one of the engine's threads
         self._last_cpu: dict[int, int] = {}  # tid -> its clock at the last reading
@@ -151,16 +154,21 @@ class EngineThreads:
                 tids.append(tid)
         return tids
 
-    def _read(self, baseline: bool) -> int:
-        """The CPU the engine's threads used since the last reading (ns)."""
-        used = 0
-        now_cpu: dict[int, int] = {}
+    def _thread_clocks(self) -> dict[int, int]:
+        """The engine's live threads' CPU clocks: thread id -> ns."""
+        clocks = {}
         for tid in self._threads():
             try:
-                cpu = thread_cpu_ns(tid)
+                clocks[tid] = thread_cpu_ns(tid)
             except OSError:  # ended since it was listed
                 continue
-            now_cpu[tid] = cpu
+        return clocks
+
+    def _read(self, baseline: bool) -> int:
+        """The CPU the engine's threads used since the last reading (ns)."""
+        now_cpu = self._clocks()
+        used = 0
+        for tid, cpu in now_cpu.items():
             used += cpu - self._last_cpu.get(tid, cpu if baseline else 0)
         for tid in self._last_cpu.keys() - now_cpu.keys():
             self._names.pop(tid, None)  # ended: its id may be reused

@@ -521,18 +521,22 @@ def main(
         print("second run's DDL:\n  " + ";\n  ".join(scenario.ddl) + ";", file=out)
         out.flush()
     runs = []
-    for with_groups in (False, True):
-        label = "with groups" if with_groups else "without groups"
-        run = run_once(
-            scenario,
-            calibration,
-            per_run,
-            with_groups=with_groups,
-            progress=partial(progress.update, label),
-            serve=serve if with_groups else None,
-        )
-        progress.finish_run(per_run)
-        runs.append(run)
+    try:
+        for with_groups in (False, True):
+            label = "with groups" if with_groups else "without groups"
+            run = run_once(
+                scenario,
+                calibration,
+                per_run,
+                with_groups=with_groups,
+                progress=partial(progress.update, label),
+                serve=serve if with_groups else None,
+            )
+            progress.finish_run(per_run)
+            runs.append(run)
+    finally:
+        if calibration.database is not None:  # an engine's table (a SQLite file)
+            calibration.database.close()
     progress.close()
     path = chart(runs, chart_path)
     if as_json:

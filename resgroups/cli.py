@@ -262,7 +262,8 @@ def _parser() -> argparse.ArgumentParser:
         "--scenario",
         default="dashboards",
         metavar="NAME",
-        help="dashboards (the built-in executor, default) or duckdb (DuckDB tables)",
+        help="dashboards (the built-in executor, default), or the same on an embedded engine: "
+        "duckdb, datafusion, polars or sqlite",
     )
     demo.add_argument(
         "--serve",

@@ -20,11 +20,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final, Protocol, TextIO
 
 import resgroups
+from resgroups import demo_engines
 from resgroups.cpus import available_cpus
 
 
@@ -43,7 +44,7 @@ class Scenario:
     description: str
     workloads: tuple[Workload, ...]
     ddl: tuple[str, ...]  # the second run's groups and mappings
-    engine: str = "builtin"  # who runs the SQL: the built-in executor, or "duckdb"
+    engine: str = "builtin"  # who runs the SQL: the built-in executor, or a demo_engines name
 
 
 SCENARIOS: Final = {
@@ -91,36 +92,19 @@ SCENARIOS: Final = {
 
 
 _DASHBOARDS = SCENARIOS["dashboards"]
-SCENARIOS["duckdb"] = Scenario(
-    "duckdb",
-    "the same on DuckDB (resgroups.integrations.duckdb): dashboards (short queries, 4 users) "
-    "against a nightly report (GROUP BY over the whole table) and an ad-hoc analyst",
-    (
-        Workload(
-            "dashboards",
-            _DASHBOARDS.workloads[0].users,
-            "SELECT count(*), sum(v) FROM facts WHERE i < {rows}",
-            0.05,
-            1 / 1000,
+for _engine, _demo in demo_engines.ENGINES.items():  # the same story on an engine's table
+    SCENARIOS[_engine] = Scenario(
+        _engine,
+        f"the same on {_engine} (resgroups.integrations.{_engine}): dashboards (short queries, "
+        "4 users) against a nightly report (GROUP BY over the whole table) and an ad-hoc analyst",
+        (
+            replace(_DASHBOARDS.workloads[0], sql=_demo.sql[0]),
+            Workload("report", ("nightly", "nightly"), demo_engines.REPORT_SQL, 0.0, 1.0),
+            replace(_DASHBOARDS.workloads[2], sql=_demo.sql[1]),
         ),
-        Workload(
-            "report",
-            ("nightly", "nightly"),
-            "SELECT k, sum(v), max(v) FROM facts GROUP BY k",
-            0.0,
-            1.0,
-        ),
-        Workload(
-            "adhoc",
-            ("analyst",),
-            "SELECT avg(v), count(*) FROM facts WHERE i < {rows} AND k = 3",
-            0.2,
-            1 / 60,
-        ),
-    ),
-    _DASHBOARDS.ddl,
-    engine="duckdb",
-)
+        _DASHBOARDS.ddl,
+        engine=_engine,
+    )
 
 
 # ---- calibration: the same story on a fast or a slow machine ----------------------------
@@ -130,18 +114,11 @@ _PROBE_ROWS: Final = 4_000_000
 _MIN_ROWS: Final = 10_000
 
 
-_DUCKDB_MAX_ROWS: Final = 40_000_000  # about 0.8 GB: the table stays in memory
-_DUCKDB_TABLE: Final = (
-    "CREATE OR REPLACE TABLE facts AS SELECT range AS i, (range % 1000) * 0.5 AS v, "
-    "(range % 17)::INTEGER AS k FROM range({rows})"
-)
-
-
 @dataclass(frozen=True)
 class Calibration:
     rows_per_s: float  # the report's scan rate alone on this machine (all workers)
     rows: dict[str, int]  # workload -> rows per query
-    database: Any = None  # the duckdb scenario: the connection holding the table
+    database: Any = None  # an engine's scenario: its demo_engines.Database
 
     def sql(self, workload: Workload) -> str:
         return workload.sql.format(rows=self.rows[workload.name])
@@ -151,8 +128,12 @@ def calibrate(scenario: Scenario, probes: int = 3) -> Calibration:
     """Time the report's query on a short scan and size every workload from it,
     so that one report scan takes about REPORT_SCAN_S alone on this machine."""
     report = next(w for w in scenario.workloads if w.share_of_report == 1.0)
-    if scenario.engine == "duckdb":
-        return _calibrate_duckdb(scenario, report, probes)
+    if scenario.engine != "builtin":
+        rate, table_rows = demo_engines.table_rows(
+            demo_engines.ENGINES[scenario.engine], REPORT_SCAN_S
+        )
+        database = demo_engines.ENGINES[scenario.engine].open(table_rows)
+        return Calibration(rate, _rows_per_workload(scenario, table_rows), database)
     with resgroups.Engine() as engine:
         session = engine.connect()
         best = _best_of(probes, lambda: session.execute(report.sql.format(rows=_PROBE_ROWS)))
@@ -178,43 +159,29 @@ def _rows_per_workload(scenario: Scenario, report_rows: float) -> dict[str, int]
     }
 
 
-def _calibrate_duckdb(scenario: Scenario, report: Workload, probes: int) -> Calibration:
-    """The DuckDB table, sized so that the report's GROUP BY over all of it takes
-    about REPORT_SCAN_S on one thread (its threads in a group limited to one core)."""
-    import duckdb
-
-    database = duckdb.connect()
-    database.execute("SET threads = 1")
-    database.execute(_DUCKDB_TABLE.format(rows=_PROBE_ROWS))
-    rate = _PROBE_ROWS / _best_of(probes, lambda: database.execute(report.sql).fetchall())
-    table_rows = min(_DUCKDB_MAX_ROWS, int(round(rate * REPORT_SCAN_S, -4)))
-    database.execute(_DUCKDB_TABLE.format(rows=table_rows))
-    database.execute("RESET threads")
-    return Calibration(rate, _rows_per_workload(scenario, table_rows), database)
-
-
 def _runner(
     scenario: Scenario, calibration: Calibration
 ) -> Callable[[resgroups.Session, str], float]:
     """How a client runs one query: ``run(session, sql)`` -> its wait in ms."""
-    if scenario.engine != "duckdb":
+    if scenario.engine == "builtin":
 
         def builtin(session: resgroups.Session, sql: str) -> float:
             return float(session.execute(sql).timings.get("wait_ms", 0.0))
 
         return builtin
-    from resgroups.integrations.duckdb import execute
+    database = calibration.database
 
-    def on_duckdb(session: resgroups.Session, sql: str) -> float:
+    def on_engine(session: resgroups.Session, sql: str) -> float:
         timings: dict[str, float] = {}
-        cpu = time.thread_time_ns()  # one DuckDB thread in a group limited to a core
+        cpu = time.thread_time_ns()
         try:
-            execute(session, calibration.database, sql, timings=timings)
-        finally:
-            session.add_work_cpu(time.thread_time_ns() - cpu)
+            database.run(session, sql, timings)
+        finally:  # its thread's CPU, and its engine's threads' charged to it
+            native = int(timings.get("native_cpu_ms", 0.0) * 1e6)
+            session.add_work_cpu(time.thread_time_ns() - cpu + native)
         return timings.get("wait_ms", 0.0)
 
-    return on_duckdb
+    return on_engine
 
 
 @dataclass
@@ -533,17 +500,15 @@ def main(
     if duration <= 0:
         print("resgroups demo: --duration must be positive", file=sys.stderr)
         return 2
-    if scenario.engine == "duckdb":
-        import importlib.util
-
-        missing = [m for m in ("duckdb", "pyarrow") if importlib.util.find_spec(m) is None]
-        if missing:
-            print(
-                f"resgroups demo: --scenario duckdb needs {' and '.join(missing)}: "
-                "pip install 'resgroups[duckdb]'",
-                file=sys.stderr,
-            )
-            return 2
+    engine = demo_engines.ENGINES.get(scenario.engine)
+    missing = engine.missing() if engine is not None else []
+    if engine is not None and missing:
+        print(
+            f"resgroups demo: --scenario {scenario.name} needs {' and '.join(missing)}: "
+            f"pip install 'resgroups[{engine.extra}]'",
+            file=sys.stderr,
+        )
+        return 2
     per_run = duration / 2
     # the scans still running at the end of a run are cancelled on purpose
     logging.getLogger("resgroups").setLevel(logging.ERROR)
@@ -556,18 +521,22 @@ def main(
         print("second run's DDL:\n  " + ";\n  ".join(scenario.ddl) + ";", file=out)
         out.flush()
     runs = []
-    for with_groups in (False, True):
-        label = "with groups" if with_groups else "without groups"
-        run = run_once(
-            scenario,
-            calibration,
-            per_run,
-            with_groups=with_groups,
-            progress=partial(progress.update, label),
-            serve=serve if with_groups else None,
-        )
-        progress.finish_run(per_run)
-        runs.append(run)
+    try:
+        for with_groups in (False, True):
+            label = "with groups" if with_groups else "without groups"
+            run = run_once(
+                scenario,
+                calibration,
+                per_run,
+                with_groups=with_groups,
+                progress=partial(progress.update, label),
+                serve=serve if with_groups else None,
+            )
+            progress.finish_run(per_run)
+            runs.append(run)
+    finally:
+        if calibration.database is not None:  # an engine's table (a SQLite file)
+            calibration.database.close()
     progress.close()
     path = chart(runs, chart_path)
     if as_json:

@@ -82,11 +82,23 @@ def test_demo_json_and_the_dashboards_win(tmp_path: Path) -> None:
     assert chart.exists()
 
 
-def test_demo_duckdb_scenario_the_dashboards_win_and_reports_complete(tmp_path: Path) -> None:
-    """``--scenario duckdb``: the same story on DuckDB tables generated at start."""
-    chart = tmp_path / "duck.png"
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "duckdb",
+        pytest.param("datafusion", marks=pytest.mark.slow),
+        pytest.param("polars", marks=pytest.mark.slow),
+        pytest.param("sqlite", marks=pytest.mark.slow),
+    ],
+)
+def test_demo_engine_scenario_the_dashboards_win_and_reports_complete(
+    tmp_path: Path, engine: str
+) -> None:
+    """``--scenario ENGINE``: the same story on the engine's table generated at start
+    (DuckDB's in the default suite; the others, as long, with -m slow)."""
+    chart = tmp_path / f"{engine}.png"
     result = subprocess.run(
-        [resgroups_command(), "demo", "--scenario", "duckdb", "--duration", "10", "--json",
+        [resgroups_command(), "demo", "--scenario", engine, "--duration", "10", "--json",
          "--chart", str(chart)],
         capture_output=True,
         text=True,
@@ -94,7 +106,7 @@ def test_demo_duckdb_scenario_the_dashboards_win_and_reports_complete(tmp_path: 
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert doc["scenario"] == "duckdb"
+    assert doc["scenario"] == engine
     runs = doc["runs"]
     before, after = runs["without_groups"]["dashboards"], runs["with_groups"]["dashboards"]
     assert after["p99_ms"] is not None

@@ -1,6 +1,6 @@
-"""DuckDB under resource groups (issue 19): ``q.on_cancel`` interrupts native work
-at a cancel or the query timeout, and ``resgroups.integrations.duckdb.execute``
-runs one statement as a managed query."""
+"""DuckDB under resource groups (issues 19 and 34): ``q.on_cancel`` interrupts native
+work at a cancel or the query timeout, and ``resgroups.integrations.duckdb.execute``
+runs one statement as a managed query, DuckDB's own threads' CPU charged."""
 
 from __future__ import annotations
 
@@ -11,14 +11,16 @@ import time
 from typing import Any
 
 import duckdb
+import engine_checks as checks
 import pytest
+from engine_checks import in_group, leaks
 from waiting import bounded, wait_until
 
 import resgroups
 from resgroups.clock import ManualClock
 from resgroups.integrations.duckdb import execute, statement_kind
 
-SLOW = "SELECT sum(i * i) FROM range(100000000000) t(i)"  # minutes of native work
+SLOW = "SELECT sum(i % 7) FROM range(100000000000) t(i)"  # minutes of native work
 
 
 def group_row(engine: resgroups.Engine, name: str) -> dict[str, Any]:
@@ -200,12 +202,12 @@ def test_cancel_from_another_thread_interrupts_within_half_a_second(con: Any) ->
         all_back(engine, "DEFAULT")
 
 
-def test_arrow_batches_are_charged_to_the_query_and_released_at_its_end(con: Any) -> None:
+def test_a_batch_is_charged_while_held_and_given_back_as_consumed(con: Any) -> None:
     with resgroups.Engine(workers=2) as engine:
         admin = engine.connect()
-        admin.execute("CREATE RESOURCE GROUP small WITH (memory_limit = '2M')")
+        admin.execute("CREATE RESOURCE GROUP small WITH (memory_limit = '1M')")
         admin.execute("CREATE RESOURCE GROUP big WITH (memory_limit = '1G')")
-        sql = "SELECT i, i * 2 AS j FROM range(1000000) t(i)"  # 16 MB of Arrow data
+        sql = "SELECT i, i * 2 AS j FROM range(1000000) t(i)"  # 10 batches of 1.6 MB
         admin.execute("SET RESOURCE GROUP small")
         with pytest.raises(resgroups.MemoryLimitExceeded):
             execute(admin, con, sql)
@@ -217,32 +219,103 @@ def test_arrow_batches_are_charged_to_the_query_and_released_at_its_end(con: Any
         def watch() -> None:
             while not stop.is_set():
                 peak.append(group_row(engine, "big")["memory_used_bytes"])
-                time.sleep(0.005)
+                stop.wait(0.001)
 
         watcher = threading.Thread(target=watch)
         watcher.start()
         try:
-            rows = execute(admin, con, sql)
+            for _ in range(5):
+                rows = execute(admin, con, sql)
         finally:
             stop.set()
             watcher.join(10)
         assert len(rows) == 1_000_000
-        assert max(peak) > 0  # charged while the query ran
-        all_back(engine, "big")  # and released when it ended
+        assert max(peak) > 0  # charged while a batch was held
+        assert max(peak) < 4_000_000  # one batch at a time, never the whole result
+        assert leaks(engine) == 0  # given back as consumed: not a leak at the end
+        all_back(engine, "big")
 
 
-def test_a_limited_group_runs_duckdb_single_threaded(con: Any) -> None:
+def test_concurrent_queries_in_different_groups_never_change_each_others_threads(
+    con: Any,
+) -> None:
+    """threads is the database's: a query in a group limited to one core leaves it
+    alone, and a concurrent query of another group sees the database's value."""
+    con.execute("SET threads = 2")
     with resgroups.Engine(workers=2) as engine:
         admin = engine.connect()
-        # one core's share, rounded down to the two decimals a cpu_limit takes
         one_core = min(100.0, math.floor(10_000 / engine.cpus) / 100)
         admin.execute(f"CREATE RESOURCE GROUP one WITH (cpu_limit = '{one_core:.2f}%')")
-        threads = []
-        for group in ("one", "DEFAULT"):
-            admin.execute(f"SET RESOURCE GROUP {group}")
-            with admin.query() as q:
-                threads.append(q.max_workers)
-        assert threads[0] == 1
-        assert threads[1] == engine.workers
-        admin.execute("SET RESOURCE GROUP one")
-        assert execute(admin, con, "SELECT current_setting('threads')") == [(1,)]
+        admin.execute("CREATE RESOURCE GROUP other")
+        limited = in_group(engine, "one")
+        outcome: list[object] = []
+        runner = threading.Thread(
+            target=lambda: outcome.append(bounded(lambda: execute(limited, con, SLOW), 60))
+        )
+        runner.start()
+        wait_until(lambda: len(engine.live_queries()) == 1, timeout=30)
+        (q,) = engine.live_queries()
+        wait_until(lambda: q.state.value == "running", timeout=30)
+        assert q.max_workers == 1
+        seen = execute(in_group(engine, "other"), con, "SELECT current_setting('threads')")
+        q.cancel()
+        runner.join(30)
+        assert isinstance(outcome[0], resgroups.QueryCancelled), outcome
+        assert seen == [(2,)]
+        assert execute(limited, con, "SELECT current_setting('threads')") == [(2,)]
+        assert con.execute("SELECT current_setting('threads')").fetchall() == [(2,)]
+
+
+# ---- the checks every integration passes (tests/engine_checks.py) ------------------
+
+
+@pytest.fixture(scope="module")
+def warehouse() -> Any:
+    """A table whose GROUP BY takes about a tenth of a second on DuckDB's 2 threads."""
+    connection = duckdb.connect()
+    connection.execute("SET threads = 2")
+    connection.execute(
+        "CREATE TABLE t AS SELECT range AS i, range % 1000 AS k, random() AS v FROM range(4000000)"
+    )
+    yield connection
+    connection.close()
+
+
+WORKLOAD = {
+    "short": "SELECT count(*) FROM t WHERE i < 1000",
+    "work": "SELECT k, sum(v), max(v) FROM t GROUP BY k",
+    "slow": SLOW,
+}
+
+
+@pytest.fixture
+def run(warehouse: Any) -> checks.Run:
+    return lambda session, name: execute(session, warehouse, WORKLOAD[name])
+
+
+def test_no_leak_after_many_queries(run: checks.Run) -> None:
+    checks.no_leak_after_many(run)
+
+
+def test_the_statement_and_the_rows_read_are_reported(run: checks.Run) -> None:
+    checks.statement_and_scanned_are_reported(run, "range(100000000000)")
+
+
+def test_a_cancel_and_a_timeout_end_native_work(run: checks.Run) -> None:
+    checks.cancel_and_timeout_end_native_work(run)
+
+
+def test_the_admission_limit_holds(run: checks.Run) -> None:
+    checks.admission_limit_holds(run)
+
+
+def test_duckdbs_threads_cpu_is_charged_to_the_group(run: checks.Run) -> None:
+    checks.native_cpu_is_charged(run)
+
+
+def test_weights_hold_on_native_work(run: checks.Run) -> None:
+    checks.weights_hold(run)
+
+
+def test_a_cpu_limit_holds_on_native_work(run: checks.Run) -> None:
+    checks.limit_holds(run)

@@ -6,45 +6,40 @@
 >>> rows = execute(session, con, "SELECT region, sum(amount) FROM sales GROUP BY 1")
 
 Each call takes a cursor of ``con`` for the query, so concurrent calls on one
-connection do not share state. DuckDB runs with ``threads`` set to the
-workers the query may use (``q.max_workers``: 1 in a group limited to one
-core or less). The statement runs inside one native call, so the query's
-cancellation and its timeout reach it through ``q.on_cancel``, which
-interrupts the cursor; results come back as Arrow batches, each one a
-checkpoint and charged to the query's memory (its size) until the query ends.
+connection do not share state. DuckDB's ``threads`` and ``memory_limit`` are
+settings of the database, shared by every query on it: they are never
+changed here (size them once, for the database). The CPU of DuckDB's own
+threads is read and charged to the queries running in DuckDB
+(``resgroups.integrations.native_cpu``). The statement runs inside native
+calls, so the query's cancellation and its timeout reach it through
+``q.on_cancel``, which interrupts the cursor; results come back as Arrow
+batches, each one a checkpoint, its rows and bytes reported with
+``q.scanned``, its size charged to ``q.memory`` while it is held and given
+back as its rows are consumed.
 
 Install with ``pip install 'resgroups[duckdb]'`` (DuckDB and pyarrow).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import duckdb
+
+from resgroups.errors import InvalidParameter
+from resgroups.integrations.kinds import statement_kind
+from resgroups.integrations.native_cpu import EngineThreads, unnamed
+
+__all__ = ["BATCH_ROWS", "THREADS", "execute", "statement_kind"]
 
 if TYPE_CHECKING:
     from resgroups.session import Session
 
 BATCH_ROWS: Final = 100_000
 
-# the statement's kind, from its first words (comments and parentheses skipped)
-_KINDS: Final = (
-    (re.compile(r"(create\s+(or\s+replace\s+)?(temp\w*\s+)?table\b.*\bas\b)", re.I | re.S), "ctas"),
-    (re.compile(r"insert\b", re.I), "insert_select"),
-    (re.compile(r"copy\b.*\bto\b", re.I | re.S), "export"),
-    (re.compile(r"(select|with|from|values|pivot|unpivot|summarize|table)\b", re.I), "select"),
-)
-_LEADING: Final = re.compile(r"(\s+|--[^\n]*|/\*.*?\*/|\()*", re.S)
-
-
-def statement_kind(sql: str) -> str:
-    """The managed query kind of a DuckDB statement; "other" (unmanaged) for the
-    rest (SET, DDL without a query, ATTACH...)."""
-    leading = _LEADING.match(sql)
-    text = sql[leading.end() :] if leading is not None else sql
-    return next((kind for pattern, kind in _KINDS if pattern.match(text)), "other")
+# DuckDB's worker threads carry no name of their own: the unnamed native threads
+THREADS: Final = EngineThreads("duckdb", unnamed)
 
 
 def execute(
@@ -62,26 +57,37 @@ def execute(
     QueryCancelled or QueryTimeout; the slot, the worker and every byte are
     back when this returns or raises. ``kind`` overrides the kind read from
     the statement; ``timings``, when given, receives ``wait_ms`` (the wait
-    for a slot and a worker).
+    for a slot and a worker) and ``native_cpu_ms`` (DuckDB's own threads'
+    CPU charged to the query).
     """
+    if not isinstance(sql, str) or not sql.strip():
+        raise InvalidParameter(f"execute(): the statement is a non-empty string, not {sql!r}")
     with session.query(kind=kind or statement_kind(sql), statement=sql) as q:
         if timings is not None:
             timings["wait_ms"] = q.waited_s * 1000
         cursor = con.cursor()
         try:
-            cursor.execute(f"SET threads = {q.max_workers}")
-            q.on_cancel(cursor.interrupt)
-            rows: list[tuple[Any, ...]] = []
-            try:
-                reader = cursor.sql(sql, params=parameters).to_arrow_reader(BATCH_ROWS)
-                for batch in reader:
-                    q.checkpoint()
-                    q.scanned(batch.num_rows, batch.nbytes)  # for rules on rows and bytes
-                    q.memory.allocate(batch.nbytes)  # held until the query ends
-                    rows.extend(zip(*(column.to_pylist() for column in batch.columns), strict=True))
-            except duckdb.InterruptException:
-                q.checkpoint()  # raises QueryCancelled or QueryTimeout
-                raise
+            with THREADS.inside(q) as native:
+                q.on_cancel(cursor.interrupt)
+                rows: list[tuple[Any, ...]] = []
+                try:
+                    with native.active():
+                        relation = cursor.sql(sql, params=parameters)
+                        reader = () if relation is None else relation.to_arrow_reader(BATCH_ROWS)
+                    for batch in native.each(reader):
+                        q.checkpoint()
+                        q.scanned(batch.num_rows, batch.nbytes)  # for rules on rows and bytes
+                        q.memory.allocate(batch.nbytes)  # held while its rows are converted
+                        try:
+                            columns = [column.to_pylist() for column in batch.columns]
+                        finally:
+                            q.memory.release(batch.nbytes)
+                        rows.extend(zip(*columns, strict=True))
+                except duckdb.InterruptException:
+                    q.checkpoint()  # raises QueryCancelled or QueryTimeout
+                    raise
+            if timings is not None:
+                timings["native_cpu_ms"] = native.charged_ns / 1e6
             return rows
         finally:
             cursor.close()

@@ -878,6 +878,17 @@ class Query:
         self.rows_scanned += rows
         self.bytes_scanned += nbytes
 
+    def charge_cpu(self, nanos: int) -> None:
+        """Charge ``nanos`` of CPU that threads resgroups does not run (an embedded
+        engine's own) used for this query, with its own thread's CPU at its next
+        slice end (SPEC §17): its group's weights, limit and rules see it. The
+        query's own thread only; while its thread is not metered (scheduling not
+        engaged and no rule on cpu_time) nothing is charged, as for its own CPU."""
+        if not isinstance(nanos, int) or isinstance(nanos, bool) or nanos < 0:
+            raise InvalidParameter(f"charge_cpu({nanos!r}): nanos is an integer >= 0")
+        if self._cpu_mark:  # metered: the next reading includes it
+            self._cpu_mark -= nanos
+
     # ---- cancellation and parallel work ---------------------------------------------
 
     def cancel(self) -> None:

@@ -40,7 +40,10 @@ Counted workers
 Invariants (``_check_invariants``)
     I1 per pool: free + held + counted == size and free >= 0, where held is
        the runners running in it and counted its counted workers; the
-       counted workers of every pool sum to those of every group;
+       counted workers of every pool sum to those of every group; size
+       changes online (``resize``, priority lanes): a shrink owes the workers
+       held beyond it and takes each back as it returns, owing none while one
+       is free;
     I2 each runner is in exactly one place: waiting in one group's queue of
        one pool, running (holding one worker), or done;
     I3 held_g (scheduled runners of g holding workers, all pools) <= cap_g,
@@ -315,6 +318,7 @@ class CpuScheduler:
         self.shares = ShareWindow(cpus or float(sum(pools.values())), window_s=share_window_s)
         self.free = dict(pools)
         self.counted = dict.fromkeys(pools, 0)  # counted workers held, per pool
+        self.owed = dict.fromkeys(pools, 0)  # workers a shrunk pool takes back as they return
         self.waiting_in = dict.fromkeys(pools, 0)  # runners waiting, per pool
         self.slice_s = slice_ms / 1000
         self.granularity_ns = granularity_ns
@@ -363,6 +367,34 @@ class CpuScheduler:
         if g is not None and g.idle:
             del self.groups[group_id]
             self.busy.discard(g)
+
+    # ---- pool sizes -------------------------------------------------------------------
+
+    def resize(self, pool: str, size: int, now: float) -> list[Runner]:
+        """The pool has ``size`` workers from now on (priority lanes oversubscribe
+        while engaged, ``lanes.py``). Growing hands the new workers out; shrinking
+        takes free workers back at once and the others as they come back
+        (``owed``), taking none from whoever holds one. Returns the runners granted."""
+        grow = size - self.sizes[pool]
+        if grow >= 0:
+            self.owed[pool] = 0
+            self.sizes[pool] = size
+            self.free[pool] += grow
+            return self.dispatch(now, pools=(pool,))
+        self.owed[pool] = -grow
+        taken = min(self.free[pool], self.owed[pool])
+        self.free[pool] -= taken
+        self.sizes[pool] -= taken
+        self.owed[pool] -= taken
+        return []
+
+    def _returned(self, pool: str) -> None:
+        """A worker comes back to ``pool``: free, or taken back by a shrink."""
+        if self.owed[pool]:
+            self.owed[pool] -= 1
+            self.sizes[pool] -= 1
+        else:
+            self.free[pool] += 1
 
     # ---- becoming runnable -------------------------------------------------------------
 
@@ -437,7 +469,7 @@ class CpuScheduler:
             raise InternalError(f"a counted worker of {g.name} in {pool} given back, none held")
         g.counted -= 1
         self.counted[pool] -= 1
-        self.free[pool] += 1
+        self._returned(pool)
         if self.engaged and not g.counted:  # disengaged, busy may keep it (I6)
             self._maybe_idle(g, now)
         if self.waiting_in[pool] or g.limited:
@@ -700,7 +732,7 @@ class CpuScheduler:
         g = r.group
         g.running.discard(r)
         self._maybe_idle(g, now)
-        self.free[r.pool] += 1
+        self._returned(r.pool)
         if r.scheduled:
             g.held -= 1
             g.held_over_cap = min(g.held_over_cap, g.held)
@@ -754,6 +786,8 @@ class CpuScheduler:
                     f"pool {pool}: free {self.free[pool]} + held {held} + counted {counted} "
                     f"!= {size}"
                 )
+            if self.owed[pool] < 0 or (self.owed[pool] and self.free[pool]):
+                problems.append(f"pool {pool}: owes {self.owed[pool]} with {self.free[pool]} free")
         for pool in self.sizes:
             waiting = sum(len(g.waiting.get(pool, [])) for g in everyone)
             if waiting != self.waiting_in[pool]:

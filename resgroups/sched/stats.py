@@ -70,6 +70,7 @@ class GroupStatistics:
     cpu_burst_millis: float | None  # fractional CPU limit: the most the budget holds
     base_group: str | None  # a variant (tenants::acme): its base group (tenants); else NULL
     fleet_quota: int | None  # fleet quota mode, a limited group: this instance's share; else NULL
+    cpu_lane: int | None  # priority lane (nice above the process's) while lanes are on; else NULL
 
     def row(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in COLUMN_NAMES)
@@ -99,6 +100,7 @@ def group_statistics(
     cpu: CpuShareReading = NO_CPU_READING,
     base_group: str | None = None,
     fleet_quota: int | None = None,
+    cpu_lane: int | None = None,
 ) -> GroupStatistics:
     """Combine a group's definition with its counters into the row of §9."""
     limit_centi = group.cpu_limit_centi_pct
@@ -136,4 +138,5 @@ def group_statistics(
         cpu_burst_millis=cpu.burst_ms,
         base_group=base_group,
         fleet_quota=fleet_quota,
+        cpu_lane=cpu_lane,
     )

@@ -78,7 +78,7 @@ class EngineConfig:
     # priority lanes (docs/cpu.md): a group's work at a nice from its weight while
     # engaged, and each pool this many times its workers meanwhile
     priority_lanes: bool = True
-    oversubscribe: float = 2.0
+    oversubscribe: float = 1.0
     cpu_share_window: float = 10.0
     stall_threshold: float = 30.0
     # who may connect (SPEC §5)

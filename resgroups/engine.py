@@ -121,7 +121,7 @@ class Engine:
         reconcile_interval: float = 30.0,
         granularity_ms: float = 50.0,
         priority_lanes: bool = True,
-        oversubscribe: float = 2.0,
+        oversubscribe: float = 1.0,
         clock: Clock | None = None,
         cpu_meter: Callable[[], int] | None = None,
     ) -> None:

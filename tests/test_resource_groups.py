@@ -39,6 +39,7 @@ EXPECTED_COLUMNS = [
     ("cpu_burst_millis", "float"),
     ("base_group", "text"),
     ("fleet_quota", "int"),
+    ("cpu_lane", "int"),
 ]
 
 
@@ -80,6 +81,7 @@ def test_default_row_shows_the_unset_values(engine: resgroups.Engine) -> None:
         "cpu_burst_millis": None,
         "base_group": None,  # not a variant
         "fleet_quota": None,  # not in fleet quota mode
+        "cpu_lane": None,  # one group: scheduling (and so lanes) not engaged
     }
 
 

@@ -117,7 +117,7 @@ class Dispatcher:
         cpus: float | None = None,
         share_window_s: float = 10.0,
         lanes: bool = True,
-        oversubscribe: float = 2.0,
+        oversubscribe: float = 1.0,
         privilege: Privilege | None = None,
     ) -> None:
         self.core = CpuScheduler(
@@ -501,6 +501,8 @@ class Dispatcher:
         if not lanes.supported:
             return
         lanes.recompute((gid, g.weight) for gid, g in self.core.groups.items())
+        if self._oversubscribe == 1:
+            return
         for pool, size in self._sizes.items():
             target = math.ceil(size * self._oversubscribe) if lanes.on else size
             self._wake(self._guarded(partial(self.core.resize, pool, target, self.now())))

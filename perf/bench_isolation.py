@@ -31,6 +31,7 @@ under its limit; work conservation >= 95 % busy, each group within 5 points.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import threading
@@ -97,7 +98,9 @@ def _engine(lanes: bool) -> resgroups.Engine:
     return engine
 
 
-def run_isolation(mode: str, with_report: bool, seconds: float, dash_steps: int, chunk_steps: int) -> Phase:
+def run_isolation(
+    mode: str, with_report: bool, seconds: float, dash_steps: int, chunk_steps: int
+) -> Phase:
     phase = Phase()
     engine = _engine(mode == "lanes") if mode in ("resgroups", "lanes") else None
     stop = threading.Event()
@@ -147,10 +150,8 @@ def run_isolation(mode: str, with_report: bool, seconds: float, dash_steps: int,
 
         ready.wait()
         while not stop.is_set():
-            try:
+            with contextlib.suppress(resgroups.Error):  # a queue timeout at the end
                 in_query(scan)
-            except resgroups.Error:  # a queue timeout at the phase's end
-                pass
         with lock:
             phase.chunks += done[0]
 
@@ -190,7 +191,7 @@ def run_conservation(lanes: bool, seconds: float) -> dict[str, float]:
     s = engine.connect()
     cpus = engine.cpus
     s.execute(f"CREATE RESOURCE GROUP limited WITH (cpu_limit = '{50 / cpus:g}%')")
-    s.execute("CREATE RESOURCE GROUP unlimited")
+    s.execute("CREATE RESOURCE GROUP free")
     stop = threading.Event()
     ready = threading.Barrier(5)
 
@@ -204,7 +205,7 @@ def run_conservation(lanes: bool, seconds: float) -> dict[str, float]:
                 q.checkpoint()
                 _step(a, b)
 
-    threads = [threading.Thread(target=cpu_bound, args=(g,)) for g in ("limited", "unlimited") * 2]
+    threads = [threading.Thread(target=cpu_bound, args=(g,)) for g in ("limited", "free") * 2]
     for t in threads:
         t.start()
     ready.wait()
@@ -217,7 +218,7 @@ def run_conservation(lanes: bool, seconds: float) -> dict[str, float]:
         t.join()
     engine.close()
     out = {"busy_pct": busy * 100}
-    for name in ("limited", "unlimited"):
+    for name in ("limited", "free"):
         out[f"{name}_used"] = rows[name]["cpu_used_pct"]
         out[f"{name}_entitled"] = rows[name]["cpu_entitled_pct"]
     return out
@@ -252,8 +253,10 @@ def main() -> None:
     args = parser.parse_args()
     seconds, rounds = (1.0, 1) if args.fast else (args.seconds, args.rounds)
     dash_steps, chunk_steps = calibrate(0.0004), calibrate(0.010)
-    print(f"{os.cpu_count()} CPUs; dashboard query {dash_steps} steps (~0.4 ms), "
-          f"report chunk {chunk_steps} steps (~10 ms); {rounds} rounds of {seconds:g} s phases")
+    print(
+        f"{os.cpu_count()} CPUs; dashboard query {dash_steps} steps (~0.4 ms), "
+        f"report chunk {chunk_steps} steps (~10 ms); {rounds} rounds of {seconds:g} s phases"
+    )
 
     if args.only in (None, "isolation"):
         alone: dict[str, list[float]] = {m: [] for m in MODES}
@@ -261,12 +264,16 @@ def main() -> None:
         for r in range(rounds):
             order = MODES if r % 2 == 0 else tuple(reversed(MODES))
             for mode in order:
-                alone[mode] += run_isolation(mode, False, seconds, dash_steps, chunk_steps).latencies
+                alone[mode] += run_isolation(
+                    mode, False, seconds, dash_steps, chunk_steps
+                ).latencies
                 loaded[mode].append(run_isolation(mode, True, seconds, dash_steps, chunk_steps))
         print("\n1. dashboards beside a report (latency in ms; report in chunks/s)")
-        print(f"{'mode':10} {'p50 alone':>9} {'p99 alone':>9} {'p50 load':>9} {'p99 load':>9} "
-              f"{'p99 x':>6} {'report/s':>9} {'busy %':>7} {'rep used':>8} {'entitled':>8} "
-              f"{'limit':>6}")
+        print(
+            f"{'mode':10} {'p50 alone':>9} {'p99 alone':>9} {'p50 load':>9} {'p99 load':>9} "
+            f"{'p99 x':>6} {'report/s':>9} {'busy %':>7} {'rep used':>8} {'entitled':>8} "
+            f"{'limit':>6}"
+        )
         for mode in MODES:
             lat = [x for p in loaded[mode] for x in p.latencies]
             rate = sum(p.chunks for p in loaded[mode]) / sum(p.seconds for p in loaded[mode])
@@ -278,8 +285,11 @@ def main() -> None:
             print(
                 f"{mode:10} {pct(alone[mode], 50):9.2f} {p99a:9.2f} {pct(lat, 50):9.2f} "
                 f"{p99l:9.2f} {p99l / p99a:6.2f} {rate:9.1f} {busy:7.1f} "
-                + (f"{statistics.mean(used):8.1f} {statistics.mean(ent):8.1f} {lim:6.1f}"
-                   if used else f"{'-':>8} {'-':>8} {'-':>6}")
+                + (
+                    f"{statistics.mean(used):8.1f} {statistics.mean(ent):8.1f} {lim:6.1f}"
+                    if used
+                    else f"{'-':>8} {'-':>8} {'-':>6}"
+                )
             )
 
     if args.only in (None, "conservation"):
@@ -288,14 +298,18 @@ def main() -> None:
             for lanes in (False, True) if r % 2 == 0 else (True, False):
                 runs[lanes].append(run_conservation(lanes, seconds))
         print("\n2. work conservation: half-core limited + unlimited, 2 queries each, workers=2")
-        print(f"{'lanes':6} {'busy %':>7} {'lim used':>8} {'lim ent':>8} {'unl used':>8} "
-              f"{'unl ent':>8} {'unl err':>8}")
+        print(
+            f"{'lanes':6} {'busy %':>7} {'lim used':>8} {'lim ent':>8} {'free used':>9} "
+            f"{'free ent':>8} {'free err':>8}"
+        )
         for lanes in (False, True):
             m = {k: statistics.mean(x[k] for x in runs[lanes]) for k in runs[lanes][0]}
-            print(f"{'on' if lanes else 'off':6} {m['busy_pct']:7.1f} {m['limited_used']:8.1f} "
-                  f"{m['limited_entitled']:8.1f} {m['unlimited_used']:8.1f} "
-                  f"{m['unlimited_entitled']:8.1f} "
-                  f"{m['unlimited_used'] - m['unlimited_entitled']:8.1f}")
+            print(
+                f"{'on' if lanes else 'off':6} {m['busy_pct']:7.1f} {m['limited_used']:8.1f} "
+                f"{m['limited_entitled']:8.1f} {m['free_used']:8.1f} "
+                f"{m['free_entitled']:8.1f} "
+                f"{m['free_used'] - m['free_entitled']:8.1f}"
+            )
 
     if args.only in (None, "grant"):
         loops = 2000 if args.fast else 20000
@@ -305,8 +319,10 @@ def main() -> None:
                 costs[lanes].append(grant_cost(lanes, loops))
         off, on = statistics.median(costs[False]), statistics.median(costs[True])
         print("\n3. a query entered and left in a lower lane (median of interleaved runs)")
-        print(f"lanes off {off * 1e6:.2f} us, lanes on {on * 1e6:.2f} us: "
-              f"{(on - off) * 1e6:+.2f} us a grant")
+        print(
+            f"lanes off {off * 1e6:.2f} us, lanes on {on * 1e6:.2f} us: "
+            f"{(on - off) * 1e6:+.2f} us a grant"
+        )
 
 
 if __name__ == "__main__":

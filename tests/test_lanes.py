@@ -61,19 +61,30 @@ def test_each_step_of_the_table_is_its_own_lane() -> None:
         assert lane_for(k, NICE_WEIGHTS[0]) == n
 
 
-def test_lanes_are_relative_to_the_heaviest_group_and_off_until_engaged() -> None:
+def test_lanes_are_relative_to_the_heaviest_group_with_recent_work() -> None:
     lanes = Lanes(True, Privilege.RAISE)
-    lanes.recompute([(1, 400), (2, 25), (3, 100)])
-    assert (lanes.lane(2), lanes.shown(2)) == (0, None)  # not engaged: everything at lane 0
+    lanes.set_weights([(1, 400), (2, 25), (3, 100)])
+    lanes.refresh(0.0, [1, 2])
+    assert lanes.lane(2) == 0  # not engaged: everything at lane 0
     lanes.engage(True)
     assert [lanes.lane(g) for g in (1, 2, 3)] == [0, 12, 6]
-    assert lanes.shown(2) == 12
     assert lanes.lane(-1) == 0  # the pseudo-group of uncharged tasks
+    lanes.refresh(0.005, [2])  # within REFRESH_S: nothing recomputed
+    lanes.refresh(0.5, [2])  # 1 is idle now, but had work within RECENT_S
+    assert lanes.lane(2) == 12
+    lanes.refresh(1.2, [2])  # 1 idle for longer: 2 competes with nobody heavier
+    assert [lanes.lane(g) for g in (1, 2, 3)] == [0, 0, 0]
+    lanes.refresh(1.3, [2, 3])
+    assert [lanes.lane(g) for g in (2, 3)] == [6, 0]
+    lanes.set_weights([(2, 25)])  # 3 dropped: forgotten at once
+    lanes.refresh(1.3, [2])
+    assert lanes.lane(2) == 0
     assert lanes.nice(30) == 19  # never beyond the weakest nice
     off = Lanes(True, Privilege.NONE)
-    off.recompute([(1, 400), (2, 25)])
+    off.set_weights([(1, 400), (2, 25)])
+    off.refresh(0.0, [1, 2])
     off.engage(True)
-    assert (off.on, off.lane(2), off.shown(2)) == (False, 0, None)  # collapsed to one lane
+    assert (off.on, off.lane(2)) == (False, 0)  # collapsed to one lane
 
 
 # ---- the core: a pool's size changes online -----------------------------------------
@@ -118,14 +129,22 @@ def test_a_single_group_engine_has_no_lanes() -> None:
         assert engine.dispatcher.core.sizes == {"default": 2}
 
 
+def _run_in(engine: resgroups.Engine, group: str) -> None:
+    s = engine.connect()
+    s.execute(f"SET RESOURCE GROUP {group}")
+    with s.query():
+        pass
+
+
 @needs_lanes
 def test_lanes_and_oversubscription_follow_engagement() -> None:
     with resgroups.Engine(workers=2, oversubscribe=2) as engine:
         session = engine.connect()
         session.execute("CREATE RESOURCE GROUP dash WITH (cpu_weight = 400)")
         session.execute("CREATE RESOURCE GROUP report WITH (cpu_weight = 25)")
-        assert [r["cpu_lane"] for r in engine.resource_groups()] == [6, 0, 12]
         assert engine.dispatcher.core.sizes == {"default": 4}
+        _run_in(engine, "dash")  # dash has had work: the heaviest competing group
+        assert [r["cpu_lane"] for r in engine.resource_groups()] == [6, 0, 12]
         session.execute("ALTER RESOURCE GROUP dash SET (cpu_weight = 100)")
         assert [r["cpu_lane"] for r in engine.resource_groups()] == [0, 0, 6]
         held = engine.connect()
@@ -141,12 +160,34 @@ def test_lanes_and_oversubscription_follow_engagement() -> None:
         engine.dispatcher.check_invariants()
 
 
+def test_lanes_stay_off_where_a_pool_has_no_more_workers_than_cpus() -> None:
+    """With workers = CPUs the kernel never has more of the pool's threads than
+    CPUs to choose among, and a low lane holding a worker a higher one waits for
+    would only be slower to hand it over: lanes stay off there."""
+    with resgroups.Engine(workers=1, pools={"wide": 4}, oversubscribe=1) as engine:
+        engine.connect().execute_script(
+            "CREATE RESOURCE GROUP dash WITH (cpu_weight = 400);"
+            "CREATE RESOURCE GROUP report WITH (cpu_weight = 25);"
+        )
+        dispatcher = engine.dispatcher
+        assert dispatcher.lanes.on is dispatcher.lanes.supported  # "wide" may oversubscribe
+        report = engine.connect()
+        report.execute("SET RESOURCE GROUP report")
+        _run_in(engine, "dash")
+        with report.query(pool="default") as q:
+            assert q.held.nice is None  # one worker on a machine of more CPUs: lane 0
+        assert dispatcher.lane_of(q.held.runtime.group_id, "default") == 0  # type: ignore[union-attr]
+        if engine.cpus < 4 and dispatcher.lanes.supported:
+            assert dispatcher.lane_of(q.held.runtime.group_id, "wide") == 12  # type: ignore[union-attr]
+
+
 @needs_full
 def test_a_query_thread_runs_at_its_lane_and_gets_its_own_nice_back() -> None:
-    with resgroups.Engine(workers=2) as engine:
+    with resgroups.Engine(workers=2, oversubscribe=2) as engine:
         session = engine.connect()
         session.execute("CREATE RESOURCE GROUP dash WITH (cpu_weight = 400)")
         session.execute("CREATE RESOURCE GROUP report WITH (cpu_weight = 25)")
+        _run_in(engine, "dash")
         base = engine.dispatcher.lanes.base
         seen: dict[str, int] = {}
 
@@ -180,10 +221,11 @@ def test_a_query_thread_runs_at_its_lane_and_gets_its_own_nice_back() -> None:
 
 @needs_full
 def test_a_thread_already_weaker_than_its_lane_keeps_its_nice() -> None:
-    with resgroups.Engine(workers=2) as engine:
+    with resgroups.Engine(workers=2, oversubscribe=2) as engine:
         session = engine.connect()
         session.execute("CREATE RESOURCE GROUP dash WITH (cpu_weight = 400)")
         session.execute("CREATE RESOURCE GROUP low WITH (cpu_weight = 200)")  # lane 3
+        _run_in(engine, "dash")
         session.execute("SET RESOURCE GROUP low")
         seen: list[int] = []
 
@@ -201,10 +243,11 @@ def test_a_thread_already_weaker_than_its_lane_keeps_its_nice() -> None:
 
 @needs_lanes
 def test_tasks_run_on_threads_of_their_groups_lane() -> None:
-    with resgroups.Engine(workers=2) as engine:
+    with resgroups.Engine(workers=2, oversubscribe=2) as engine:
         session = engine.connect()
         session.execute("CREATE RESOURCE GROUP dash WITH (cpu_weight = 400)")
         session.execute("CREATE RESOURCE GROUP report WITH (cpu_weight = 25)")
+        _run_in(engine, "dash")
         session.execute("SET RESOURCE GROUP report")
         base = engine.dispatcher.lanes.base
         on_pool = threading.Barrier(2, timeout=30)  # two items at once: one on a pool thread
@@ -280,6 +323,10 @@ UNPRIVILEGED = textwrap.dedent(
         s = engine.connect()
         s.execute("CREATE RESOURCE GROUP dash WITH (cpu_weight = 400)")
         s.execute("CREATE RESOURCE GROUP report WITH (cpu_weight = 25)")
+        d = engine.connect()
+        d.execute("SET RESOURCE GROUP dash")
+        with d.query():
+            pass
         s.execute("SET RESOURCE GROUP report")
         out["on"] = engine.dispatcher.lanes.on
         out["lanes"] = [r["cpu_lane"] for r in engine.resource_groups()]
@@ -349,8 +396,4 @@ def test_a_probe_finds_what_this_process_may_do() -> None:
 def test_a_grant_costs_no_syscall_at_lane_zero() -> None:
     """The top lane and lanes off take the same path: enter() returns None at once."""
     lanes = Lanes(True, PRIVILEGE)
-    lanes.recompute([(1, 400), (2, 25)])
-    lanes.engage(True)
-    assert lanes.enter(1) is None
-    lanes.engage(False)
-    assert lanes.enter(2) is None
+    assert lanes.enter(0, None) is None

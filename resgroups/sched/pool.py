@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -139,6 +140,11 @@ class Dispatcher:
         self.lanes = Lanes(lanes, privilege)
         self._sizes = dict(pools)  # as configured; oversubscribed while lanes are on
         self._oversubscribe = oversubscribe
+        # lanes act where the kernel has more of its threads than CPUs to choose among
+        over_cpus = cpus or float(os.cpu_count() or 1)
+        self._laned = frozenset(
+            pool for pool, size in pools.items() if math.ceil(size * oversubscribe) > over_cpus
+        )
         self._granted_tasks: dict[tuple[str, int], deque[tuple[Runner, TaskWork]]] = {}
         self._task_ready: dict[tuple[str, int], threading.Condition] = {}
         self._lane_threads: dict[tuple[str, int], int] = {}  # started or being started
@@ -191,7 +197,7 @@ class Dispatcher:
         for runner in granted:
             work = self._pending_work.pop(runner, None)
             if work is not None:
-                key = (runner.pool, self.lanes.lane(runner.group.group_id))
+                key = (runner.pool, self._lane_locked(runner.group.group_id, runner.pool))
                 tasks = self._granted_tasks.get(key)
                 if tasks is None:
                     tasks = self._lane(*key)
@@ -415,6 +421,32 @@ class Dispatcher:
                     self._pending_work.pop(runner, None)
                     self.core.release(runner, 0, self.now())
 
+    def _lane_locked(self, group_id: int, pool: str) -> int:
+        """Lock held: the lane of ``group_id``'s work in ``pool`` now."""
+        lanes = self.lanes
+        if not lanes.on:
+            return 0
+        now = self.now()
+        lanes.note(group_id, now)
+        lanes.refresh(now, (g.group_id for g in self.core.busy))
+        return lanes.lane(group_id) if pool in self._laned else 0
+
+    def lane_of(self, group_id: int, pool: str) -> int:
+        """The lane a query of ``group_id`` runs at in ``pool`` now (0: lanes off)."""
+        if not self.lanes.on:
+            return 0
+        with self.lock:
+            return self._lane_locked(group_id, pool)
+
+    def shown_lanes(self) -> dict[int, int] | None:
+        """Each group's lane now (resource_groups()'s cpu_lane); None while lanes are off."""
+        with self.lock:
+            lanes = self.lanes
+            if not lanes.on:
+                return None
+            lanes.refresh(self.now(), (g.group_id for g in self.core.busy))
+            return {gid: lanes.lane(gid) for gid in self.core.groups}
+
     def _lane(self, pool: str, lane: int) -> deque[tuple[Runner, TaskWork]]:
         """Lock held: the task queue of ``pool``'s threads of ``lane``, made once."""
         key = (pool, lane)
@@ -497,10 +529,10 @@ class Dispatcher:
     def _set_lanes(self, engaged: bool) -> None:
         """Lock held: lanes on or off, and the pools oversubscribed while they are on."""
         lanes = self.lanes
-        lanes.engage(engaged and not self.core.degraded)
+        lanes.engage(engaged and not self.core.degraded and bool(self._laned))
         if not lanes.supported:
             return
-        lanes.recompute((gid, g.weight) for gid, g in self.core.groups.items())
+        lanes.set_weights((gid, g.weight) for gid, g in self.core.groups.items())
         if self._oversubscribe == 1:
             return
         for pool, size in self._sizes.items():
@@ -516,7 +548,7 @@ class Dispatcher:
             )
             self._wake(granted)
             if self.lanes.supported:  # a weight changed: every group's lane may have
-                self.lanes.recompute((gid, g.weight) for gid, g in self.core.groups.items())
+                self.lanes.set_weights((gid, g.weight) for gid, g in self.core.groups.items())
 
     def check_invariants(self) -> None:
         with self.lock:

@@ -62,10 +62,10 @@ def calibrate(target_s: float) -> int:
     b = np.empty_like(a)
     for _ in range(50):
         _step(a, b)
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # CPU time: a loaded machine does not stretch it
     for _ in range(500):
         _step(a, b)
-    per_step = (time.perf_counter() - t0) / 500
+    per_step = (time.thread_time() - t0) / 500
     return max(1, round(target_s / per_step))
 
 
@@ -184,6 +184,30 @@ def pct(values: list[float], q: float) -> float:
 # ---- 2. work conservation ------------------------------------------------------------
 
 
+def run_free(seconds: float) -> float:
+    """The baseline beside it: CPUs 4 plain threads get now (no resgroups)."""
+    stop = threading.Event()
+    ready = threading.Barrier(5)
+
+    def burn() -> None:
+        a, b = np.random.rand(N), np.empty(N)
+        ready.wait()
+        while not stop.is_set():
+            _step(a, b)
+
+    threads = [threading.Thread(target=burn) for _ in range(4)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    used = (time.process_time() - cpu0) / (time.perf_counter() - t0)
+    stop.set()
+    for t in threads:
+        t.join()
+    return used
+
+
 def run_conservation(lanes: bool, seconds: float) -> dict[str, float]:
     engine = resgroups.Engine(
         workers=2, priority_lanes=lanes, oversubscribe=OVER if lanes else 1, cpu_share_window=60.0
@@ -294,19 +318,24 @@ def main() -> None:
 
     if args.only in (None, "conservation"):
         runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+        free_cpus: list[float] = []
         for r in range(rounds):
             for lanes in (False, True) if r % 2 == 0 else (True, False):
                 runs[lanes].append(run_conservation(lanes, seconds))
+            free_cpus.append(run_free(seconds))
+        baseline = statistics.mean(free_cpus) / (os.cpu_count() or 1) * 100
         print("\n2. work conservation: half-core limited + unlimited, 2 queries each, workers=2")
+        print(f"4 plain threads beside it get {baseline:.1f} % of the CPUs (the machine's load)")
         print(
-            f"{'lanes':6} {'busy %':>7} {'lim used':>8} {'lim ent':>8} {'free used':>9} "
-            f"{'free ent':>8} {'free err':>8}"
+            f"{'lanes':6} {'busy %':>7} {'of free':>7} {'lim used':>8} {'lim ent':>8} "
+            f"{'free used':>9} {'free ent':>8} {'free err':>8}"
         )
         for lanes in (False, True):
             m = {k: statistics.mean(x[k] for x in runs[lanes]) for k in runs[lanes][0]}
             print(
-                f"{'on' if lanes else 'off':6} {m['busy_pct']:7.1f} {m['limited_used']:8.1f} "
-                f"{m['limited_entitled']:8.1f} {m['free_used']:8.1f} "
+                f"{'on' if lanes else 'off':6} {m['busy_pct']:7.1f} "
+                f"{m['busy_pct'] / baseline:7.2f} {m['limited_used']:8.1f} "
+                f"{m['limited_entitled']:8.1f} {m['free_used']:9.1f} "
                 f"{m['free_entitled']:8.1f} "
                 f"{m['free_used'] - m['free_entitled']:8.1f}"
             )

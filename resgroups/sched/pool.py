@@ -30,6 +30,14 @@ worker on with the slot when the slot goes to a queued query.
 ``tests/test_fastpath.py`` runs random workloads with the fast path and
 without it and compares every counter after every step.
 
+Priority lanes (``lanes.py``): while scheduling is engaged, a pool whose
+workers outnumber the CPUs runs each group's tasks on threads of its lane
+(a fixed nice for life; threads per pool and lane start on demand from one
+spawner thread and are kept), and a query's own thread runs at its lane
+where the nice can come back (``Query._take_lane``, ``Holdings.release``).
+``Engine(oversubscribe=f)`` resizes each pool to ceil(f x workers) while
+lanes are on (``CpuScheduler.resize``); the core's accounting is unchanged.
+
 Faults: any exception from the core degrades the scheduler for good
 (grants in arrival order, no slicing, the degraded gauge reads 1); the
 operation is then retried in degraded mode.

@@ -10,6 +10,7 @@ process (tests run as root in CI) to show lanes degrade safely there.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pwd
 import subprocess
@@ -23,11 +24,15 @@ from test_cpu_real import Load, cpu_of, run
 from waiting import wait_until
 
 import resgroups
+from resgroups.cpus import available_cpus
 from resgroups.query.parallel import Task
 from resgroups.sched.cpu import CpuScheduler, Runner
 from resgroups.sched.lanes import NICE_WEIGHTS, Lanes, Privilege, lane_for, probe
 
 LINUX = sys.platform.startswith("linux")
+# two workers oversubscribed beyond the CPUs of whatever machine runs this
+OVER = min(16.0, max(2.0, available_cpus() / 2 + 1))
+OVERSIZED = math.ceil(2 * OVER)
 PRIVILEGE = probe()
 needs_full = pytest.mark.skipif(
     PRIVILEGE is not Privilege.FULL, reason="lowering a nice needs CAP_SYS_NICE or RLIMIT_NICE"
@@ -120,7 +125,7 @@ def test_a_pool_grows_at_once_and_shrinks_as_workers_come_back() -> None:
 
 
 def test_a_single_group_engine_has_no_lanes() -> None:
-    with resgroups.Engine(workers=2, oversubscribe=2) as engine:
+    with resgroups.Engine(workers=2, oversubscribe=OVER) as engine:
         assert not engine.dispatcher.lanes.on
         assert _row(engine, "DEFAULT")["cpu_lane"] is None
         with engine.connect().query() as q:
@@ -138,11 +143,11 @@ def _run_in(engine: resgroups.Engine, group: str) -> None:
 
 @needs_lanes
 def test_lanes_and_oversubscription_follow_engagement() -> None:
-    with resgroups.Engine(workers=2, oversubscribe=2) as engine:
+    with resgroups.Engine(workers=2, oversubscribe=OVER) as engine:
         session = engine.connect()
         session.execute("CREATE RESOURCE GROUP dash WITH (cpu_weight = 400)")
         session.execute("CREATE RESOURCE GROUP report WITH (cpu_weight = 25)")
-        assert engine.dispatcher.core.sizes == {"default": 4}
+        assert engine.dispatcher.core.sizes == {"default": OVERSIZED}
         _run_in(engine, "dash")  # dash has had work: the heaviest competing group
         assert [r["cpu_lane"] for r in engine.resource_groups()] == [6, 0, 12]
         session.execute("ALTER RESOURCE GROUP dash SET (cpu_weight = 100)")
@@ -183,7 +188,7 @@ def test_lanes_stay_off_where_a_pool_has_no_more_workers_than_cpus() -> None:
 
 @needs_full
 def test_a_query_thread_runs_at_its_lane_and_gets_its_own_nice_back() -> None:
-    with resgroups.Engine(workers=2, oversubscribe=2) as engine:
+    with resgroups.Engine(workers=2, oversubscribe=OVER) as engine:
         session = engine.connect()
         session.execute("CREATE RESOURCE GROUP dash WITH (cpu_weight = 400)")
         session.execute("CREATE RESOURCE GROUP report WITH (cpu_weight = 25)")
@@ -221,7 +226,7 @@ def test_a_query_thread_runs_at_its_lane_and_gets_its_own_nice_back() -> None:
 
 @needs_full
 def test_a_thread_already_weaker_than_its_lane_keeps_its_nice() -> None:
-    with resgroups.Engine(workers=2, oversubscribe=2) as engine:
+    with resgroups.Engine(workers=2, oversubscribe=OVER) as engine:
         session = engine.connect()
         session.execute("CREATE RESOURCE GROUP dash WITH (cpu_weight = 400)")
         session.execute("CREATE RESOURCE GROUP low WITH (cpu_weight = 200)")  # lane 3
@@ -243,7 +248,7 @@ def test_a_thread_already_weaker_than_its_lane_keeps_its_nice() -> None:
 
 @needs_lanes
 def test_tasks_run_on_threads_of_their_groups_lane() -> None:
-    with resgroups.Engine(workers=2, oversubscribe=2) as engine:
+    with resgroups.Engine(workers=2, oversubscribe=OVER) as engine:
         session = engine.connect()
         session.execute("CREATE RESOURCE GROUP dash WITH (cpu_weight = 400)")
         session.execute("CREATE RESOURCE GROUP report WITH (cpu_weight = 25)")
@@ -270,12 +275,12 @@ def test_tasks_run_on_threads_of_their_groups_lane() -> None:
 
 @needs_lanes
 def test_weights_still_split_cpu_two_to_one_with_lanes_oversubscribed() -> None:
-    with resgroups.Engine(workers=2, oversubscribe=2) as engine:
+    with resgroups.Engine(workers=2, oversubscribe=OVER) as engine:
         engine.connect().execute_script(
             "CREATE RESOURCE GROUP a WITH (cpu_weight = 100);"
             "CREATE RESOURCE GROUP b WITH (cpu_weight = 50);"
         )
-        assert engine.dispatcher.core.sizes == {"default": 4}
+        assert engine.dispatcher.core.sizes == {"default": OVERSIZED}
         load = Load()
         run(engine, [("a", "u")] * 3 + [("b", "u")] * 3, 4.0, load)
         measured = load.body_cpu["a"] / load.body_cpu["b"]
@@ -288,7 +293,7 @@ def test_weights_still_split_cpu_two_to_one_with_lanes_oversubscribed() -> None:
 
 @needs_lanes
 def test_a_limit_holds_its_worker_cap_and_budget_oversubscribed() -> None:
-    with resgroups.Engine(workers=2, oversubscribe=2) as engine:
+    with resgroups.Engine(workers=2, oversubscribe=OVER) as engine:
         engine.connect().execute_script(
             f"CREATE RESOURCE GROUP half WITH (cpu_limit = '{50 / engine.cpus:g}%');"
             "CREATE RESOURCE GROUP other WITH (cpu_weight = 100);"
@@ -319,7 +324,7 @@ UNPRIVILEGED = textwrap.dedent(
     assert os.geteuid() == nobody.pw_uid
 
     out = {"privilege": probe().value}
-    with resgroups.Engine(workers=2, oversubscribe=2) as engine:
+    with resgroups.Engine(workers=2, oversubscribe=float(sys.argv[1])) as engine:
         s = engine.connect()
         s.execute("CREATE RESOURCE GROUP dash WITH (cpu_weight = 400)")
         s.execute("CREATE RESOURCE GROUP report WITH (cpu_weight = 25)")
@@ -356,7 +361,7 @@ def test_lanes_degrade_safely_for_an_unprivileged_user() -> None:
     repo = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(repo)}
     done = subprocess.run(
-        [sys.executable, "-c", UNPRIVILEGED],
+        [sys.executable, "-c", UNPRIVILEGED, str(OVER)],
         env=env,
         cwd="/",
         capture_output=True,

@@ -184,10 +184,10 @@ def pct(values: list[float], q: float) -> float:
 # ---- 2. work conservation ------------------------------------------------------------
 
 
-def run_free(seconds: float) -> float:
-    """The baseline beside it: CPUs 4 plain threads get now (no resgroups)."""
+def run_free(seconds: float, count: int) -> float:
+    """The baseline beside it: CPUs ``count`` plain threads get now (no resgroups)."""
     stop = threading.Event()
-    ready = threading.Barrier(5)
+    ready = threading.Barrier(count + 1)
 
     def burn() -> None:
         a, b = np.random.rand(N), np.empty(N)
@@ -195,7 +195,7 @@ def run_free(seconds: float) -> float:
         while not stop.is_set():
             _step(a, b)
 
-    threads = [threading.Thread(target=burn) for _ in range(4)]
+    threads = [threading.Thread(target=burn) for _ in range(count)]
     for t in threads:
         t.start()
     ready.wait()
@@ -339,24 +339,28 @@ def main() -> None:
 
     if args.only in (None, "conservation"):
         runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
-        free_cpus: list[float] = []
+        free_cpus: dict[int, list[float]] = {2: [], 4: []}
         for r in range(rounds):
             for lanes in (False, True) if r % 2 == 0 else (True, False):
                 runs[lanes].append(run_conservation(lanes, seconds))
-            free_cpus.append(run_free(seconds))
-        baseline = statistics.mean(free_cpus) / (os.cpu_count() or 1) * 100
+            for count in (2, 4):
+                free_cpus[count].append(run_free(seconds, count))
+        two, four = (statistics.mean(free_cpus[n]) / (os.cpu_count() or 1) * 100 for n in (2, 4))
         print("\n2. work conservation: half-core limited + unlimited, 2 queries each, workers=2")
-        print(f"4 plain threads beside it get {baseline:.1f} % of the CPUs (the machine's load)")
         print(
-            f"{'lanes':6} {'busy %':>7} {'of free':>7} {'lim used':>8} {'lim ent':>8} "
+            f"plain threads beside it get {two:.1f} % (2 threads) and {four:.1f} % (4 threads) "
+            "of the CPUs: the machine's load"
+        )
+        print(
+            f"{'lanes':6} {'busy %':>7} {'of 2':>5} {'of 4':>5} {'lim used':>8} {'lim ent':>8} "
             f"{'free used':>9} {'free ent':>8} {'free err':>8}"
         )
         for lanes in (False, True):
             m = {k: statistics.mean(x[k] for x in runs[lanes]) for k in runs[lanes][0]}
             print(
                 f"{'on' if lanes else 'off':6} {m['busy_pct']:7.1f} "
-                f"{m['busy_pct'] / baseline:7.2f} {m['limited_used']:8.1f} "
-                f"{m['limited_entitled']:8.1f} {m['free_used']:9.1f} "
+                f"{m['busy_pct'] / two:5.2f} {m['busy_pct'] / four:5.2f} "
+                f"{m['limited_used']:8.1f} {m['limited_entitled']:8.1f} {m['free_used']:9.1f} "
                 f"{m['free_entitled']:8.1f} "
                 f"{m['free_used'] - m['free_entitled']:8.1f}"
             )

@@ -98,13 +98,17 @@ def test_lanes_are_relative_to_the_heaviest_group_with_recent_work() -> None:
 def test_a_pool_grows_at_once_and_shrinks_as_workers_come_back() -> None:
     core = CpuScheduler({"p": 2})
     core.set_engaged(True, 0.0)
-    g = core.group(1, "g")
+    g, h = core.group(1, "g"), core.group(2, "h")
     held = [Runner(g, "p", "u", i) for i in range(3)]
+    other = Runner(h, "p", "u", 7)
     assert core.submit(held[0], 0.0) == [held[0]]
     assert core.submit(held[1], 0.0) == [held[1]]
     assert core.submit(held[2], 0.0) == []  # waits: two workers
-    assert core.resize("p", 4, 0.0) == [held[2]]  # a new worker goes to it at once
+    assert core.submit(other, 0.0) == []
+    # the new workers are room for other groups: g already holds the configured two
+    assert core.resize("p", 4, 0.0) == [other]
     assert (core.sizes["p"], core.free["p"]) == (4, 1)
+    assert held[2].state.value == "waiting"
     core._check_invariants(0.0)
     assert core.resize("p", 1, 0.0) == []  # one free taken back now, two owed
     assert (core.sizes["p"], core.free["p"], core.owed["p"]) == (3, 0, 2)
@@ -113,10 +117,8 @@ def test_a_pool_grows_at_once_and_shrinks_as_workers_come_back() -> None:
     core.release(held[1], 0, 0.1)
     assert (core.sizes["p"], core.free["p"], core.owed["p"]) == (1, 0, 0)
     core._check_invariants(0.1)
-    late = Runner(g, "p", "u", 9)
-    assert core.submit(late, 0.1) == []  # the shrunk pool's one worker is held
-    core.release(held[2], 0, 0.2)
-    assert late.state.value == "running"
+    core.release(other, 0, 0.2)  # the shrunk pool's one worker goes to g's waiter
+    assert held[2].state.value == "running"
     assert core.resize("p", 2, 0.2) == []  # grown back: nobody waits
     core._check_invariants(0.2)
 

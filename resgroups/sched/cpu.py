@@ -58,8 +58,9 @@ Invariants (``_check_invariants``)
 
 Rules
     Pick (a worker is free in pool p): among groups with a runner waiting in
-    p that may run (held_g < cap_g, and b_g > 0 unless the runner is a task
-    of a group limited above one core), the least v_g (ties: the group
+    p that may run (held_g < cap_g, b_g > 0 unless the runner is a task of a
+    group limited above one core, and in a pool oversubscribed beyond its
+    configured size g holds fewer than that size there), the least v_g (ties: the group
     created first); inside it, fifo takes arrival order, fair takes the
     user holding fewest of g's workers in p, then that user's query holding
     fewest, ties to a runner that has not run in p yet, then arrival order.
@@ -319,6 +320,9 @@ class CpuScheduler:
         self.free = dict(pools)
         self.counted = dict.fromkeys(pools, 0)  # counted workers held, per pool
         self.owed = dict.fromkeys(pools, 0)  # workers a shrunk pool takes back as they return
+        # the configured sizes: in a pool oversubscribed beyond them (resize), one group
+        # holds no more than this, so the extra workers are room for the others
+        self.configured = dict(pools)
         self.waiting_in = dict.fromkeys(pools, 0)  # runners waiting, per pool
         self.slice_s = slice_ms / 1000
         self.granularity_ns = granularity_ns
@@ -658,12 +662,20 @@ class CpuScheduler:
         g = r.group
         if not self.engaged or self.degraded or not g.charged:
             return True
+        room = self.configured[r.pool]
+        if self.sizes[r.pool] > room and self._held_in(g, r.pool) >= room:
+            return False  # oversubscribed: the extra workers are for other groups
         if g.held >= g.cap:
             # the one task beyond the cap while every running query is a CTAS
             return r.is_task and g.all_running_are_ctas() and not any(x.extra for x in g.running)
         if r.is_task and g.limit_cores is not None and g.limit_cores > 1:
             return True  # tasks above one core do not wait for budget; the query repays
         return g.budget_ok(now)
+
+    @staticmethod
+    def _held_in(g: GroupCpu, pool: str) -> int:
+        """Workers ``g`` holds in ``pool``. O(users of g holding workers)."""
+        return sum(n for (p, _), n in g.held_by.items() if p == pool)
 
     def _pick(self, pool: str, now: float) -> Runner | None:
         groups = self._groups_waiting(pool)

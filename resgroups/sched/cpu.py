@@ -608,7 +608,11 @@ class CpuScheduler:
             overdue = runner.cpu_since_grant_ns > self.granularity_ns
             for q in g.waiting.get(runner.pool, []):
                 arrived = q.fresh and q.runnable_since > runner.granted_at
-                if (arrived or overdue) and self._holds_fewer(q, runner) and self._may_run(q, now):
+                if (
+                    (arrived or overdue)
+                    and self._holds_fewer(q, runner)
+                    and self._may_run(q, now, replacing=runner)
+                ):
                     return f"fair: {q.user} holds fewer"
         return None
 
@@ -657,13 +661,15 @@ class CpuScheduler:
             gs.append(self.outside)
         return gs
 
-    def _may_run(self, r: Runner, now: float) -> bool:
-        """May ``r`` take a worker now (cap and budget), if one is free?"""
+    def _may_run(self, r: Runner, now: float, replacing: Runner | None = None) -> bool:
+        """May ``r`` take a worker now (cap and budget), if one is free (or, in an
+        oversubscribed pool, the one ``replacing`` of its group would yield)?"""
         g = r.group
         if not self.engaged or self.degraded or not g.charged:
             return True
         room = self.configured[r.pool]
-        if self.sizes[r.pool] > room and self._held_in(g, r.pool) >= room:
+        swap = replacing is not None and replacing.group is g and replacing.pool == r.pool
+        if self.sizes[r.pool] > room and self._held_in(g, r.pool) - swap >= room:
             return False  # oversubscribed: the extra workers are for other groups
         if g.held >= g.cap:
             # the one task beyond the cap while every running query is a CTAS

@@ -43,8 +43,10 @@ What runs where
       could never come back, so caller threads stay at their own priority
       and only tasks use lanes.
     - Oversubscription (``Engine(oversubscribe=f)``): while lanes are on, a
-      pool has ceil(f x workers) workers (``CpuScheduler.resize``, online);
-      caps, budgets and CPU charged per thread are unchanged.
+      pool has ceil(f x workers) workers (``CpuScheduler.resize``, online),
+      and the extra ones are room for other groups: one group holds no more
+      than the configured count there (``CpuScheduler._may_run``); caps,
+      budgets and CPU charged per thread are unchanged.
 
 Engagement
     Lanes are on while scheduling is engaged (and not degraded), the kernel

@@ -20,13 +20,17 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, rule
 from test_cpu_real import Load, cpu_of, run
+from test_cpu_stateful import POOLS, CoreMachine
 from waiting import wait_until
 
 import resgroups
 from resgroups.cpus import available_cpus
 from resgroups.query.parallel import Task
-from resgroups.sched.cpu import CpuScheduler, Runner
+from resgroups.sched.cpu import CpuScheduler, Runner, RunnerState
 from resgroups.sched.lanes import NICE_WEIGHTS, Lanes, Privilege, lane_for, probe
 
 LINUX = sys.platform.startswith("linux")
@@ -404,3 +408,46 @@ def test_a_grant_costs_no_syscall_at_lane_zero() -> None:
     """The top lane and lanes off take the same path: enter() returns None at once."""
     lanes = Lanes(True, PRIVILEGE)
     assert lanes.enter(0, None) is None
+
+
+# ---- the core under random sequences, pools resized among them ------------------------
+
+
+class ResizingMachine(CoreMachine):
+    """test_cpu_stateful's machine, plus pools oversubscribed and shrunk back at any
+    step (as lanes turn on and off): every invariant holds after each step, one
+    group never holds more than a pool's configured size while it is oversized,
+    and everything drains back to the configured sizes."""
+
+    @rule(pool=st.sampled_from(list(POOLS)), factor=st.sampled_from([1, 2, 3]))
+    def resize(self, pool: str, factor: int) -> None:
+        self.s.resize(pool, POOLS[pool] * factor, self.now)
+
+    @invariant()
+    def oversized_pools_are_room_for_others(self) -> None:
+        """A runner granted in this step, in a pool oversized after it, leaves its
+        group holding at most the configured size there."""
+        s = self.s
+        before = getattr(self, "_before", None)
+        running = {id(r) for r in self.runners if r.state is RunnerState.RUNNING}
+        if before is not None and s.engaged and not s.degraded:
+            was_running = before
+            for pool, size in s.sizes.items():
+                if size <= POOLS[pool]:
+                    continue
+                for g in s.groups.values():
+                    mine = [r for r in g.running if r.pool == pool and r.scheduled]
+                    if any(id(r) not in was_running for r in mine):
+                        assert len(mine) <= POOLS[pool], (g, pool, mine, s.sizes)
+        self._before = running
+
+    def teardown(self) -> None:
+        for pool, size in POOLS.items():
+            self.s.resize(pool, size, self.now)
+        super().teardown()
+
+
+ResizingMachine.TestCase.settings = settings(
+    max_examples=200, stateful_step_count=50, deadline=None
+)
+TestResizingStateful = ResizingMachine.TestCase

@@ -451,3 +451,9 @@ ResizingMachine.TestCase.settings = settings(
     max_examples=200, stateful_step_count=50, deadline=None
 )
 TestResizingStateful = ResizingMachine.TestCase
+
+
+@pytest.mark.parametrize("factor", [0.5, 0, 17, True, "2"])
+def test_oversubscribe_takes_a_factor_from_one_to_sixteen(factor: object) -> None:
+    with pytest.raises(resgroups.InvalidParameter, match="oversubscribe"):
+        resgroups.Engine(oversubscribe=factor)  # type: ignore[arg-type]

@@ -75,6 +75,10 @@ class EngineConfig:
     pools: Mapping[str, int] = field(default_factory=dict)
     slice_ms: float = 10
     granularity_ms: float = 50.0
+    # priority lanes (docs/cpu.md): a group's work at a nice from its weight while
+    # engaged, and each pool this many times its workers meanwhile
+    priority_lanes: bool = True
+    oversubscribe: float = 1.0
     cpu_share_window: float = 10.0
     stall_threshold: float = 30.0
     # who may connect (SPEC §5)
@@ -133,6 +137,12 @@ class EngineConfig:
             "reconcile_interval",
         ):
             _positive(name, getattr(self, name))
+        over = self.oversubscribe
+        if isinstance(over, bool) or not isinstance(over, int | float) or not 1 <= over <= 16:
+            raise InvalidParameter(
+                f"Engine(oversubscribe={over!r}): expected a factor from 1 to 16 "
+                "(1: no more workers than configured while priority lanes are on)"
+            )
         _positive("query_timeout", self.query_timeout, optional=True)
         _positive("query_memory_limit", self.query_memory_limit, optional=True)
         limit = self.process_memory_limit

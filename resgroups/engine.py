@@ -120,6 +120,8 @@ class Engine:
         stall_threshold: float = 30.0,
         reconcile_interval: float = 30.0,
         granularity_ms: float = 50.0,
+        priority_lanes: bool = True,
+        oversubscribe: float = 1.0,
         clock: Clock | None = None,
         cpu_meter: Callable[[], int] | None = None,
     ) -> None:
@@ -138,6 +140,8 @@ class Engine:
             pools=dict(pools or {}),
             slice_ms=slice_ms,
             granularity_ms=granularity_ms,
+            priority_lanes=priority_lanes,
+            oversubscribe=oversubscribe,
             cpu_share_window=cpu_share_window,
             stall_threshold=stall_threshold,
             access_control=access_control,
@@ -215,6 +219,8 @@ class Engine:
             granularity_ms=c.granularity_ms,
             cpus=self.cpus,
             share_window_s=c.cpu_share_window,
+            lanes=c.priority_lanes,
+            oversubscribe=c.oversubscribe,
         )
         self._pool_views = {name: PoolView(self.dispatcher, name) for name in self.pools}
         self.memory_ledger = MemoryLedger(c.process_memory_limit)

@@ -41,6 +41,7 @@ EXPECTED_COLUMNS = [
     ("fleet_quota", "int"),
     ("parent_group", "text"),
     ("max_active_queries_per_user", "int"),
+    ("cpu_lane", "int"),
 ]
 
 
@@ -84,6 +85,7 @@ def test_default_row_shows_the_unset_values(engine: resgroups.Engine) -> None:
         "fleet_quota": None,  # not in fleet quota mode
         "parent_group": None,  # top level
         "max_active_queries_per_user": None,
+        "cpu_lane": None,  # one group: scheduling (and so lanes) not engaged
     }
 
 

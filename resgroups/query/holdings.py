@@ -42,6 +42,7 @@ from resgroups import interrupts
 from resgroups.errors import QueryCancelled
 from resgroups.sched.admission import TICKET_ACTIVE, TICKET_QUEUED, Ticket
 from resgroups.sched.cpu import RUNNER_RUNNING, Runner
+from resgroups.sched.lanes import Lanes, Restore
 
 if TYPE_CHECKING:
     from resgroups.errors import Error
@@ -61,6 +62,7 @@ class Holdings:
         "group",
         "lease_id",
         "leased",
+        "nice",
         "on_main_thread",
         "pool",
         "published",
@@ -93,6 +95,7 @@ class Holdings:
         self.fenced = False  # fleet mode: runs on the instance's fence (a lapse fails it)
         self.suspended = False  # counted among its group's suspended cursors
         self.on_main_thread = False  # counted in interrupts.STATE.queries
+        self.nice: Restore | None = None  # its thread runs at its group's lane (sched/lanes.py)
 
     @property
     def admitted(self) -> bool:
@@ -103,8 +106,11 @@ class Holdings:
     def release(self, dispatcher: Dispatcher, mode: AdmissionMode, cpu_ns: int) -> None:
         """Give back the worker (charging its last ``cpu_ns``), the slot or the place
         in the queue, and what the admission mode took after the slot (a fleet
-        lease), whatever state each is in. Idempotent: what it gives back leaves
-        the record first. O(1) when the slot goes to nobody waiting."""
+        lease), whatever state each is in, and its thread's own nice after its
+        lane. Idempotent: what it gives back leaves the record first. O(1) when
+        the slot goes to nobody waiting."""
+        nice, self.nice = self.nice, None
+        Lanes.leave(nice)
         runtime = self.runtime
         if self.counted and runtime is not None:  # by count (H4)
             self.counted = False

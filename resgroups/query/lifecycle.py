@@ -352,6 +352,7 @@ class Query:
                 # may park this thread until the scheduler gives it a worker again
                 self._dispatcher.slice_end(runner, used, self._wait_error, self._timeout_at)
                 self._cpu_mark = self._meter()
+                self._take_lane()  # the competing groups may have changed
             now = self._now()
         if self._rules is not None and now >= self._rules_at:
             self.check_rules(now)
@@ -678,6 +679,7 @@ class Query:
                 ticket, runner = self._ticket_and_runner(runtime)
                 if dispatcher.admit_at_once(runtime.gate.gate, ticket, runner):
                     self._cpu_mark = self._meter() if runner.scheduled else 0
+                    self._take_lane()
                     self._arm(self._now())
                     return
         self._admit_slow(runtime, mode, front)
@@ -707,6 +709,7 @@ class Query:
                 if seconds_left(fence) <= 0 or not mode.fresh():  # meanwhile
                     self._hold_fence(group, queue_timeout)
                 self._cpu_mark = self._meter() if runner.scheduled else 0
+                self._take_lane()
                 self._arm(self._now())
                 return
         if mode.fast:  # who gives this ticket its slot may hand it a worker too
@@ -733,7 +736,22 @@ class Query:
         if mode.fenced:
             self._hold_fence(group, queue_timeout)
         self._cpu_mark = self._meter() if runner.scheduled else 0
+        self._take_lane()
         self._arm(self._now())
+
+    def _take_lane(self) -> None:
+        """Holding a scheduled worker: its own thread runs at its group's priority
+        lane while it holds it, where the process may put it back (its body and
+        the map items it runs itself; sched/lanes.py). ``held.release`` restores it."""
+        dispatcher = self._dispatcher
+        lanes = dispatcher.lanes
+        held = self.held
+        if not lanes.on and held.nice is None:
+            return
+        runner, runtime = held.runner, held.runtime
+        if runner is not None and runner.scheduled and runtime is not None:
+            lane = dispatcher.lane_of(runtime.group_id, self.pool_name)  # 0 once lanes are off
+            held.nice = lanes.enter(lane, held.nice)
 
     def _hold_fence(self, group: GroupDef, queue_timeout: float) -> None:
         """Fleet mode, once the slot is held: run on the fence from here. A query

@@ -54,7 +54,10 @@ Counted workers
 Invariants (``_check_invariants``)
     I1 per pool: free + held + counted == size and free >= 0, where held is
        the runners running in it and counted its counted workers; the
-       counted workers of every pool sum to those of every group;
+       counted workers of every pool sum to those of every group; size
+       changes online (``resize``, priority lanes): a shrink owes the workers
+       held beyond it and takes each back as it returns, owing none while one
+       is free;
     I2 each runner is in exactly one place: waiting in one group's queue of
        one pool, running (holding one worker), or done;
     I3 for every group g, h_g (the scheduled runners holding workers in
@@ -82,7 +85,9 @@ Rules
     h_n < cap_n (or the CTAS exception holds for D(n)) and b_n > 0 (unless
     the runner is a task and L_n > 1 core: tasks above one core do not wait
     for that level's budget). A limit at any level so caps its subtree, the
-    worker cap and the budget alike.
+    worker cap and the budget alike. In a pool oversubscribed beyond its
+    configured size (priority lanes, ``resize``), g also holds fewer than that
+    size there: the extra workers are room for the other groups.
 
     Pick (a worker is free in pool p): walk down from the root; at each node
     n take, among the entries of E(n) with a runner waiting in p that may
@@ -456,6 +461,10 @@ class CpuScheduler:
         )
         self.free = dict(pools)
         self.counted = dict.fromkeys(pools, 0)  # counted workers held, per pool
+        self.owed = dict.fromkeys(pools, 0)  # workers a shrunk pool takes back as they return
+        # the configured sizes: in a pool oversubscribed beyond them (resize), one group
+        # holds no more than this, so the extra workers are room for the others
+        self.configured = dict(pools)
         self.waiting_in = dict.fromkeys(pools, 0)  # runners waiting, per pool
         self.slice_s = slice_ms / 1000
         self.granularity_ns = granularity_ns
@@ -588,6 +597,34 @@ class CpuScheduler:
                 g.parent = None
             g = parent
 
+    # ---- pool sizes -------------------------------------------------------------------
+
+    def resize(self, pool: str, size: int, now: float) -> list[Runner]:
+        """The pool has ``size`` workers from now on (priority lanes oversubscribe
+        while engaged, ``lanes.py``). Growing hands the new workers out; shrinking
+        takes free workers back at once and the others as they come back
+        (``owed``), taking none from whoever holds one. Returns the runners granted."""
+        grow = size - self.sizes[pool]
+        if grow >= 0:
+            self.owed[pool] = 0
+            self.sizes[pool] = size
+            self.free[pool] += grow
+            return self.dispatch(now, pools=(pool,))
+        self.owed[pool] = -grow
+        taken = min(self.free[pool], self.owed[pool])
+        self.free[pool] -= taken
+        self.sizes[pool] -= taken
+        self.owed[pool] -= taken
+        return []
+
+    def _returned(self, pool: str) -> None:
+        """A worker comes back to ``pool``: free, or taken back by a shrink."""
+        if self.owed[pool]:
+            self.owed[pool] -= 1
+            self.sizes[pool] -= 1
+        else:
+            self.free[pool] += 1
+
     # ---- becoming runnable -------------------------------------------------------------
 
     def _place(self, g: GroupCpu) -> None:
@@ -677,7 +714,7 @@ class CpuScheduler:
             raise InternalError(f"a counted worker of {g.name} in {pool} given back, none held")
         g.counted -= 1
         self.counted[pool] -= 1
-        self.free[pool] += 1
+        self._returned(pool)
         if self.engaged and not g.counted:  # disengaged, busy may keep it (I6)
             self._maybe_idle(g, now)
         if self.waiting_in[pool] or g.path_limited:
@@ -846,7 +883,11 @@ class CpuScheduler:
             overdue = runner.cpu_since_grant_ns > self.granularity_ns
             for q in g.waiting.get(runner.pool, []):
                 arrived = q.fresh and q.runnable_since > runner.granted_at
-                if (arrived or overdue) and self._holds_fewer(q, runner) and self._may_run(q, now):
+                if (
+                    (arrived or overdue)
+                    and self._holds_fewer(q, runner)
+                    and self._may_run(q, now, replacing=runner)
+                ):
                     return f"fair: {q.user} holds fewer"
         return None
 
@@ -899,13 +940,25 @@ class CpuScheduler:
             gs.append(self.outside)
         return gs
 
-    def _may_run(self, r: Runner, now: float, freed: set[GroupCpu] | None = None) -> bool:
+    def _may_run(
+        self,
+        r: Runner,
+        now: float,
+        freed: set[GroupCpu] | None = None,
+        replacing: Runner | None = None,
+    ) -> bool:
         """May ``r`` take a worker now (the cap and budget of every level of its
         path), if one is free? ``freed``: the path of a runner whose worker counts
-        as given back (a slice end deciding whether to yield)."""
+        as given back (a slice end deciding whether to yield); ``replacing``: in an
+        oversubscribed pool, the runner of its group whose worker it would take."""
         g = r.group
         if not self.engaged or self.degraded or not g.charged:
             return True
+        room = self.configured[r.pool]
+        if self.sizes[r.pool] > room:
+            swap = replacing is not None and replacing.group is g and replacing.pool == r.pool
+            if self._held_in(g, r.pool) - swap >= room:
+                return False  # oversubscribed: the extra workers are for other groups
         n: GroupCpu | None = g
         while n is not None:
             held = n.held - 1 if freed is not None and n in freed else n.held
@@ -919,6 +972,11 @@ class CpuScheduler:
                 return False
             n = n.parent
         return True
+
+    @staticmethod
+    def _held_in(g: GroupCpu, pool: str) -> int:
+        """Workers ``g`` holds in ``pool``. O(users of g holding workers)."""
+        return sum(n for (p, _), n in g.held_by.items() if p == pool)
 
     def _pick(self, pool: str, now: float) -> Runner | None:
         groups = self._groups_waiting(pool)
@@ -1025,7 +1083,7 @@ class CpuScheduler:
         g = r.group
         g.running.discard(r)
         self._maybe_idle(g, now)
-        self.free[r.pool] += 1
+        self._returned(r.pool)
         if r.scheduled:
             n: GroupCpu | None = g
             while n is not None:
@@ -1088,6 +1146,8 @@ class CpuScheduler:
                     f"pool {pool}: free {self.free[pool]} + held {held} + counted {counted} "
                     f"!= {size}"
                 )
+            if self.owed[pool] < 0 or (self.owed[pool] and self.free[pool]):
+                problems.append(f"pool {pool}: owes {self.owed[pool]} with {self.free[pool]} free")
         for pool in self.sizes:
             waiting = sum(len(g.waiting.get(pool, [])) for g in everyone)
             if waiting != self.waiting_in[pool]:

@@ -224,6 +224,7 @@ class GroupRuntimes:
         with ledger.lock:
             memory = {gid: budget.used for gid, budget in ledger.groups.items()}
         cpu = {gid: _share_reading(r) for gid, r in self._dispatcher.cpu_readings().items()}
+        lanes = self._dispatcher.shown_lanes()
         return [
             group_statistics(
                 g,
@@ -242,6 +243,7 @@ class GroupRuntimes:
                     if fleet_quotas is None or g.max_active_queries is None
                     else fleet_quotas.get(g.uid, 0)
                 ),
+                cpu_lane=None if lanes is None else lanes.get(g.id, 0),
             )
             for g in snapshot.groups
         ]

@@ -30,6 +30,14 @@ worker on with the slot when the slot goes to a queued query.
 ``tests/test_fastpath.py`` runs random workloads with the fast path and
 without it and compares every counter after every step.
 
+Priority lanes (``lanes.py``): while scheduling is engaged, a pool whose
+workers outnumber the CPUs runs each group's tasks on threads of its lane
+(a fixed nice for life; threads per pool and lane start on demand from one
+spawner thread and are kept), and a query's own thread runs at its lane
+where the nice can come back (``Query._take_lane``, ``Holdings.release``).
+``Engine(oversubscribe=f)`` resizes each pool to ceil(f x workers) while
+lanes are on (``CpuScheduler.resize``); the core's accounting is unchanged.
+
 Faults: any exception from the core degrades the scheduler for good
 (grants in arrival order, no slicing, the degraded gauge reads 1); the
 operation is then retried in degraded mode.
@@ -39,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -55,6 +64,7 @@ from resgroups.sched.cpu import (
     GroupCpu,
     Runner,
 )
+from resgroups.sched.lanes import Lanes, Privilege
 from resgroups.sched.shares import Share
 from resgroups.sched.wakeup import Wakeup
 
@@ -115,6 +125,9 @@ class Dispatcher:
         granularity_ms: float,
         cpus: float | None = None,
         share_window_s: float = 10.0,
+        lanes: bool = True,
+        oversubscribe: float = 1.0,
+        privilege: Privilege | None = None,
     ) -> None:
         self.core = CpuScheduler(
             pools,
@@ -128,19 +141,32 @@ class Dispatcher:
         self.fault_hook: Callable[[], None] | None = None  # tests inject scheduler faults
         self.fast_path = True  # False: every query takes the slow path (tests compare them)
         self._events: dict[Runner, Wakeup] = {}
-        self._granted_tasks: dict[str, deque[tuple[Runner, TaskWork]]] = {p: deque() for p in pools}
         self._pending_work: dict[Runner, TaskWork] = {}
-        self._task_ready = {p: threading.Condition(self.lock) for p in pools}
         self._closed = False
-        self._threads = [
-            threading.Thread(
-                target=self._serve, args=(pool,), name=f"resgroups-{pool}-{i}", daemon=True
-            )
-            for pool, size in pools.items()
-            for i in range(size)
-        ]
-        for thread in self._threads:
-            thread.start()
+        # priority lanes (lanes.py): pool threads per (pool, lane), lane 0 made now,
+        # the others (and lane 0's beyond the configured size) on demand
+        self.lanes = Lanes(lanes, privilege)
+        self._sizes = dict(pools)  # as configured; oversubscribed while lanes are on
+        self._oversubscribe = oversubscribe
+        # lanes act where the kernel has more of its threads than CPUs to choose among
+        over_cpus = cpus or float(os.cpu_count() or 1)
+        self._laned = frozenset(
+            pool for pool, size in pools.items() if math.ceil(size * oversubscribe) > over_cpus
+        )
+        self._granted_tasks: dict[tuple[str, int], deque[tuple[Runner, TaskWork]]] = {}
+        self._task_ready: dict[tuple[str, int], threading.Condition] = {}
+        self._lane_threads: dict[tuple[str, int], int] = {}  # started or being started
+        self._lane_idle: dict[tuple[str, int], int] = {}  # waiting for a task
+        self._spawns: deque[tuple[str, int]] = deque()
+        self._spawn_ready = threading.Condition(self.lock)
+        self._threads: list[threading.Thread] = []
+        for pool, size in pools.items():
+            self._lane(pool, 0)
+            self._lane_threads[(pool, 0)] = size
+            for _ in range(size):
+                self._start_thread(pool, 0)
+        if self.lanes.supported:  # threads of other lanes start from one at lane 0
+            self._start(threading.Thread(target=self._spawner, name="resgroups-lanes", daemon=True))
 
     @property
     def closed(self) -> bool:
@@ -167,15 +193,26 @@ class Dispatcher:
             raise exc
         log.error("CPU scheduler fault, degrading to arrival order: %r", exc)
         self.core.degraded = True
+        try:  # weights stop applying between checkpoints too
+            self._set_lanes(False)
+        except Exception as lanes_exc:
+            log.error("turning priority lanes off after the fault failed: %r", lanes_exc)
         return retry()
 
     def _wake(self, granted: list[Runner]) -> None:
-        """Lock held: hand each granted runner its worker."""
+        """Lock held: hand each granted runner its worker (a task: to a pool thread of
+        its group's lane, started if none is idle)."""
         for runner in granted:
             work = self._pending_work.pop(runner, None)
             if work is not None:
-                self._granted_tasks[runner.pool].append((runner, work))
-                self._task_ready[runner.pool].notify()
+                key = (runner.pool, self._lane_locked(runner.group.group_id, runner.pool))
+                tasks = self._granted_tasks.get(key)
+                if tasks is None:
+                    tasks = self._lane(*key)
+                tasks.append((runner, work))
+                self._task_ready[key].notify()
+                if len(tasks) > self._lane_idle[key]:
+                    self._more_threads(key)
             else:
                 event = self._events.get(runner)
                 if event is not None:
@@ -392,13 +429,90 @@ class Dispatcher:
                     self._pending_work.pop(runner, None)
                     self.core.release(runner, 0, self.now())
 
-    def _serve(self, pool: str) -> None:
-        ready = self._task_ready[pool]
-        tasks = self._granted_tasks[pool]
+    def _lane_locked(self, group_id: int, pool: str) -> int:
+        """Lock held: the lane of ``group_id``'s work in ``pool`` now."""
+        lanes = self.lanes
+        if not lanes.on:
+            return 0
+        now = self.now()
+        lanes.note(group_id, now)
+        lanes.refresh(now, (g.group_id for g in self.core.busy))
+        return lanes.lane(group_id) if pool in self._laned else 0
+
+    def lane_of(self, group_id: int, pool: str) -> int:
+        """The lane a query of ``group_id`` runs at in ``pool`` now (0: lanes off)."""
+        if not self.lanes.on:
+            return 0
+        with self.lock:
+            return self._lane_locked(group_id, pool)
+
+    def shown_lanes(self) -> dict[int, int] | None:
+        """Each group's lane now (resource_groups()'s cpu_lane); None while lanes are off."""
+        with self.lock:
+            lanes = self.lanes
+            if not lanes.on:
+                return None
+            lanes.refresh(self.now(), (g.group_id for g in self.core.busy))
+            return {gid: lanes.lane(gid) for gid in self.core.groups}
+
+    def _lane(self, pool: str, lane: int) -> deque[tuple[Runner, TaskWork]]:
+        """Lock held: the task queue of ``pool``'s threads of ``lane``, made once."""
+        key = (pool, lane)
+        tasks = self._granted_tasks[key] = deque()
+        self._task_ready[key] = threading.Condition(self.lock)
+        self._lane_threads.setdefault(key, 0)
+        self._lane_idle[key] = 0
+        return tasks
+
+    def _more_threads(self, key: tuple[str, int]) -> None:
+        """Lock held: more tasks wait in a lane than its threads idle there: start one,
+        while the lane has fewer threads than its pool has workers."""
+        if self._lane_threads[key] < self.core.sizes[key[0]] and not self._closed:
+            self._lane_threads[key] += 1
+            self._spawns.append(key)
+            self._spawn_ready.notify()
+
+    def _spawner(self) -> None:
+        """Starts lane threads, from a thread at the process's own priority (a new
+        thread inherits its creator's nice, and without privilege one raised
+        cannot come down)."""
+        while True:
+            with self.lock:
+                while not self._spawns and not self._closed:
+                    self._spawn_ready.wait()
+                if self._closed:
+                    return
+                pool, lane = self._spawns.popleft()
+            self._start_thread(pool, lane)
+
+    def _start_thread(self, pool: str, lane: int) -> None:
+        count = len(self._threads)
+        self._start(
+            threading.Thread(
+                target=self._serve,
+                args=(pool, lane),
+                name=f"resgroups-{pool}-{count}" + (f"-lane{lane}" if lane else ""),
+                daemon=True,
+            )
+        )
+
+    def _start(self, thread: threading.Thread) -> None:
+        self._threads.append(thread)  # list.append: atomic, no lock needed
+        thread.start()
+
+    def _serve(self, pool: str, lane: int = 0) -> None:
+        if lane or self.lanes.supported:
+            self.lanes.join_lane(lane)
+        key = (pool, lane)
+        ready = self._task_ready[key]
+        tasks = self._granted_tasks[key]
+        idle = self._lane_idle
         while True:
             with self.lock:
                 while not tasks and not self._closed:
+                    idle[key] += 1
                     ready.wait()
+                    idle[key] -= 1
                 if self._closed:
                     return
                 runner, work = tasks.popleft()
@@ -418,6 +532,20 @@ class Dispatcher:
             self.core.set_engaged(engaged, self.now())
             # caps and budgets apply (or stop applying): hand out what may go now
             self._wake(self._guarded(partial(self.core.dispatch, self.now())))
+            self._set_lanes(engaged)
+
+    def _set_lanes(self, engaged: bool) -> None:
+        """Lock held: lanes on or off, and the pools oversubscribed while they are on."""
+        lanes = self.lanes
+        lanes.engage(engaged and not self.core.degraded and bool(self._laned))
+        if not lanes.supported:
+            return
+        lanes.set_weights((gid, g.weight) for gid, g in self.core.groups.items())
+        if self._oversubscribe == 1:
+            return
+        for pool, size in self._sizes.items():
+            target = math.ceil(size * self._oversubscribe) if lanes.on else size
+            self._wake(self._guarded(partial(self.core.resize, pool, target, self.now())))
 
     def configure(
         self,
@@ -438,6 +566,8 @@ class Dispatcher:
                 )
             )
             self._wake(granted)
+            if self.lanes.supported:  # a weight changed: every group's lane may have
+                self.lanes.set_weights((gid, g.weight) for gid, g in self.core.groups.items())
 
     def check_invariants(self) -> None:
         with self.lock:
@@ -448,7 +578,8 @@ class Dispatcher:
             self._closed = True
             for ready in self._task_ready.values():
                 ready.notify_all()
+            self._spawn_ready.notify_all()
             for event in self._events.values():
                 event.set()
-        for thread in self._threads:
+        for thread in list(self._threads):
             thread.join(timeout)

@@ -73,6 +73,7 @@ class GroupStatistics:
     fleet_quota: int | None  # fleet quota mode, a limited group: this instance's share; else NULL
     parent_group: str | None  # nested (SPEC §14): the group it is nested in; else NULL
     max_active_queries_per_user: int | None  # the slots one user holds in its subtree
+    cpu_lane: int | None  # priority lane (nice above the process's) while lanes are on; else NULL
 
     def row(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in COLUMN_NAMES)
@@ -103,6 +104,7 @@ def group_statistics(
     base_group: str | None = None,
     fleet_quota: int | None = None,
     parent_group: str | None = None,
+    cpu_lane: int | None = None,
 ) -> GroupStatistics:
     """Combine a group's definition with its counters into the row of §9;
     ``min_share_pct`` is :func:`min_shares`' for the group."""
@@ -140,6 +142,7 @@ def group_statistics(
         fleet_quota=fleet_quota,
         parent_group=parent_group,
         max_active_queries_per_user=group.max_active_queries_per_user,
+        cpu_lane=cpu_lane,
     )
 
 

@@ -7,11 +7,13 @@ raise FeatureNotSupported without it) and the permission it needs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from resgroups.access import check_group_admin, check_use, find_runtime_group
 from resgroups.catalog.params import INT64_MAX
@@ -38,6 +40,8 @@ from resgroups.statements.table_functions import TABLE_FUNCTIONS, relation, tabl
 
 if TYPE_CHECKING:
     from resgroups.session import Session
+
+T = TypeVar("T")
 
 
 class Needs(Enum):
@@ -134,7 +138,42 @@ def _qualifiers(node: object) -> set[str]:
 _ROW_ONLY: Final = (ast.Case, ast.Subquery, ast.DerivedTable, ast.Join)
 
 
-def _needs_rows(node: object) -> bool:
+class _PerStatement(Generic[T]):
+    """A fact of a statement's tree (``walk(stmt)``), kept for the statements seen
+    lately. Statements are immutable and the wire's plan cache hands the same
+    object back for a repeated text, so a repeated statement is walked once:
+    each walk is O(nodes), a hit O(1). Keyed by identity (a frozen tree's own
+    hash walks it), through a weak reference whose death drops the entry, so
+    nothing is kept alive and an id is never read for another object; at most
+    ``size`` entries (all dropped when full: O(1) amortised). Thread-safe: each
+    step is one dict operation under the GIL, and a lost race walks again."""
+
+    def __init__(self, walk: Callable[[Any], T], size: int = 1024) -> None:
+        self._walk = walk
+        self._size = size
+        self._seen: dict[int, tuple[weakref.ref[Any], T]] = {}
+
+    def __call__(self, stmt: Any) -> T:
+        key = id(stmt)
+        hit = self._seen.get(key)
+        if hit is not None and hit[0]() is stmt:
+            return hit[1]
+        value = self._walk(stmt)
+        if len(self._seen) >= self._size:
+            self._seen.clear()
+        seen = self._seen
+
+        def forget(ref: weakref.ref[Any], key: int = key) -> None:
+            entry = seen.get(key)
+            if entry is not None and entry[0] is ref:
+                seen.pop(key, None)
+
+        with contextlib.suppress(TypeError):  # not a node (a tuple of them): not kept
+            self._seen[key] = (weakref.ref(stmt, forget), value)
+        return value
+
+
+def _walk_needs_rows(node: object) -> bool:
     """Whether ``node`` holds an expression only the row evaluator has."""
     if isinstance(node, _ROW_ONLY):
         return True
@@ -156,10 +195,13 @@ def _needs_rows(node: object) -> bool:
     if isinstance(node, ast.Cast) and node.written in ("regclass", "regtype"):
         return True
     if isinstance(node, tuple):
-        return any(_needs_rows(x) for x in node)
+        return any(_walk_needs_rows(x) for x in node)
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return any(_needs_rows(getattr(node, f.name)) for f in dataclasses.fields(node))
+        return any(_walk_needs_rows(getattr(node, f.name)) for f in dataclasses.fields(node))
     return False
+
+
+_needs_rows: Final = _PerStatement(_walk_needs_rows)
 
 
 def _resolver(
@@ -269,17 +311,20 @@ def _union(session: Session, stmt: ast.Union, ctx: EvalContext) -> Relation:
     return replace(out, columns=first.columns)
 
 
-def _sources(node: object) -> Iterator[ast.TableName | ast.TableFunction]:
+def _walk_sources(node: object) -> Iterator[ast.TableName | ast.TableFunction]:
     """Every relation a statement reads from, anywhere in it (a table function's
     arguments are not looked into)."""
     if isinstance(node, ast.TableName | ast.TableFunction):
         yield node
     elif isinstance(node, tuple):
         for item in node:
-            yield from _sources(item)
+            yield from _walk_sources(item)
     elif dataclasses.is_dataclass(node) and not isinstance(node, type):
         for f in dataclasses.fields(node):
-            yield from _sources(getattr(node, f.name))
+            yield from _walk_sources(getattr(node, f.name))
+
+
+_sources: Final = _PerStatement(lambda stmt: tuple(_walk_sources(stmt)))
 
 
 def _executor_table(session: Session, source: ast.TableName | ast.TableFunction) -> Table | None:

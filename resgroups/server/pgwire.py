@@ -272,6 +272,7 @@ class Connection(StartupPhase, Framing, SimpleQuery, Portals, Extended):
                 self.writer.transport.abort()  # nobody reads it: drop it, do not wait
             else:
                 self.writer.close()
+            self.close_socket()
 
     def _release_all(self) -> None:
         self.close_portals(True)
@@ -288,7 +289,7 @@ class Connection(StartupPhase, Framing, SimpleQuery, Portals, Extended):
 
     def end(self, reason: Error) -> None:
         """End the connection with a FATAL ``reason`` once its current request is done."""
-        self._queue.put_nowait(reason)
+        self.arrive(reason)
 
     def cancel(self) -> None:
         """Cancel what this connection is running (from the loop or any thread)."""

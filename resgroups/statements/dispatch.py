@@ -33,7 +33,7 @@ from resgroups.sql.expr import CATALOG_FUNCTIONS, EvalContext, Scope, compile_ex
 from resgroups.sql.format import format_sql
 from resgroups.sql.param_types import parameter_types
 from resgroups.sql.relational import SERIES, run_query
-from resgroups.sql.select import Relation, run_select, select_shape
+from resgroups.sql.select import Relation, Shape, run_select, select_shape
 from resgroups.statements import groups, principals, rules, selectors
 from resgroups.statements.pg_catalog import CatalogRows, catalog_columns, unknown_relation
 from resgroups.statements.table_functions import TABLE_FUNCTIONS, relation, table_function
@@ -260,7 +260,7 @@ def select(session: Session, stmt: ast.Select) -> Result:
     if _reads_tables(session, stmt):  # the workload's tables: a managed query
         with session.query(
             kind="select",
-            statement=format_sql(stmt),
+            statement=_text(stmt),
             estimate=_row_engine_estimate(session, stmt),
         ) as q:
             out, _ = _run(session, stmt, session.eval_context(q.group))
@@ -276,7 +276,7 @@ def union(session: Session, stmt: ast.Union) -> Result:
     if _reads_tables(session, stmt):
         with session.query(
             kind="select",
-            statement=format_sql(stmt),
+            statement=_text(stmt),
             estimate=_row_engine_estimate(session, stmt),
         ) as q:
             out = _union(session, stmt, session.eval_context(q.group))
@@ -324,6 +324,7 @@ def _walk_sources(node: object) -> Iterator[ast.TableName | ast.TableFunction]:
             yield from _walk_sources(getattr(node, f.name))
 
 
+_text: Final = _PerStatement(format_sql)  # a statement's text, as queries are listed
 _sources: Final = _PerStatement(lambda stmt: tuple(_walk_sources(stmt)))
 
 
@@ -389,7 +390,7 @@ def _select_simple(session: Session, stmt: ast.Select) -> Result:
     else:
         with session.query(
             kind="select",
-            statement=format_sql(stmt),
+            statement=_text(stmt),
             estimate=_row_engine_estimate(session, stmt),
         ) as q:
             out = run_select(stmt, source, session.eval_context(q.group))
@@ -410,19 +411,31 @@ def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str
     if _in_executor(session, stmt):
         stmt = _unqualified(stmt)
         source = executor.source_of(session, stmt)
-        names, types = source.names, source.types
-    elif isinstance(stmt.source, ast.TableFunction) and not _needs_rows(stmt):
-        fn = table_function(stmt.source.name)
-        names = tuple(name for name, _ in fn.columns)
-        types = tuple(kind for _, kind in fn.columns)
-    elif stmt.source is not None or _needs_rows(stmt):
+        shape = select_shape(stmt, Scope(source.names, source.types))
+    elif _needs_rows(stmt) or not (
+        stmt.source is None or isinstance(stmt.source, ast.TableFunction)
+    ):
         # the catalog is small: its description is its answer's (read, not managed)
         out, _ = _run(session, stmt, session.eval_context())
         return list(out.columns), [t or "text" for t in out.types]
     else:
-        names = types = ()
-    shape = select_shape(stmt, Scope(names, types))
+        shape = _plain_shape(stmt)
     return list(shape.names), list(shape.types)
+
+
+def _walk_plain_shape(stmt: ast.Select) -> Shape:
+    """The shape of a SELECT of no source or of a table function's (whose columns
+    are fixed): its statement's alone, so kept per statement."""
+    names: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()
+    if isinstance(stmt.source, ast.TableFunction):
+        fn = table_function(stmt.source.name)
+        names = tuple(name for name, _ in fn.columns)
+        types = tuple(kind for _, kind in fn.columns)
+    return select_shape(stmt, Scope(names, types))
+
+
+_plain_shape: Final = _PerStatement(_walk_plain_shape)
 
 
 def _source_columns(session: Session, source: ast.Source | None) -> Scope | None:

@@ -235,6 +235,7 @@ class Connection(StartupPhase, Framing, SimpleQuery, Portals, Extended):
         self.interrupted = False
         self.streaming = None
         self._plans = OrderedDict()
+        self._templates = OrderedDict()
         self.init_framing()
         _keepalive(writer)
 

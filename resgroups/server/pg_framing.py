@@ -209,10 +209,7 @@ class Framing(ConnectionBase):
                         return
                 ending = self._ending(batch[-1])
                 if not self._reply(out, ending):
-                    return  # the loop drains the reply, then goes on
-                if ending is not None:
-                    self._settle_soon(ending[0])
-                    return
+                    return  # replied and left, or the loop drains the reply and goes on
         except BaseException as exc:  # a bug: the connection ends, the server goes on
             log.exception("internal error in connection %d's requests", self.pid)
             self._settle_soon(internal(exc))
@@ -233,7 +230,10 @@ class Framing(ConnectionBase):
     def _reply(self, data: bytes, ending: tuple[Error | None] | None) -> bool:
         """Send a burst's reply: straight to the socket when the loop holds none of
         this connection's output (one send, no hop to the loop), else through the
-        loop, in order. False: the loop drains the rest, then goes on itself."""
+        loop, in order. True: more messages wait, go on with them. False: this
+        thread is done with the connection (it left, under the same lock as the
+        send, so a thread the loop starts next replies after this one; or the
+        loop drains the reply, then goes on itself; or the connection ends)."""
         if not self._loop_writes:
             sent = 0
             with self._lock:  # the socket is not closed under a send
@@ -245,11 +245,15 @@ class Framing(ConnectionBase):
                         sent = 0
                     except OSError:  # reset: the reader sees the end too
                         self.gone = True
-            if self.gone:
-                self._settle_soon(None)
+                whole = sock is not None and sent == len(data) and not self.gone
+                if whole and ending is None:
+                    if self._pending:
+                        return True
+                    self._working = False
+                    return False
+            if whole or self.gone:
+                self._settle_soon(None if self.gone or ending is None else ending[0])
                 return False
-            if sent == len(data) and sock is not None:
-                return True
             data = data[sent:]
         self._loop_writes = True
         asyncio.run_coroutine_threadsafe(self._drain_then_go_on(data, ending), self.loop)

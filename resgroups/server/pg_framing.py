@@ -49,6 +49,8 @@ from resgroups.server.wire import Body, ProtocolViolation
 
 log = logging.getLogger("resgroups.server.pgwire")
 
+READ_CHUNK: Final = 64 * 1024  # bytes framed per read: a burst of messages at once
+
 Message = tuple[bytes, bytes]
 Handler = Callable[[ConnectionBase, Body], None]
 
@@ -88,15 +90,20 @@ class Framing(ConnectionBase):
     async def read_loop(self) -> None:
         """Frame messages for the request threads; the end of the connection
         cancels its query."""
+        framer = wire.Framer()
         try:
             while True:
                 await self._room.wait()
-                kind, body = await wire.read_message(self.reader)
-                self.arrive((kind, body), len(body) + 5)
-                if kind == b"X":
+                data = await self.reader.read(READ_CHUNK)
+                if not data:
+                    raise asyncio.IncompleteReadError(b"", None)  # EOF
+                for kind, body in framer.feed(data):
+                    self.arrive((kind, body), len(body) + 5)
+                    if kind == b"X":
+                        return
+                if framer.violation is not None:
+                    self.arrive(framer.violation)
                     return
-        except ProtocolViolation as exc:
-            self.arrive(exc)
         except (ConnectionError, asyncio.IncompleteReadError):
             self.gone = True
             self.cancel()  # whatever runs now ends at its next checkpoint

@@ -1,10 +1,26 @@
 """Framing and back-pressure: messages in, replies out, and what a wait may cost.
 
-In: a reader task frames messages into a queue bounded by INPUT_LIMIT bytes
-(past it, the reader stops reading and TCP pushes back on the client). Out:
-a request's replies gather in a buffer; each OUTPUT_CHUNK of them goes to
-the loop. Whether the request thread then waits for the socket depends on
-what it holds:
+In: a reader task frames every message of each chunk it reads (``wire.Framer``)
+into ``_pending``, bounded by INPUT_LIMIT bytes (past it, the reader stops
+reading and TCP pushes back on the client).
+
+Who handles them (``_lock`` guards the hand-over): at most one request
+thread per connection owns its requests (``_working``). The loop starts one
+when messages wait and none owns them, on its next turn (so the rest of a
+burst already read is framed first). The thread handles a burst, sends the
+reply on the socket itself (``_sock``, a duplicate of the client's socket)
+and, under the same lock as that send, either takes the messages that
+arrived meanwhile or leaves: so a round trip wakes the loop once (to hand
+the burst over) and no reply can overtake another. A reply goes through the
+loop instead when the loop may hold output of this connection
+(``_loop_writes``: the startup's replies, chunks handed during the request,
+a reply the socket did not take at once); the loop writes it in order,
+drains it under the write timeout and only then hands the next burst over,
+and sets ``_loop_writes`` back only once nothing is left unwritten.
+
+Out, within a request: its replies gather in a buffer; each OUTPUT_CHUNK of
+them goes to the loop. Whether the request thread then waits for the socket
+depends on what it holds:
 
 - a query is running (a streamed SELECT holds its slot and worker): the
   thread waits for the socket to take the chunk, and the wait is the

@@ -9,7 +9,9 @@
     pgbench with 2 clients (``SELECT :x`` by ``-M simple``, ``extended`` and
     ``prepared``). The servers take turns for ``--rounds`` rounds and each
     row prints the median, with the ratio resgroups / PostgreSQL (goal: at
-    least 0.3x). ``--baseline DIR``: a second ``resgroups serve`` from the
+    least 0.3x), then the resgroups server's CPU time per round trip (all
+    its threads, from /proc), which other work on the cores moves less than
+    a rate. ``--baseline DIR``: a second ``resgroups serve`` from the
     checkout in DIR (``git worktree add DIR main``, say) takes its turn in
     each round too, for a before/after measured under the same load.
 ``http``
@@ -48,20 +50,50 @@ from tests.servers import ServerProcess, start_server
 PGBENCH_SCRIPT = "\\set x random(1, 1000)\nSELECT :x;\n"
 
 
-def round_trips(dsn: str, seconds: float, query: str, params: list[int] | None) -> float:
+class Meter:
+    """A server's CPU time (all its threads, from /proc) over the timed part of a
+    run: after the client connected and warmed up. No pid: not measured."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self.used = 0.0
+
+    def start(self) -> None:
+        if self.pid is not None:
+            self.used = -_cpu_seconds(self.pid)
+
+    def stop(self) -> None:
+        if self.pid is not None:
+            self.used += _cpu_seconds(self.pid)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` (Linux), all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def round_trips(
+    dsn: str, seconds: float, meter: Meter, query: str, params: list[int] | None
+) -> float:
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(50):  # warm up (and let psycopg prepare the statement)
             conn.execute(query, params).fetchone()
         done = 0
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
+        meter.start()
+        started = time.perf_counter()
+        while time.perf_counter() < started + seconds:
             for _ in range(20):
                 conn.execute(query, params).fetchone()
             done += 20
-        return done / seconds
+        elapsed = time.perf_counter() - started
+        meter.stop()
+        return done / elapsed
 
 
-def asyncpg_round_trips(dsn: str, seconds: float, query: str, params: list[int]) -> float:
+def asyncpg_round_trips(
+    dsn: str, seconds: float, meter: Meter, query: str, params: list[int]
+) -> float:
     import asyncio
 
     import asyncpg
@@ -72,12 +104,15 @@ def asyncpg_round_trips(dsn: str, seconds: float, query: str, params: list[int])
             for _ in range(50):  # warm up (asyncpg prepares and caches the statement)
                 await conn.fetchval(query, *params)
             done = 0
-            end = time.perf_counter() + seconds
-            while time.perf_counter() < end:
+            meter.start()
+            started = time.perf_counter()
+            while time.perf_counter() < started + seconds:
                 for _ in range(20):
                     await conn.fetchval(query, *params)
                 done += 20
-            return done / seconds
+            elapsed = time.perf_counter() - started
+            meter.stop()
+            return done / elapsed
         finally:
             await conn.close()
 
@@ -113,11 +148,13 @@ def http_rate(host: str, port: int, clients: int, seconds: float) -> tuple[float
     return len(every) / seconds, statistics.median(every) * 1000, p99 * 1000
 
 
-def pgbench_rate(dsn: str, seconds: float, mode: str, clients: int = 2) -> float:
-    """Transactions per second of ``pgbench -M mode`` running ``SELECT :x``."""
+def pgbench_rate(dsn: str, seconds: float, meter: Meter, mode: str, clients: int = 2) -> float:
+    """Transactions per second of ``pgbench -M mode`` running ``SELECT :x`` (the
+    meter's time includes pgbench's connecting)."""
     url = urlsplit(dsn)
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
         script.write(PGBENCH_SCRIPT)
+    meter.start()
     try:
         done = subprocess.run(
             [
@@ -130,6 +167,7 @@ def pgbench_rate(dsn: str, seconds: float, mode: str, clients: int = 2) -> float
             env={**os.environ, "PGCONNECT_TIMEOUT": "10"},
         )  # fmt: skip
     finally:
+        meter.stop()
         os.unlink(script.name)
     found = re.search(r"tps = ([\d.]+)", done.stdout)
     if found is None:
@@ -141,18 +179,19 @@ def _uri(server: ServerProcess) -> str:
     return f"postgresql://bench@{server.host}:{server.pg_port}/resgroups"
 
 
-Case = tuple[str, Callable[[str, float], float]]
+Run = Callable[[str, float, Meter], float]
+Case = tuple[str, Run]
 
 
 def _cases() -> list[Case]:
-    def psycopg_case(query: str, params: list[int] | None) -> Callable[[str, float], float]:
-        return lambda dsn, seconds: round_trips(dsn, seconds, query, params)
+    def psycopg_case(query: str, params: list[int] | None) -> Run:
+        return lambda dsn, seconds, meter: round_trips(dsn, seconds, meter, query, params)
 
-    def asyncpg_case(query: str, params: list[int]) -> Callable[[str, float], float]:
-        return lambda dsn, seconds: asyncpg_round_trips(dsn, seconds, query, params)
+    def asyncpg_case(query: str, params: list[int]) -> Run:
+        return lambda dsn, seconds, meter: asyncpg_round_trips(dsn, seconds, meter, query, params)
 
-    def pgbench_case(mode: str) -> Callable[[str, float], float]:
-        return lambda dsn, seconds: pgbench_rate(dsn, seconds, mode)
+    def pgbench_case(mode: str) -> Run:
+        return lambda dsn, seconds, meter: pgbench_rate(dsn, seconds, meter, mode)
 
     cases: list[Case] = [
         ("psycopg SELECT 1", psycopg_case("SELECT 1", None)),
@@ -181,17 +220,31 @@ def main() -> int:
         targets["PostgreSQL"] = args.dsn
         header = "".join(f"{name:>12}" for name in targets)
         extra = f"{'vs base':>9}" if args.baseline else ""
+        cpu_header = "".join(f"{name + ' µs':>14}" for name in servers)
         print(f"{'median of ' + str(args.rounds) + ' rounds':<36}{header}{'ratio':>9}{extra}")
+        cpu_rows: list[tuple[str, list[float]]] = []
         for label, run in _cases():
             rates: dict[str, list[float]] = {name: [] for name in targets}
+            # server CPU per round trip: steadier than a rate when other work shares the cores
+            costs: dict[str, list[float]] = {name: [] for name in servers}
             for _ in range(args.rounds):  # the servers take turns: the same load for each
                 for name, dsn in targets.items():
-                    rates[name].append(run(dsn, args.seconds))
+                    server = servers.get(name)
+                    meter = Meter(server.proc.pid if server is not None else None)
+                    rate = run(dsn, args.seconds, meter)
+                    rates[name].append(rate)
+                    if server is not None:
+                        costs[name].append(meter.used / max(1.0, rate * args.seconds) * 1e6)
             median = {name: statistics.median(r) for name, r in rates.items()}
             cells = "".join(f"{median[name]:>12.0f}" for name in targets)
             ratio = median["resgroups"] / median["PostgreSQL"]
             versus = f"{median['resgroups'] / median['baseline']:>8.2f}x" if args.baseline else ""
             print(f"{label:<36}{cells}{ratio:>8.2f}x{versus}", flush=True)
+            cpu_rows.append((label, [statistics.median(costs[n]) for n in servers]))
+        print()
+        print(f"{'server CPU per round trip, median':<36}{cpu_header}")
+        for label, used in cpu_rows:
+            print(f"{label:<36}" + "".join(f"{u:>14.0f}" for u in used))
         print()
         server = servers["resgroups"]
         print(f"{'/execute SELECT 1':<18} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}")

@@ -6,17 +6,19 @@ reading and TCP pushes back on the client).
 
 Who handles them (``_lock`` guards the hand-over): at most one request
 thread per connection owns its requests (``_working``). The loop starts one
-when messages wait and none owns them, on its next turn (so the rest of a
-burst already read is framed first). The thread handles a burst, sends the
-reply on the socket itself (``_sock``, a duplicate of the client's socket)
-and, under the same lock as that send, either takes the messages that
-arrived meanwhile or leaves: so a round trip wakes the loop once (to hand
-the burst over) and no reply can overtake another. A reply goes through the
-loop instead when the loop may hold output of this connection
-(``_loop_writes``: the startup's replies, chunks handed during the request,
-a reply the socket did not take at once); the loop writes it in order,
-drains it under the write timeout and only then hands the next burst over,
-and sets ``_loop_writes`` back only once nothing is left unwritten.
+when it has framed a chunk read from the socket and none owns them (a chunk
+holds a driver's whole burst: Parse/Bind/Describe/Execute/Sync). The thread
+handles a burst, sends the reply on the socket itself (``_sock``, a
+duplicate of the client's socket) and, under the same lock as that send,
+either takes the messages that arrived meanwhile or leaves: so a round trip
+wakes the loop once (to hand the burst over) and no reply can overtake
+another. A reply goes through the loop instead when the loop may hold
+output of this connection (``_loop_writes``: the startup's replies, chunks
+handed during the request, a reply the socket did not take at once); the
+loop writes it in order, drains it under the write timeout and only then
+hands the next burst over, and sets ``_loop_writes`` back only once nothing
+is left unwritten. How the connection ends (an error, the client gone,
+Terminate) is settled on the loop (``_finished``) once no thread owns it.
 
 Out, within a request: its replies gather in a buffer; each OUTPUT_CHUNK of
 them goes to the loop. Whether the request thread then waits for the socket
@@ -99,7 +101,7 @@ class Framing(ConnectionBase):
         self._out_size = 0
         self._handed = 0
         self._loop_writes = True  # until the loop has seen its startup replies written
-        self._sock = _own_socket(self.writer)
+        self._sock = None
 
     # ---- on the loop ----------------------------------------------------------------
 
@@ -113,10 +115,13 @@ class Framing(ConnectionBase):
                 data = await self.reader.read(READ_CHUNK)
                 if not data:
                     raise asyncio.IncompleteReadError(b"", None)  # EOF
-                for kind, body in framer.feed(data):
-                    self.arrive((kind, body), len(body) + 5)
-                    if kind == b"X":
-                        return
+                messages = framer.feed(data)
+                ends = next((i for i, (kind, _) in enumerate(messages) if kind == b"X"), None)
+                if ends is not None:  # Terminate: nothing after it is read
+                    self.hand_over(messages[: ends + 1])
+                    return
+                if messages:
+                    self.hand_over(messages)
                 if framer.violation is not None:
                     self.arrive(framer.violation)
                     return
@@ -128,20 +133,29 @@ class Framing(ConnectionBase):
     def cancel(self) -> None:
         raise NotImplementedError
 
-    def arrive(self, item: Message | Error | None, size: int = 0) -> None:
-        """A message (or how the connection ends) for the request threads. The
-        hand-off waits for the loop's next turn, so the rest of a burst the
-        socket already holds (Bind/Describe/Execute/Sync after a Parse) is
-        framed first and handled in the same request."""
+    def arrive(self, item: Error | None) -> None:
+        """How the connection ends (an error to say, or None: the client left), for
+        the request threads, after the messages before it. The hand-off waits
+        for the loop's next turn."""
         with self._lock:
             self._pending.append(item)
-            self._queued_bytes += size
-            if self._queued_bytes > INPUT_LIMIT:
-                self._room.clear()  # TCP pushes back on the client
             kick = not self._working and not self._kicked
             self._kicked = self._kicked or kick
         if kick:
             self.loop.call_soon(self._kick)
+
+    def hand_over(self, messages: list[Message]) -> None:
+        """The messages of a chunk, for a request thread: one starts now if none
+        owns the requests (a chunk holds whole bursts as a driver sends them)."""
+        with self._lock:
+            self._pending.extend(messages)
+            self._queued_bytes += sum(len(body) + 5 for _, body in messages)
+            if self._queued_bytes > INPUT_LIMIT:
+                self._room.clear()  # TCP pushes back on the client
+            start = not self._working
+            self._working = True
+        if start:
+            self._start_work()
 
     def _kick(self) -> None:
         with self._lock:
@@ -193,6 +207,10 @@ class Framing(ConnectionBase):
             self._working = start
         if start:
             self._start_work()
+
+    def open_socket(self) -> None:
+        """The request threads' handle on the socket, once logged in."""
+        self._sock = _own_socket(self.writer)
 
     def close_socket(self) -> None:
         """The request threads' handle on the socket, once none of them works."""

@@ -253,6 +253,7 @@ class Connection(StartupPhase, Framing, SimpleQuery, Portals, Extended):
             if not await asyncio.wait_for(self.startup(), STARTUP_TIMEOUT):
                 return
             self.backend.connections[self.pid] = self
+            self.open_socket()
             reader_task = asyncio.create_task(self.read_loop())
             await self.requests()
         except ProtocolViolation as exc:
@@ -270,6 +271,7 @@ class Connection(StartupPhase, Framing, SimpleQuery, Portals, Extended):
             pass  # the client went away
         finally:
             self.gone = True
+            self.close_socket()  # first: nothing below may skip it
             if reader_task is not None:
                 reader_task.cancel()
             self.backend.connections.pop(self.pid, None)
@@ -281,7 +283,6 @@ class Connection(StartupPhase, Framing, SimpleQuery, Portals, Extended):
                 self.writer.transport.abort()  # nobody reads it: drop it, do not wait
             else:
                 self.writer.close()
-            self.close_socket()
 
     def _release_all(self) -> None:
         self.close_portals(True)

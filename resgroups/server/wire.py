@@ -93,11 +93,6 @@ class Framer:
         del buf[:at]
         return out
 
-    @property
-    def partial(self) -> bool:
-        """Part of a message is waiting for the rest."""
-        return bool(self._buf)
-
 
 class Body:
     """Reads the fields of one message body; ProtocolViolation when it runs short."""

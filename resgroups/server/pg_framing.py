@@ -48,6 +48,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
@@ -209,8 +210,12 @@ class Framing(ConnectionBase):
             self._start_work()
 
     def open_socket(self) -> None:
-        """The request threads' handle on the socket, once logged in."""
+        """The request threads' handle on the socket, once logged in. Closed when
+        the connection ends (``close_socket``), or with the connection object if
+        its end never runs (a loop stopped under it)."""
         self._sock = _own_socket(self.writer)
+        if self._sock is not None:
+            weakref.finalize(self, self._sock.close)
 
     def close_socket(self) -> None:
         """The request threads' handle on the socket, once none of them works."""

@@ -73,11 +73,16 @@ def serving(
 
 
 def start_server(
-    args: Sequence[str] = (), env: dict[str, str] | None = None, address_space: int | None = None
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    address_space: int | None = None,
+    cwd: str | None = None,
 ) -> ServerProcess:
     """Start ``resgroups serve`` on ports the OS picks; return once it listens.
     ``address_space``: its RLIMIT_AS in bytes, for a test that could make it
-    allocate without bound (a regression then fails the test, not the machine)."""
+    allocate without bound (a regression then fails the test, not the machine).
+    ``cwd``: where it runs; a checkout there is the one imported (a benchmark's
+    baseline)."""
 
     def limit() -> None:
         if address_space is not None:
@@ -91,6 +96,7 @@ def start_server(
         text=True,
         env={**os.environ, **(env or {})},
         preexec_fn=limit if address_space is not None else None,
+        cwd=cwd,
     )  # fmt: skip
     assert proc.stdout is not None
     assert proc.stderr is not None

@@ -20,6 +20,8 @@ from resgroups.server.pg_state import (
     MAX_PARAMETER_BYTES,
     MAX_PREPARED,
     MAX_STATEMENT,
+    PLAN_CACHE,
+    PLAN_CACHE_TEXT,
     PREPARED_OVERHEAD,
     ConnectionBase,
     DuplicateObject,
@@ -203,12 +205,29 @@ class Extended(ConnectionBase):
         if commands.recognize(text) is not None:
             return {}
         try:
-            with interruptible(self.check_interrupt), placeholders_allowed() as literal_types:
-                stmt = parse_one(text)
+            stmt, literal_types = self._template(text)
             return {**self.session.describe_parameters(stmt), **literal_types}
         except Error:
             self.check_interrupt()  # a cancel during the parse is not a typing failure
             return {}
+
+    def _template(self, text: str) -> tuple[ast.Statement, dict[int, str]]:
+        """``text`` parsed with its placeholders, and the types of those that stand
+        where a literal does. A pure function of the text, so kept for the texts
+        seen lately: a client that parses the same unnamed statement for every
+        execution (pgbench -M extended, node-postgres) parses it once."""
+        hit = self._templates.get(text)
+        if hit is not None:
+            self._templates.move_to_end(text)
+            return hit
+        with interruptible(self.check_interrupt), placeholders_allowed() as literal_types:
+            stmt = parse_one(text)
+        parsed = (stmt, dict(literal_types))
+        if len(text) <= PLAN_CACHE_TEXT:
+            self._templates[text] = parsed
+            if len(self._templates) > PLAN_CACHE:
+                self._templates.popitem(last=False)
+        return parsed
 
     def _typed_plan(self, text: str, count: int) -> Plan:
         """A statement with placeholders planned for Describe before any value is

@@ -1,10 +1,28 @@
 """Framing and back-pressure: messages in, replies out, and what a wait may cost.
 
-In: a reader task frames messages into a queue bounded by INPUT_LIMIT bytes
-(past it, the reader stops reading and TCP pushes back on the client). Out:
-a request's replies gather in a buffer; each OUTPUT_CHUNK of them goes to
-the loop. Whether the request thread then waits for the socket depends on
-what it holds:
+In: a reader task frames every message of each chunk it reads (``wire.Framer``)
+into ``_pending``, bounded by INPUT_LIMIT bytes (past it, the reader stops
+reading and TCP pushes back on the client).
+
+Who handles them (``_lock`` guards the hand-over): at most one request
+thread per connection owns its requests (``_working``). The loop starts one
+when it has framed a chunk read from the socket and none owns them (a chunk
+holds a driver's whole burst: Parse/Bind/Describe/Execute/Sync). The thread
+handles a burst, sends the reply on the socket itself (``_sock``, a
+duplicate of the client's socket) and, under the same lock as that send,
+either takes the messages that arrived meanwhile or leaves: so a round trip
+wakes the loop once (to hand the burst over) and no reply can overtake
+another. A reply goes through the loop instead when the loop may hold
+output of this connection (``_loop_writes``: the startup's replies, chunks
+handed during the request, a reply the socket did not take at once); the
+loop writes it in order, drains it under the write timeout and only then
+hands the next burst over, and sets ``_loop_writes`` back only once nothing
+is left unwritten. How the connection ends (an error, the client gone,
+Terminate) is settled on the loop (``_finished``) once no thread owns it.
+
+Out, within a request: its replies gather in a buffer; each OUTPUT_CHUNK of
+them goes to the loop. Whether the request thread then waits for the socket
+depends on what it holds:
 
 - a query is running (a streamed SELECT holds its slot and worker): the
   thread waits for the socket to take the chunk, and the wait is the
@@ -26,7 +44,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
+import socket
+import threading
 import time
+import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -45,84 +68,245 @@ from resgroups.server.wire import Body, ProtocolViolation
 
 log = logging.getLogger("resgroups.server.pgwire")
 
+READ_CHUNK: Final = 64 * 1024  # bytes framed per read: a burst of messages at once
+
 Message = tuple[bytes, bytes]
 Handler = Callable[[ConnectionBase, Body], None]
 
 
 class Framing(ConnectionBase):
-    _queue: asyncio.Queue[Message | Error | None]
+    _lock: threading.Lock  # guards _pending, _queued_bytes, _working, _kicked
+    _pending: deque[Message | Error | None]  # framed, not yet taken by a request thread
     _queued_bytes: int
+    _working: bool  # a request thread (or the loop's drain of its reply) owns the requests
+    _kicked: bool  # a hand-off to a request thread is scheduled on the loop
+    _finished: asyncio.Future[Error | None]  # how the connection ends
     _room: asyncio.Event
     _out: list[bytes]
     _out_size: int
     _handed: int  # bytes handed to the loop during this request, not waited for
+    _loop_writes: bool  # the loop may hold unwritten output: replies go through it
+    _sock: socket.socket | None  # the client's socket, for a request thread's replies
     handlers: Final[dict[bytes, Handler]] = {}  # filled by pgwire.Connection
 
     def init_framing(self) -> None:
-        self._queue = asyncio.Queue()
+        self._lock = threading.Lock()
+        self._pending = deque()
         self._queued_bytes = 0
+        self._working = False
+        self._kicked = False
+        self._finished = self.loop.create_future()
         self._room = asyncio.Event()
         self._room.set()
         self._out = []
         self._out_size = 0
         self._handed = 0
+        self._loop_writes = True  # until the loop has seen its startup replies written
+        self._sock = None
 
     # ---- on the loop ----------------------------------------------------------------
 
     async def read_loop(self) -> None:
-        """Frame messages into the queue; the end of the connection cancels its query."""
+        """Frame messages for the request threads; the end of the connection
+        cancels its query."""
+        framer = wire.Framer()
         try:
             while True:
                 await self._room.wait()
-                kind, body = await wire.read_message(self.reader)
-                self._queued_bytes += len(body) + 5
-                if self._queued_bytes > INPUT_LIMIT:
-                    self._room.clear()
-                self._queue.put_nowait((kind, body))
-                if kind == b"X":
+                data = await self.reader.read(READ_CHUNK)
+                if not data:
+                    raise asyncio.IncompleteReadError(b"", None)  # EOF
+                messages = framer.feed(data)
+                ends = next((i for i, (kind, _) in enumerate(messages) if kind == b"X"), None)
+                if ends is not None:  # Terminate: nothing after it is read
+                    self.hand_over(messages[: ends + 1])
                     return
-        except ProtocolViolation as exc:
-            self._queue.put_nowait(exc)
+                if messages:
+                    self.hand_over(messages)
+                if framer.violation is not None:
+                    self.arrive(framer.violation)
+                    return
         except (ConnectionError, asyncio.IncompleteReadError):
             self.gone = True
             self.cancel()  # whatever runs now ends at its next checkpoint
-            self._queue.put_nowait(None)
+            self.arrive(None)
 
     def cancel(self) -> None:
         raise NotImplementedError
 
+    def arrive(self, item: Error | None) -> None:
+        """How the connection ends (an error to say, or None: the client left), for
+        the request threads, after the messages before it. The hand-off waits
+        for the loop's next turn."""
+        with self._lock:
+            self._pending.append(item)
+            kick = not self._working and not self._kicked
+            self._kicked = self._kicked or kick
+        if kick:
+            self.loop.call_soon(self._kick)
+
+    def hand_over(self, messages: list[Message]) -> None:
+        """The messages of a chunk, for a request thread: one starts now if none
+        owns the requests (a chunk holds whole bursts as a driver sends them)."""
+        with self._lock:
+            self._pending.extend(messages)
+            self._queued_bytes += sum(len(body) + 5 for _, body in messages)
+            if self._queued_bytes > INPUT_LIMIT:
+                self._room.clear()  # TCP pushes back on the client
+            start = not self._working
+            self._working = True
+        if start:
+            self._start_work()
+
+    def _kick(self) -> None:
+        with self._lock:
+            self._kicked = False
+            start = not self._working and bool(self._pending)
+            self._working = self._working or start
+        if start:
+            self._start_work()
+
+    def _start_work(self) -> None:
+        try:
+            self.executor.submit(self._work)
+        except RuntimeError:  # the request threads are shut down
+            self.settle(EngineClosed("terminating connection: the server is shutting down"))
+
+    def settle(self, reason: BaseException | None) -> None:
+        """The connection ends (``reason``: raised in :meth:`requests`), on the loop."""
+        if not self._finished.done():
+            if reason is None or isinstance(reason, Error):
+                self._finished.set_result(reason)
+            else:
+                self._finished.set_exception(reason)
+
     async def requests(self) -> None:
-        while True:
-            first = await self._queue.get()
-            batch = [first]
-            while not self._queue.empty() and isinstance(batch[-1], tuple):
-                batch.append(self._queue.get_nowait())
-            messages = [m for m in batch if isinstance(m, tuple)]
-            self._queued_bytes -= sum(len(body) + 5 for _, body in messages)
-            if self._queued_bytes <= INPUT_LIMIT:
-                self._room.set()
-            if messages:
-                self.busy = True
-                try:
-                    out = await self.loop.run_in_executor(self.executor, self.process, messages)
-                finally:
-                    self.busy = False
-                if self.gone:
-                    return
-                self.writer.write(out)
-                if self.writer.transport.get_write_buffer_size():  # else: all written now
-                    await asyncio.wait_for(self.writer.drain(), self.backend.write_timeout)
-                if self.gone_after_reply:
-                    return
-            end = batch[-1]
-            if isinstance(end, Error):
-                raise end
-            if end is None or (isinstance(end, tuple) and end[0] == b"X") or self.gone:
-                return
-            if self.backend.closing:
-                raise EngineClosed("terminating connection: the server is shutting down")
+        """Until the connection ends; an Error ends it with FATAL."""
+        reason = await self._finished
+        if reason is not None:
+            raise reason
+
+    async def _drain_then_go_on(self, data: bytes, ending: tuple[Error | None] | None) -> None:
+        """A reply the socket did not take at once (or that follows output handed to
+        the loop): written in order, drained under the write timeout, then the
+        requests go on (or the connection ends, if this burst ended it)."""
+        try:
+            if data:
+                self.writer.write(data)
+            if self.writer.transport.get_write_buffer_size():
+                await asyncio.wait_for(self.writer.drain(), self.backend.write_timeout)
+        except (TimeoutError, ConnectionError) as exc:
+            self.settle(exc)
+            return
+        if not self.writer.transport.get_write_buffer_size():
+            self._loop_writes = False  # everything is written: replies may go direct
+        if ending is not None:
+            self.settle(ending[0])
+            return
+        with self._lock:
+            start = bool(self._pending)
+            self._working = start
+        if start:
+            self._start_work()
+
+    def open_socket(self) -> None:
+        """The request threads' handle on the socket, once logged in. Closed when
+        the connection ends (``close_socket``), or with the connection object if
+        its end never runs (a loop stopped under it)."""
+        self._sock = _own_socket(self.writer)
+        if self._sock is not None:
+            weakref.finalize(self, self._sock.close)
+
+    def close_socket(self) -> None:
+        """The request threads' handle on the socket, once none of them works."""
+        with self._lock:
+            sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
 
     # ---- on a request thread ------------------------------------------------------------
+
+    def _work(self) -> None:
+        """Handle bursts while messages wait, replying on the socket directly; then
+        leave, and the loop hands the next burst to a request thread."""
+        try:
+            while True:
+                with self._lock:
+                    batch: list[Message | Error | None] = []
+                    while self._pending and (not batch or isinstance(batch[-1], tuple)):
+                        batch.append(self._pending.popleft())
+                    if not batch:
+                        self._working = False
+                        return
+                    messages = [m for m in batch if isinstance(m, tuple)]
+                    self._queued_bytes -= sum(len(body) + 5 for _, body in messages)
+                    room = self._queued_bytes <= INPUT_LIMIT and not self._room.is_set()
+                if room:
+                    self.loop.call_soon_threadsafe(self._room.set)
+                out = b""
+                if messages:
+                    self.busy = True
+                    try:
+                        out = self.process(messages)
+                    finally:
+                        self.busy = False
+                    if self.gone:
+                        self._settle_soon(None)
+                        return
+                ending = self._ending(batch[-1])
+                if not self._reply(out, ending):
+                    return  # replied and left, or the loop drains the reply and goes on
+        except BaseException as exc:  # a bug: the connection ends, the server goes on
+            log.exception("internal error in connection %d's requests", self.pid)
+            self._settle_soon(internal(exc))
+
+    def _ending(self, last: Message | Error | None) -> tuple[Error | None] | None:
+        """Whether the burst ending with ``last`` ends the connection (and with
+        what error): None when the requests go on."""
+        if self.gone_after_reply or self.gone or last is None:
+            return (None,)
+        if isinstance(last, Error):
+            return (last,)
+        if last[0] == b"X":
+            return (None,)
+        if self.backend.closing:
+            return (EngineClosed("terminating connection: the server is shutting down"),)
+        return None
+
+    def _reply(self, data: bytes, ending: tuple[Error | None] | None) -> bool:
+        """Send a burst's reply: straight to the socket when the loop holds none of
+        this connection's output (one send, no hop to the loop), else through the
+        loop, in order. True: more messages wait, go on with them. False: this
+        thread is done with the connection (it left, under the same lock as the
+        send, so a thread the loop starts next replies after this one; or the
+        loop drains the reply, then goes on itself; or the connection ends)."""
+        if not self._loop_writes:
+            sent = 0
+            with self._lock:  # the socket is not closed under a send
+                sock = self._sock
+                if sock is not None and data:
+                    try:
+                        sent = sock.send(data)
+                    except BlockingIOError:
+                        sent = 0
+                    except OSError:  # reset: the reader sees the end too
+                        self.gone = True
+                whole = sock is not None and sent == len(data) and not self.gone
+                if whole and ending is None:
+                    if self._pending:
+                        return True
+                    self._working = False
+                    return False
+            if whole or self.gone:
+                self._settle_soon(None if self.gone or ending is None else ending[0])
+                return False
+            data = data[sent:]
+        self._loop_writes = True
+        asyncio.run_coroutine_threadsafe(self._drain_then_go_on(data, ending), self.loop)
+        return False
+
+    def _settle_soon(self, reason: BaseException | None) -> None:
+        self.loop.call_soon_threadsafe(self.settle, reason)
 
     def send(self, data: bytes) -> None:
         self._out.append(data)
@@ -139,6 +323,7 @@ class Framing(ConnectionBase):
         self._out_size = 0
         if self.gone:
             raise ConnectionResetError("the client is gone")
+        self._loop_writes = True  # the loop writes this: later replies follow it there
         query = self.streaming
         if query is not None:
             self._wait_written(data, query)
@@ -194,6 +379,7 @@ class Framing(ConnectionBase):
             self._out.clear()
             self._out_size = 0
             self._handed += len(data)
+            self._loop_writes = True
             self.loop.call_soon_threadsafe(self.writer.write, data)
 
     async def _write(self, data: bytes) -> None:
@@ -270,3 +456,19 @@ class Framing(ConnectionBase):
 def internal(exc: BaseException) -> InternalError:
     """What a client is told of a bug: its kind, not its text (which may name files)."""
     return InternalError(f"internal error ({type(exc).__name__}); the server log has the details")
+
+
+def _own_socket(writer: asyncio.StreamWriter) -> socket.socket | None:
+    """A duplicate of the client's socket for request threads' replies (None: no
+    socket, a test's transport). A duplicate, not the transport's own: closing
+    it is the connection's, so its descriptor cannot be reused by another
+    client while a thread may still send on it."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        own = socket.socket(fileno=os.dup(sock.fileno()))
+    except OSError:
+        return None
+    own.setblocking(False)
+    return own

@@ -40,7 +40,7 @@ INPUT_LIMIT: Final = 4 * 1024 * 1024  # bytes of messages read ahead of the engi
 OUTPUT_CHUNK: Final = 256 * 1024  # bytes a thread hands to the loop at a time
 OUTPUT_LIMIT: Final = 16 * 1024 * 1024  # bytes handed to the loop unwritten, no query running
 OUTPUT_POLL: Final = 0.05  # seconds between checks of a waiting query's deadline and cancel
-PLAN_CACHE: Final = 128  # statement texts a connection keeps parsed
+PLAN_CACHE: Final = 128  # statement texts a connection keeps parsed (each: bound, with $n)
 PLAN_CACHE_TEXT: Final = 16 * 1024  # characters of a text the plan cache keeps
 STREAM_ROWS: Final = 10_000  # rows of a streamed result made at a time
 MAX_STATEMENT: Final = MAX_SCRIPT_CHARS  # characters of one Query or Parse text
@@ -222,6 +222,7 @@ class ConnectionBase:
     interrupted: bool  # a cancel arrived while no query ran (a long parse)
     streaming: Any  # the query whose rows are being sent (its deadline bounds the wait)
     _plans: OrderedDict[str, ast.Statement | commands.WireCommand]
+    _templates: OrderedDict[str, tuple[ast.Statement, dict[int, str]]]  # parsed with $n
 
     # framing
     def send(self, data: bytes) -> None:

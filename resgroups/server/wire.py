@@ -60,6 +60,40 @@ async def read_message(
     return kind, await reader.readexactly(length - 4)
 
 
+class Framer:
+    """Frontend messages out of the bytes a socket gives, however they are cut:
+    each chunk is framed in O(its length) and only a message's missing part
+    waits. A length that lies stops the framing at that message
+    (``violation``), after the messages before it."""
+
+    def __init__(self, limit: int = MAX_MESSAGE) -> None:
+        self._buf = bytearray()
+        self._limit = limit
+        self.violation: ProtocolViolation | None = None
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        """The messages ``data`` completes, in order."""
+        buf = self._buf
+        buf += data
+        out = []
+        at = 0
+        while len(buf) - at >= 5 and self.violation is None:
+            kind, length = _HEADER.unpack_from(buf, at)
+            if not 4 <= length <= self._limit:
+                self.violation = ProtocolViolation(
+                    f"invalid message length {length} for message {kind!r} "
+                    f"(allowed 4..{self._limit})"
+                )
+                break
+            end = at + 1 + length
+            if len(buf) < end:
+                break
+            out.append((kind, bytes(buf[at + 5 : end])))
+            at = end
+        del buf[:at]
+        return out
+
+
 class Body:
     """Reads the fields of one message body; ProtocolViolation when it runs short."""
 

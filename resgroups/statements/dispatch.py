@@ -7,11 +7,13 @@ raise FeatureNotSupported without it) and the permission it needs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from resgroups.access import check_group_admin, check_use, find_runtime_group
 from resgroups.catalog.params import INT64_MAX
@@ -31,13 +33,15 @@ from resgroups.sql.expr import CATALOG_FUNCTIONS, EvalContext, Scope, compile_ex
 from resgroups.sql.format import format_sql
 from resgroups.sql.param_types import parameter_types
 from resgroups.sql.relational import SERIES, run_query
-from resgroups.sql.select import Relation, run_select, select_shape
+from resgroups.sql.select import Relation, Shape, run_select, select_shape
 from resgroups.statements import groups, principals, rules, selectors
 from resgroups.statements.pg_catalog import CatalogRows, catalog_columns, unknown_relation
 from resgroups.statements.table_functions import TABLE_FUNCTIONS, relation, table_function
 
 if TYPE_CHECKING:
     from resgroups.session import Session
+
+T = TypeVar("T")
 
 
 class Needs(Enum):
@@ -134,7 +138,42 @@ def _qualifiers(node: object) -> set[str]:
 _ROW_ONLY: Final = (ast.Case, ast.Subquery, ast.DerivedTable, ast.Join)
 
 
-def _needs_rows(node: object) -> bool:
+class _PerStatement(Generic[T]):
+    """A fact of a statement's tree (``walk(stmt)``), kept for the statements seen
+    lately. Statements are immutable and the wire's plan cache hands the same
+    object back for a repeated text, so a repeated statement is walked once:
+    each walk is O(nodes), a hit O(1). Keyed by identity (a frozen tree's own
+    hash walks it), through a weak reference whose death drops the entry, so
+    nothing is kept alive and an id is never read for another object; at most
+    ``size`` entries (all dropped when full: O(1) amortised). Thread-safe: each
+    step is one dict operation under the GIL, and a lost race walks again."""
+
+    def __init__(self, walk: Callable[[Any], T], size: int = 1024) -> None:
+        self._walk = walk
+        self._size = size
+        self._seen: dict[int, tuple[weakref.ref[Any], T]] = {}
+
+    def __call__(self, stmt: Any) -> T:
+        key = id(stmt)
+        hit = self._seen.get(key)
+        if hit is not None and hit[0]() is stmt:
+            return hit[1]
+        value = self._walk(stmt)
+        if len(self._seen) >= self._size:
+            self._seen.clear()
+        seen = self._seen
+
+        def forget(ref: weakref.ref[Any], key: int = key) -> None:
+            entry = seen.get(key)
+            if entry is not None and entry[0] is ref:
+                seen.pop(key, None)
+
+        with contextlib.suppress(TypeError):  # not a node (a tuple of them): not kept
+            self._seen[key] = (weakref.ref(stmt, forget), value)
+        return value
+
+
+def _walk_needs_rows(node: object) -> bool:
     """Whether ``node`` holds an expression only the row evaluator has."""
     if isinstance(node, _ROW_ONLY):
         return True
@@ -156,10 +195,13 @@ def _needs_rows(node: object) -> bool:
     if isinstance(node, ast.Cast) and node.written in ("regclass", "regtype"):
         return True
     if isinstance(node, tuple):
-        return any(_needs_rows(x) for x in node)
+        return any(_walk_needs_rows(x) for x in node)
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return any(_needs_rows(getattr(node, f.name)) for f in dataclasses.fields(node))
+        return any(_walk_needs_rows(getattr(node, f.name)) for f in dataclasses.fields(node))
     return False
+
+
+_needs_rows: Final = _PerStatement(_walk_needs_rows)
 
 
 def _resolver(
@@ -218,7 +260,7 @@ def select(session: Session, stmt: ast.Select) -> Result:
     if _reads_tables(session, stmt):  # the workload's tables: a managed query
         with session.query(
             kind="select",
-            statement=format_sql(stmt),
+            statement=_text(stmt),
             estimate=_row_engine_estimate(session, stmt),
         ) as q:
             out, _ = _run(session, stmt, session.eval_context(q.group))
@@ -234,7 +276,7 @@ def union(session: Session, stmt: ast.Union) -> Result:
     if _reads_tables(session, stmt):
         with session.query(
             kind="select",
-            statement=format_sql(stmt),
+            statement=_text(stmt),
             estimate=_row_engine_estimate(session, stmt),
         ) as q:
             out = _union(session, stmt, session.eval_context(q.group))
@@ -269,17 +311,21 @@ def _union(session: Session, stmt: ast.Union, ctx: EvalContext) -> Relation:
     return replace(out, columns=first.columns)
 
 
-def _sources(node: object) -> Iterator[ast.TableName | ast.TableFunction]:
+def _walk_sources(node: object) -> Iterator[ast.TableName | ast.TableFunction]:
     """Every relation a statement reads from, anywhere in it (a table function's
     arguments are not looked into)."""
     if isinstance(node, ast.TableName | ast.TableFunction):
         yield node
     elif isinstance(node, tuple):
         for item in node:
-            yield from _sources(item)
+            yield from _walk_sources(item)
     elif dataclasses.is_dataclass(node) and not isinstance(node, type):
         for f in dataclasses.fields(node):
-            yield from _sources(getattr(node, f.name))
+            yield from _walk_sources(getattr(node, f.name))
+
+
+_text: Final = _PerStatement(format_sql)  # a statement's text, as queries are listed
+_sources: Final = _PerStatement(lambda stmt: tuple(_walk_sources(stmt)))
 
 
 def _executor_table(session: Session, source: ast.TableName | ast.TableFunction) -> Table | None:
@@ -344,7 +390,7 @@ def _select_simple(session: Session, stmt: ast.Select) -> Result:
     else:
         with session.query(
             kind="select",
-            statement=format_sql(stmt),
+            statement=_text(stmt),
             estimate=_row_engine_estimate(session, stmt),
         ) as q:
             out = run_select(stmt, source, session.eval_context(q.group))
@@ -365,19 +411,31 @@ def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str
     if _in_executor(session, stmt):
         stmt = _unqualified(stmt)
         source = executor.source_of(session, stmt)
-        names, types = source.names, source.types
-    elif isinstance(stmt.source, ast.TableFunction) and not _needs_rows(stmt):
-        fn = table_function(stmt.source.name)
-        names = tuple(name for name, _ in fn.columns)
-        types = tuple(kind for _, kind in fn.columns)
-    elif stmt.source is not None or _needs_rows(stmt):
+        shape = select_shape(stmt, Scope(source.names, source.types))
+    elif _needs_rows(stmt) or not (
+        stmt.source is None or isinstance(stmt.source, ast.TableFunction)
+    ):
         # the catalog is small: its description is its answer's (read, not managed)
         out, _ = _run(session, stmt, session.eval_context())
         return list(out.columns), [t or "text" for t in out.types]
     else:
-        names = types = ()
-    shape = select_shape(stmt, Scope(names, types))
+        shape = _plain_shape(stmt)
     return list(shape.names), list(shape.types)
+
+
+def _walk_plain_shape(stmt: ast.Select) -> Shape:
+    """The shape of a SELECT of no source or of a table function's (whose columns
+    are fixed): its statement's alone, so kept per statement."""
+    names: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()
+    if isinstance(stmt.source, ast.TableFunction):
+        fn = table_function(stmt.source.name)
+        names = tuple(name for name, _ in fn.columns)
+        types = tuple(kind for _, kind in fn.columns)
+    return select_shape(stmt, Scope(names, types))
+
+
+_plain_shape: Final = _PerStatement(_walk_plain_shape)
 
 
 def _source_columns(session: Session, source: ast.Source | None) -> Scope | None:

@@ -22,6 +22,7 @@ Install with ``pip install 'resgroups[duckdb]'`` (DuckDB and pyarrow).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -40,6 +41,39 @@ BATCH_ROWS: Final = 100_000
 
 # DuckDB's worker threads carry no name of their own: the unnamed native threads
 THREADS: Final = EngineThreads("duckdb", unnamed)
+
+
+class _Interrupt:
+    """``q.on_cancel``'s callback for a cursor: it interrupts DuckDB now and again
+    every 0.1 s until the statement has returned. An interrupt that arrives
+    before DuckDB has begun the statement is forgotten when it begins (a cancel
+    between the query's entry and the native call), so once is not enough."""
+
+    def __init__(self, cursor: duckdb.DuckDBPyConnection) -> None:
+        self._cursor = cursor
+        self._lock = threading.Lock()
+        self._done = False
+        self._stop = threading.Event()
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._cursor.interrupt()
+        threading.Thread(target=self._again, name="resgroups-duckdb-interrupt", daemon=True).start()
+
+    def _again(self) -> None:
+        while not self._stop.wait(0.1):
+            with self._lock:
+                if self._done:
+                    return
+                self._cursor.interrupt()
+
+    def done(self) -> None:
+        """The statement returned: no interrupt from here on (the cursor may close)."""
+        with self._lock:
+            self._done = True
+        self._stop.set()
 
 
 def execute(
@@ -68,7 +102,8 @@ def execute(
         cursor = con.cursor()
         try:
             with THREADS.inside(q) as native:
-                q.on_cancel(cursor.interrupt)
+                interrupt = _Interrupt(cursor)
+                q.on_cancel(interrupt)
                 rows: list[tuple[Any, ...]] = []
                 try:
                     with native.active():
@@ -86,6 +121,8 @@ def execute(
                 except duckdb.InterruptException:
                     q.checkpoint()  # raises QueryCancelled or QueryTimeout
                     raise
+                finally:
+                    interrupt.done()
             if timings is not None:
                 timings["native_cpu_ms"] = native.charged_ns / 1e6
             return rows

@@ -94,8 +94,28 @@ class _Stopper:
     def _leave(self) -> None:
         with self._lock:
             self._inside = False
-            if self._sent:  # nothing pending stays behind for later code
-                _set_async_exc(ctypes.c_ulong(self._thread), None)
+            sent = self._sent
+        if sent:  # nothing pending stays behind for later code
+            _absorb_pending()
+
+
+def _swallow() -> None:
+    """A function call: where the interpreter raises a pending asynchronous
+    exception (at the callee's first instruction)."""
+
+
+def _absorb_pending() -> None:
+    """Let an :class:`_Interrupted` still pending for this thread be raised here,
+    and drop it. Clearing it with ``PyThreadState_SetAsyncExc(id, NULL)`` instead
+    would leave the interpreter's eval breaker signalled for good (CPython 3.11
+    signals on every call of it, and unsignals only as it raises one), which
+    slows every thread and upsets the instants at which signal handlers run."""
+    # not contextlib.suppress: its __enter__ is a call, where the exception would
+    # be raised outside the block
+    try:  # noqa: SIM105
+        _swallow()
+    except _Interrupted:
+        pass
 
 
 def _batches(stream: object) -> Iterator[pa.RecordBatch]:

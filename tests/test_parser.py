@@ -237,6 +237,7 @@ def test_select_shapes() -> None:
     assert parse_one("SELECT * FROM resource_groups()") == ast.Select(
         None, ast.TableFunction("resource_groups")
     )
+    assert parse_one("show resource groups") == parse_one("SELECT * FROM resource_groups()")
     assert parse_one("select current_resource_group()") == ast.Select(
         (ast.SelectItem(ast.Call("current_resource_group")),)
     )

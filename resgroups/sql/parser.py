@@ -628,6 +628,11 @@ class _ToAst(Transformer[Token, Any]):
     def show_service_accounts(self) -> ast.Show:
         return ast.Show(ast.PrincipalKind.SERVICE_ACCOUNT)
 
+    def show_resource_groups(self) -> ast.Select:
+        """SHOW RESOURCE GROUPS is ``SELECT * FROM resource_groups()``: the same
+        rows, columns and permissions."""
+        return ast.Select(None, ast.TableFunction("resource_groups"))
+
     # ---- queries
     def select(
         self,

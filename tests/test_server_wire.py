@@ -225,7 +225,8 @@ def test_show_resource_groups_gives_the_rows_of_resource_groups(server: ServerPr
         selected = conn.execute("SELECT * FROM resource_groups()")
         assert names == [d.name for d in selected.description or ()]
         assert rows == [row[0] for row in selected.fetchall()]
-        assert "cpu_used_pct" in names and "DEFAULT" in rows
+        assert "cpu_used_pct" in names
+        assert "DEFAULT" in rows
 
 
 def test_a_syntax_error_at_the_first_word_expects_what_the_server_accepts(

@@ -182,6 +182,18 @@ def test_api_state_has_groups_history_and_queries(server: ServerProcess) -> None
         )
 
 
+def test_serve_says_where_the_live_page_is(server: ServerProcess) -> None:
+    """The line after the listeners' (README's "Serving clients" shows both)."""
+    line: list[str] = []
+    reader = threading.Thread(
+        target=lambda: line.append(server.proc.stdout.readline()),  # type: ignore[union-attr]
+        daemon=True,
+    )
+    reader.start()
+    reader.join(30)
+    assert line == [f"the live page: {server.url}/\n"]
+
+
 def test_the_page_and_its_files_are_served_and_nothing_else(server: ServerProcess) -> None:
     status, body, headers = fetch(f"{server.url}/")
     assert status == 200

@@ -274,3 +274,15 @@ def test_keywords_list() -> None:
     words = keywords()
     assert {"CREATE", "RESOURCE", "GROUP", "DEFAULT", "UNLIMITED"} <= set(words)
     assert all(w.isupper() for w in words)
+
+
+def test_warm_builds_the_parser_before_the_first_statement() -> None:
+    """``resgroups serve`` warms before it says it is ready: the first statement
+    does not pay for the LALR tables."""
+    from resgroups.sql import parser
+
+    parser._parser.cache_clear()
+    assert parser._parser.cache_info().currsize == 0
+    parser.warm()
+    assert parser._parser.cache_info().currsize == 1
+    assert parse_one("SELECT 1") == ast.Select((ast.SelectItem(ast.Literal(1)),))

@@ -1006,6 +1006,12 @@ def _no_repeats(params: tuple[tuple[str, ast.ParamValue], ...]) -> tuple[Any, ..
     return params
 
 
+def warm() -> None:
+    """Build the parser now (about a second of LALR tables), not in the first
+    statement's time: what a server does before it says it is ready."""
+    _parser()
+
+
 @cache
 def _parser() -> Lark:
     grammar = resources.files("resgroups.sql").joinpath("grammar.lark").read_text("utf-8")

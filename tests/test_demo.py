@@ -51,7 +51,14 @@ def test_demo_prints_both_runs_and_writes_the_chart(tmp_path: Path) -> None:
     assert "calibrated: the report scans" in out
     assert "x lower)" in out or "x higher)" in out
     assert chart.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-    assert "#" in result.stderr  # the progress bar
+    # not a terminal: the progress is a line per tenth of the way, not one long line
+    steps = [line for line in result.stderr.splitlines() if line.startswith("[")]
+    assert len(steps) == 11, result.stderr
+    assert "\r" not in result.stderr
+    assert steps[-1].startswith("[100%] with groups")
+    # one vocabulary for CPU: % of the CPUs, the report's limit beside it, idle shown
+    assert "| (idle)" in out
+    assert "limit 50%)" in out
 
 
 def test_demo_json_and_the_dashboards_win(tmp_path: Path) -> None:
@@ -104,6 +111,65 @@ def test_demo_duckdb_scenario_the_dashboards_win_and_reports_complete(tmp_path: 
         assert run["report"]["queries"] >= 1, run["report"]
         assert run["report"]["errors"] == 0
     assert chart.exists()
+
+
+def test_progress_is_a_bar_on_a_terminal_and_a_line_per_step_elsewhere() -> None:
+    import io
+
+    for terminal in (True, False):
+        stream = io.StringIO()
+        progress = demo.Progress(stream, 10.0, terminal=terminal)
+        for run in ("without groups", "with groups"):
+            for tick in range(21):  # four updates a second, as run_once sends them
+                progress.update(run, tick / 4)
+            progress.finish_run(5.0)
+        progress.close()
+        text = stream.getvalue()
+        if terminal:
+            assert text.count("\r") == 42
+            assert text.count("\n") == 1
+        else:
+            assert "\r" not in text
+            lines = text.splitlines()
+            assert [line[:6] for line in lines] == [f"[{p:3d}%]" for p in range(0, 101, 10)]
+    assert demo.Progress(io.StringIO(), 1.0).terminal is False  # a StringIO is no terminal
+
+
+def _run(label: str, cpu: list[tuple[float, dict[str, int]]], limits: dict[str, float]) -> Any:
+    workloads = {n: demo.WorkloadStats(cpu_ns=cpu[-1][1][n]) for n in cpu[-1][1]}
+    return demo.RunResult(label, cpu[-1][0], workloads, cpu, None, 2.0, limits)
+
+
+def test_cpu_is_a_share_of_the_cpus_available_with_idle_and_limits() -> None:
+    """A workload using one of two CPUs for the whole run is at 50 %, whatever the
+    others use; what nobody used is idle; a limit is the group's cpu_limit_pct."""
+    second = 1_000_000_000
+    timeline = [(t / 4, {"report": t * second // 4, "dashboards": t * second // 20})
+                for t in range(41)]  # fmt: skip
+    run = _run("with groups", timeline, {"report": 50.0})
+    summary = run.summary()
+    assert summary["report"]["cpu_share_pct"] == 50.0
+    assert summary["dashboards"]["cpu_share_pct"] == 10.0
+    assert summary["report"]["cpu_limit_pct"] == 50.0
+    assert summary["dashboards"]["cpu_limit_pct"] is None
+    assert run.idle_pct() == 40.0
+    times, shares = demo.cpu_over_time(run, 1.0)
+    assert times[0] == 0.25
+    assert all(abs(v - 50.0) < 1e-9 for v in shares["report"])
+    assert all(abs(v - 10.0) < 1e-9 for v in shares["dashboards"])
+
+
+def test_the_chart_gives_each_workload_one_colour_in_both_runs(tmp_path: Path) -> None:
+    second = 1_000_000_000
+    timeline = [(t / 4, {"report": t * second // 4, "dashboards": t * second // 20})
+                for t in range(41)]  # fmt: skip
+    runs = [_run("without groups", timeline, {}), _run("with groups", timeline, {"report": 50.0})]
+    runs[1].workloads["dashboards"].latencies_ms.extend([3.0, 4.0, 40.0])  # the others: none
+    colours = demo.colours(list(runs[0].workloads))
+    assert colours == demo.colours(list(runs[1].workloads))
+    assert len(set(colours.values())) == len(colours)
+    path = demo.chart(runs, str(tmp_path / "c.png"))
+    assert Path(path).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
 def test_demo_refuses_an_unknown_scenario() -> None:

@@ -12,7 +12,9 @@ share over time.
 One vocabulary for CPU, as ``resource_groups()`` and the live page speak it: a
 share is a percentage of the CPUs this process may use (``available_cpus()``),
 so a group limited to ``cpu_limit = '50%'`` shows at most 50, and what no
-workload used is shown as idle.
+workload used is shown: the process's own work outside the queries (client
+threads, scheduling) and what the process did not have, idle or taken by other
+processes on a shared machine.
 """
 
 from __future__ import annotations
@@ -262,14 +264,28 @@ class RunResult:
     live: Live | None = None  # --serve: the run's engine, still served
     cpus: float = field(default_factory=available_cpus)  # the CPUs a share is a share of
     limits: dict[str, float] = field(default_factory=dict)  # workload -> its cpu_limit_pct
+    process_cpu_ns: int | None = None  # the whole process's CPU over the run
 
     def cpu_pct(self, cpu_ns: float, seconds: float) -> float:
         """``cpu_ns`` over ``seconds`` as a percentage of the CPUs this process may use."""
         return 100 * cpu_ns / (max(seconds, 1e-9) * self.cpus * 1e9)
 
+    def _queries_pct(self) -> float:
+        return sum(self.cpu_pct(w.cpu_ns, self.seconds) for w in self.workloads.values())
+
+    def outside_queries_pct(self) -> float | None:
+        """The process's CPU outside the queries (client threads, scheduling), % of the CPUs."""
+        if self.process_cpu_ns is None:
+            return None
+        process = self.cpu_pct(self.process_cpu_ns, self.seconds)
+        return round(max(0.0, process - self._queries_pct()), 1)
+
     def idle_pct(self) -> float:
-        """What no workload used, % of the CPUs (the process's own overhead included)."""
-        used = sum(self.cpu_pct(w.cpu_ns, self.seconds) for w in self.workloads.values())
+        """What the process did not use, % of the CPUs: idle, or taken by other
+        processes (without the process's own figure: what no workload used)."""
+        used = self._queries_pct()
+        if self.process_cpu_ns is not None:
+            used = max(used, self.cpu_pct(self.process_cpu_ns, self.seconds))
         return round(max(0.0, 100 - used), 1)
 
     def summary(self) -> dict[str, dict[str, Any]]:
@@ -302,6 +318,9 @@ def _percentile(values: list[float], pct: float) -> float | None:
 def _setup_users(admin: resgroups.Session, scenario: Scenario) -> None:
     users = sorted({u for w in scenario.workloads for u in w.users})
     admin.execute_script("; ".join(f"CREATE USER {u}" for u in users))
+
+
+PROCESS: Final = "(process)"  # the timeline's key for the whole process's CPU
 
 
 def _limits(engine: resgroups.Engine, scenario: Scenario) -> dict[str, float]:
@@ -387,9 +406,13 @@ def run_once(
                 if workload.think_s:
                     time.sleep(workload.think_s)
 
+        process_started = time.process_time_ns()
+
         def cpu_now() -> dict[str, int]:
             with lock:
-                return {n: sum(s.work_cpu_ns for s in ss) for n, ss in sessions.items()}
+                cpu = {n: sum(s.work_cpu_ns for s in ss) for n, ss in sessions.items()}
+            cpu[PROCESS] = time.process_time_ns() - process_started
+            return cpu
 
         threads = [
             threading.Thread(target=client, args=(w, u), daemon=True)
@@ -409,6 +432,7 @@ def run_once(
                 at_stop = cpu_now()
                 break
             time.sleep(min(0.25, max(0.0, stop - now)))
+        process_cpu_ns = at_stop.pop(PROCESS)
         for name, cpu in at_stop.items():
             stats[name].cpu_ns = cpu
         # long scans still running are cancelled; their latency is not counted
@@ -428,7 +452,7 @@ def run_once(
         for t in threads:
             t.join(10)
         label = "with groups" if with_groups else "without groups"
-        return RunResult(label, seconds, stats, timeline, live, engine.cpus, limits)
+        return RunResult(label, seconds, stats, timeline, live, engine.cpus, limits, process_cpu_ns)
     except BaseException:  # nothing stays up after a failed run, served or not
         if live is not None:
             live.close()
@@ -499,7 +523,12 @@ def side_by_side(runs: list[RunResult]) -> str:
             rows.append(
                 [workload if i == 0 else "", label, *("-" if v is None else v for v in values)]
             )
-    rows.append(["(idle)", metrics[4][0], *(r.idle_pct() for r in runs)])
+    outside = [r.outside_queries_pct() for r in runs]
+    if any(v is not None for v in outside):
+        rows.append(
+            ["(outside queries)", metrics[4][0], *("-" if v is None else v for v in outside)]
+        )
+    rows.append(["(idle or others)", metrics[4][0], *(r.idle_pct() for r in runs)])
     return tabulate(
         rows,
         headers=["workload", "metric", *(r.label for r in runs)],
@@ -519,6 +548,9 @@ def describe(scenario: Scenario, calibration: Calibration) -> str:
     return "\n".join(lines)
 
 
+BUSY_MACHINE_PCT: Final = 25.0  # idle or others' in the run without groups: a busy machine
+
+
 def verdict(runs: list[RunResult]) -> str:
     without, with_ = (r.summary() for r in runs)
     lines = []
@@ -529,6 +561,15 @@ def verdict(runs: list[RunResult]) -> str:
         lines.append(
             f"dashboard p99: {p99_before:.1f} ms without groups, {p99_after:.1f} ms with groups "
             f"({change})"
+        )
+    busy = runs[0].idle_pct()
+    if runs[0].process_cpu_ns is not None and busy >= BUSY_MACHINE_PCT:
+        # the run without groups keeps every CPU busy on a quiet machine: what it did
+        # not have, other processes took
+        lines.append(
+            f"note: this process had only {100 - busy:.0f}% of its {runs[0].cpus:g} CPUs in the "
+            "run without groups (other processes had the rest): every figure is smaller "
+            "than on a quiet machine"
         )
     report = with_["report"]
     limit = report.get("cpu_limit_pct")
@@ -548,7 +589,8 @@ PALETTE: Final = (
     "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
     "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
 )  # fmt: skip
-IDLE_COLOUR: Final = "#d9d9d9"
+IDLE_COLOUR: Final = "#e6e6e6"
+OUTSIDE_COLOUR: Final = "#a6a6a6"
 
 
 def colours(names: list[str]) -> dict[str, str]:
@@ -557,9 +599,11 @@ def colours(names: list[str]) -> dict[str, str]:
 
 
 def cpu_over_time(run: RunResult, window_s: float) -> tuple[list[float], dict[str, list[float]]]:
-    """Each workload's CPU over the last ``window_s`` at every sample, % of the CPUs."""
+    """Each workload's CPU over the last ``window_s`` at every sample, % of the CPUs;
+    the whole process's too, under :data:`PROCESS`, when the timeline has it."""
     times: list[float] = []
-    shares: dict[str, list[float]] = {n: [] for n in run.workloads}
+    names = [*run.workloads, *([PROCESS] if run.timeline and PROCESS in run.timeline[0][1] else [])]
+    shares: dict[str, list[float]] = {n: [] for n in names}
     start = 0
     for end, (at, cpu) in enumerate(run.timeline):
         while start < end and at - run.timeline[start + 1][0] >= window_s:
@@ -568,7 +612,7 @@ def cpu_over_time(run: RunResult, window_s: float) -> tuple[list[float], dict[st
         if end == start or at - since <= 0:
             continue
         times.append(at)
-        for n in run.workloads:
+        for n in names:
             shares[n].append(run.cpu_pct(cpu.get(n, 0) - before.get(n, 0), at - since))
     return times, shares
 
@@ -617,12 +661,15 @@ def chart(runs: list[RunResult], path: str, window_s: float = 1.0) -> str:
         # limited workloads at the bottom, so each limit's line sits on its band
         order = sorted(names, key=lambda n: n not in run.limits)
         if times:
-            idle = [max(0.0, 100 - sum(shares[n][i] for n in names)) for i in range(len(times))]
+            queries = [sum(shares[n][i] for n in names) for i in range(len(times))]
+            process = shares.get(PROCESS, queries)
+            outside = [max(0.0, p - q) for p, q in zip(process, queries, strict=True)]
+            idle = [max(0.0, 100 - q - o) for q, o in zip(queries, outside, strict=True)]
             ax.stackplot(
                 times,
-                [shares[n] for n in order] + [idle],
-                labels=[*order, "idle"],
-                colors=[colour[n] for n in order] + [IDLE_COLOUR],
+                [shares[n] for n in order] + [outside, idle],
+                labels=[*order, "this process, outside queries", "idle or other processes"],
+                colors=[colour[n] for n in order] + [OUTSIDE_COLOUR, IDLE_COLOUR],
                 alpha=0.85,
             )
             base = [0.0] * len(times)
@@ -720,7 +767,11 @@ def main(
                 "rows": calibration.rows,
             },
             "runs": {r.label.replace(" ", "_"): r.summary() for r in runs},
-            # what no workload used, % of the CPUs (cpu_share_pct is of the same CPUs)
+            # % of the same CPUs as cpu_share_pct: the process's work outside the
+            # queries, and what the process did not have (idle, or other processes')
+            "cpu_outside_queries_pct": {
+                r.label.replace(" ", "_"): r.outside_queries_pct() for r in runs
+            },
             "cpu_idle_pct": {r.label.replace(" ", "_"): r.idle_pct() for r in runs},
             "chart": path,
         }

@@ -57,7 +57,8 @@ def test_demo_prints_both_runs_and_writes_the_chart(tmp_path: Path) -> None:
     assert "\r" not in result.stderr
     assert steps[-1].startswith("[100%] with groups")
     # one vocabulary for CPU: % of the CPUs, the report's limit beside it, idle shown
-    assert "| (idle)" in out
+    assert "| (idle or others)" in out
+    assert "| (outside queries)" in out
     assert "limit 50%)" in out
 
 
@@ -153,6 +154,9 @@ def test_cpu_is_a_share_of_the_cpus_available_with_idle_and_limits() -> None:
     assert summary["report"]["cpu_limit_pct"] == 50.0
     assert summary["dashboards"]["cpu_limit_pct"] is None
     assert run.idle_pct() == 40.0
+    run.process_cpu_ns = 14 * second  # 70 % of 2 CPUs for 10 s: 10 points outside the queries
+    assert run.outside_queries_pct() == 10.0
+    assert run.idle_pct() == 30.0  # idle, or had by other processes
     times, shares = demo.cpu_over_time(run, 1.0)
     assert times[0] == 0.25
     assert all(abs(v - 50.0) < 1e-9 for v in shares["report"])

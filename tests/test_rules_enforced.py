@@ -20,6 +20,10 @@ from waiting import wait_until
 
 import resgroups
 
+NOT_INSTALLED = (
+    'in the test extra: pip install -e ".[test]" (the README\'s test command) installs it'
+)
+
 SCAN = "SELECT sum(x % 7) FROM long_sequence(4000000000)"  # minutes alone: a rule ends it
 
 
@@ -558,7 +562,7 @@ def test_a_move_takes_the_targets_fleet_slot_like_any_admission(pg_catalog: str,
 def test_a_kill_on_elapsed_interrupts_native_work() -> None:
     """A body inside one long native call (a DuckDB aggregation) is interrupted
     through q.on_cancel when an elapsed KILL comes due, as at its query timeout."""
-    duckdb = pytest.importorskip("duckdb")
+    duckdb = pytest.importorskip("duckdb", reason=NOT_INSTALLED)
     from resgroups.integrations import duckdb as integration
 
     with resgroups.Engine(workers=2, query_timeout=60) as engine:

@@ -619,7 +619,9 @@ def test_a_malformed_http_request_is_400(plain: ServerProcess) -> None:
     assert (status, body["rows"]) == (200, [[1]])
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+@pytest.mark.skipif(
+    shutil.which("curl") is None, reason="curl is not installed: apt-get install curl"
+)
 def test_curl_gets_400_for_a_body_that_is_not_utf8(plain: ServerProcess) -> None:
     done = subprocess.run(
         ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "30",

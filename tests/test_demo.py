@@ -277,6 +277,9 @@ def test_demo_serve_shows_the_run_live_and_stays_up_until_sigterm(tmp_path: Path
         assert after["queries"] == []
         used = after["history"]["groups"]["reporting"]["cpu_used_pct"]
         assert any(v for v in used if v is not None)
+        charged = [v for v in after["history"]["groups"]["reporting"]["cpu_nanos_total"] if v]
+        assert after["cpus"] > 0
+        page_cpus = after["cpus"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, "".join(err)
     finally:
@@ -289,3 +292,10 @@ def test_demo_serve_shows_the_run_live_and_stays_up_until_sigterm(tmp_path: Path
         stderr.close()
     document = json.loads(out[0])
     assert set(document["runs"]) == {"without_groups", "with_groups"}
+    # the page and the PNG (the JSON's figures) tell the same run alike: the report's
+    # CPU over the run with groups, % of the same CPUs (the page's counter also holds
+    # what the scans in flight used until they were cancelled: a little more)
+    assert document["cpus"] == page_cpus
+    page_pct = 100 * max(charged) / (document["seconds_per_run"] * page_cpus * 1e9)
+    demo_pct = document["runs"]["with_groups"]["report"]["cpu_share_pct"]
+    assert demo_pct - 5 <= page_pct <= demo_pct + 15, (page_pct, demo_pct)

@@ -468,7 +468,7 @@ class Authenticator:
             if self._passes(password, stored) and can_log_in:
                 assert principal is not None
                 return Identity(principal.name, login_id=principal.id)
-        raise AuthenticationFailed(f"password authentication failed for user {name!r}")
+        raise AuthenticationFailed(f'password authentication failed for user "{name}"')
 
     def credentials(self, snap: Snapshot, name: str) -> tuple[Identity | None, str | None]:
         """For protocols that check the password themselves (SCRAM): the identity

@@ -289,7 +289,7 @@ class _ServedDemo:
             engine, host=args.host, pg_port=args.pg_port, http_port=args.http_port
         )
         listeners = self._server.start()
-        self.url = f"http://{listeners.host}:{listeners.http_port}/"
+        self.url = listeners.page
 
     def wait(self) -> None:
         import signal
@@ -397,6 +397,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     def ready(listeners: Listeners) -> None:
         print(listeners.describe(), flush=True)
+        print(f"the live page: {listeners.page}", flush=True)
 
     try:
         return serve(

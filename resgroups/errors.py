@@ -86,6 +86,7 @@ class SqlSyntaxError(Error):
         if context:
             text += "\n" + context
         super().__init__(text)
+        self.reason = message  # without the position, the expected tokens and the context
         self.line = line
         self.column = column
         self.expected = list(expected)

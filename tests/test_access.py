@@ -259,7 +259,7 @@ def test_authentication(admin: resgroups.Session) -> None:
         with pytest.raises(resgroups.AuthenticationFailed) as failed:
             engine.connect(name, password)
         assert failed.value.sqlstate == "28P01"
-        assert failed.value.message == f"password authentication failed for user {name!r}"
+        assert failed.value.message == f'password authentication failed for user "{name}"'
     assert engine.connect("pw", "s3cret").user == "pw"
     assert engine.connect("open").user == "open"
     assert engine.connect("PW", "s3cret").user == "pw"  # unquoted names fold

@@ -103,6 +103,16 @@ def free_cores(threads: int, seconds: float = 1.0) -> float:
     return sum(used) / 1e9 / seconds
 
 
+def beside(threads: int, seconds: float) -> tuple[threading.Thread, list[float]]:
+    """``free_cores(threads, seconds)`` started on a thread of its own, to run side by
+    side with the engine's load (the same cores at the same time): join the thread,
+    then read the list's one value."""
+    free: list[float] = []
+    thread = threading.Thread(target=lambda: free.append(free_cores(threads, seconds)))
+    thread.start()
+    return thread, free
+
+
 def cpu_of(engine: resgroups.Engine, group: str) -> int:
     row = next(r for r in engine.resource_groups() if r["name"] == group)
     value = row["cpu_nanos_total"]
@@ -120,11 +130,9 @@ def test_weights_split_cpu_two_to_one(heavy: int, light: int) -> None:
         load = Load()
         # two free threads burn beside the engine, on the same cores at the same time:
         # the baseline the workers' busyness is compared with (side by side, not after)
-        free: list[float] = []
-        beside = threading.Thread(target=lambda: free.append(free_cores(2, 4.0)))
-        beside.start()
+        free_thread, free = beside(2, 4.0)
         run(engine, [("a", "u")] * 3 + [("b", "u")] * 3, 4.0, load)
-        beside.join(60)
+        free_thread.join(60)
         measured = load.body_cpu["a"] / load.body_cpu["b"]
         charged = cpu_of(engine, "a") / cpu_of(engine, "b")
         assert measured == pytest.approx(2.0, abs=0.3), (measured, charged)
@@ -160,10 +168,16 @@ def test_fractional_limit_of_half_a_core_holds_with_the_rest_idle() -> None:
         engine.connect().execute(f"CREATE RESOURCE GROUP half WITH (cpu_limit = '{pct}%')")
         assert engine.resource_groups()[1]["cpu_limit_cores"] == pytest.approx(0.5, abs=0.01)
         load = Load()
+        # one free thread beside, at the same time: what one thread can get now
+        free_thread, free = beside(1, 4.0)
         run(engine, [("half", "u")] * 3, 4.0, load)
+        free_thread.join(60)
         cores = load.body_cpu["half"] / 4e9
-        assert cores == pytest.approx(0.5, abs=0.1)
-        assert cpu_of(engine, "half") / 4e9 == pytest.approx(0.5, abs=0.1)
+        # a ceiling however idle the machine; a floor of what a thread could have
+        # (a loaded machine gives less than half a core to anyone)
+        assert cores <= 0.5 + 0.1, cores
+        assert cores >= 0.4 * min(0.5, free[0]), (cores, free)
+        assert cpu_of(engine, "half") / 4e9 == pytest.approx(cores, abs=0.1)
         assert load.peak["half"] == 1  # at most ceil(0.5) = 1 worker
         row = engine.resource_groups()[1]
         assert row["cpu_wait_nanos_total"] > 0  # waited for budget and for the worker
@@ -176,13 +190,14 @@ def test_a_whole_core_limit_never_holds_more_workers_than_its_cores() -> None:
             f"CREATE RESOURCE GROUP one WITH (cpu_limit = '{pct}%');CREATE RESOURCE GROUP idle;"
         )
         load = Load()
+        free_thread, free = beside(1, 2.0)  # one free thread on the same cores, meanwhile
         run(engine, [("one", "u")] * 3, 2.0, load)
+        free_thread.join(60)
         assert load.peak["one"] == 1
         used = load.body_cpu["one"] / 2e9
         assert used <= 1.0 + 0.1  # a ceiling, however idle the machine
-        # and the core is used (a loose floor: the baseline is measured after, and a
-        # loaded machine moves between the two measurements)
-        assert used >= 0.6 * min(1.0, free_cores(1))
+        # and the core is used: about what the free thread beside it got
+        assert used >= 0.6 * min(1.0, free[0]), (used, free)
 
 
 def test_fair_splits_a_group_evenly_between_busy_users() -> None:
@@ -207,17 +222,17 @@ def test_no_banking_after_two_seconds_idle() -> None:
         wait_until(lambda: time.monotonic() >= idle_until, timeout=30)
         before = cpu_of(engine, "a")
         load_b = Load()
+        free_thread, free = beside(1, 3.0)  # one free thread on the same cores, meanwhile
         run(engine, [("b", "u")] * 3, 3.0, load_b)
+        free_thread.join(60)
         a_during = cpu_of(engine, "a") - before
         b_during = cpu_of(engine, "b")
         stop_a.join(30)
         # b gets its share, not two seconds of catch-up: about 1:1 while both run
         assert b_during / a_during == pytest.approx(1.0, abs=0.3)
-        # and b really ran: at least half its fair share of what two threads get now
-        # (a floor only: the baseline is measured after the run, and a machine whose
-        # load changed in between would move a two-sided band; banking shows in the
-        # ratio above)
-        assert load_b.body_cpu["b"] / 3e9 >= 0.5 * free_cores(2) / 2
+        # and b really ran: its worker got at least half what the free thread beside
+        # it got, at the same time (banking shows in the ratio above)
+        assert load_b.body_cpu["b"] / 3e9 >= 0.5 * free[0], (load_b.body_cpu["b"], free)
 
 
 def test_dashboards_get_a_worker_within_two_slices_while_scans_hold_every_worker() -> None:
@@ -235,6 +250,21 @@ def test_dashboards_get_a_worker_within_two_slices_while_scans_hold_every_worker
         waits = []
         a = np.random.rand(N)
         b = np.empty_like(a)
+        # beside the dashboards, at the same time: how late a thread that asked to
+        # wake in 2 ms wakes now (the machine's own hand-off delay, which a loaded
+        # machine stretches for everyone)
+        late: list[float] = []
+        probing = threading.Event()
+
+        def probe() -> None:
+            never = threading.Event()
+            while not probing.is_set():
+                t0 = time.monotonic()
+                never.wait(0.002)
+                late.append(time.monotonic() - t0 - 0.002)
+
+        prober = threading.Thread(target=probe)
+        prober.start()
         for _ in range(60):
             t0 = time.monotonic()
             with session.query() as q:
@@ -243,7 +273,12 @@ def test_dashboards_get_a_worker_within_two_slices_while_scans_hold_every_worker
                     q.checkpoint()
                     burn_step(a, b)
             time.sleep(0.03)
+        probing.set()
+        prober.join(30)
         scans.join(30)
     waits.sort()
+    late.sort()
     p95 = waits[int(len(waits) * 0.95)]
-    assert p95 <= 0.020 + 0.005, waits  # two slices of 10 ms (+ a hand-off)
+    machine = late[int(len(late) * 0.95)]
+    # two slices of 10 ms, a hand-off, and what the machine adds to any wake-up now
+    assert p95 <= 0.020 + 0.005 + machine, (p95, machine, waits)

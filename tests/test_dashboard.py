@@ -157,7 +157,10 @@ def test_api_state_has_groups_history_and_queries(server: ServerProcess) -> None
     status, state, headers = fetch(f"{server.url}/api/state")
     assert status == 200
     assert headers["Cache-Control"] == "no-store"
-    assert set(state) == {"now", "interval", "user", "notice", "groups", "history", "queries"}
+    assert set(state) == {
+        "now", "interval", "cpus", "user", "notice", "groups", "history", "queries"
+    }  # fmt: skip
+    assert state["cpus"] > 0
     assert [g["name"] for g in state["groups"]] == ["DEFAULT", "reports", "dash"]
     t = state["history"]["t"]
     assert t == sorted(t)
@@ -180,6 +183,18 @@ def test_api_state_has_groups_history_and_queries(server: ServerProcess) -> None
             ),
             timeout=30,
         )
+
+
+def test_serve_says_where_the_live_page_is(server: ServerProcess) -> None:
+    """The line after the listeners' (README's "Serving clients" shows both)."""
+    line: list[str] = []
+    reader = threading.Thread(
+        target=lambda: line.append(server.proc.stdout.readline()),  # type: ignore[union-attr]
+        daemon=True,
+    )
+    reader.start()
+    reader.join(30)
+    assert line == [f"the live page: {server.url}/\n"]
 
 
 def test_the_page_and_its_files_are_served_and_nothing_else(server: ServerProcess) -> None:
@@ -312,10 +327,10 @@ def test_the_page_updates_live_in_chromium(server: ServerProcess, browser: Any) 
 
         # the table shows what /api/state shows: the same queries, states and groups
         def same_queries() -> bool:
-            shown = {(r[0], r[1], r[4]) for r in _page_reading(page)["queries"]}
+            shown = {(r[0], r[1], r[2], r[5]) for r in _page_reading(page)["queries"]}
             api = fetch(f"{server.url}/api/state")[1]["queries"]
             return shown == {
-                (str(q["query_id"]), q["state"], q["resource_group"]) for q in api
+                (str(q["query_id"]), q["statement"], q["state"], q["resource_group"]) for q in api
             } and (len(shown) == 4)
 
         wait_until(same_queries, timeout=30)
@@ -337,7 +352,11 @@ def test_the_page_updates_live_in_chromium(server: ServerProcess, browser: Any) 
         assert reports[1:3] == ["1", "2"]
         # the waits shown grow between two reads
         waited = {r[0]: r for r in first["queries"]}
-        assert any(r[3] != waited[r[0]][3] for r in second["queries"] if r[0] in waited)
+        assert any(r[4] != waited[r[0]][4] for r in second["queries"] if r[0] in waited)
+        # the statement, not only its id
+        assert {r[1] for r in second["queries"]} == {
+            "SELECT sum((x * x)) FROM long_sequence(100000000000)"  # as the engine prints it
+        }
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         png = page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
     _not_blank(png)
@@ -385,3 +404,106 @@ def test_the_page_in_chromium_with_access_control(guarded: ServerProcess, browse
     ann.close()
     assert problems == []
     assert foreign == []
+
+
+# ---- readable at 13 groups and at 100 ------------------------------------------------
+
+
+def _layout(page: Any) -> dict[str, Any]:
+    return page.evaluate(
+        """() => ({
+            legend: document.querySelector('#legend').getBoundingClientRect().height,
+            charts: [...document.querySelectorAll('.chart')].map(
+                (c) => c.getBoundingClientRect().height),
+            uplotLegends: [...document.querySelectorAll('.u-legend')].filter(
+                (l) => l.offsetParent !== null).length,
+            groupsTop: document.querySelector('#groups').getBoundingClientRect().top,
+            colours: Object.assign({}, window.dashboard.colours),
+            rows: document.querySelectorAll('#groups tbody tr').length,
+            cpu: window.dashboard.cpuSeries,
+            points: window.dashboard.charts.cpuUsed
+                ? window.dashboard.charts.cpuUsed.data[0].length : 0,
+        })"""
+    )
+
+
+def test_the_page_stays_readable_at_13_groups_and_at_100(browser: Any) -> None:
+    """One compact legend instead of one per chart that lists every series; the
+    charts keep their height; every group its own colour; the tables in view;
+    the statement in the queries table; the window the user chooses."""
+    with serving(["--workers", "2"]) as srv:
+        with psycopg.connect(srv.dsn(), autocommit=True) as admin:
+            for i in range(1, 12):
+                admin.execute(f"CREATE RESOURCE GROUP g{i:02d} WITH (cpu_weight = {i * 10})")
+            admin.execute("CREATE RESOURCE GROUP capped WITH (cpu_limit = '25%')")
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        problems, _ = _watch(page, srv.url)
+        assert page.goto(f"{srv.url}/").status == 200
+        with workload(srv) as w:
+            w.start("capped")
+            w.start("g05")
+            w.start("g05", "SELECT count(*) FROM long_sequence(100000000000) WHERE x % 7 = 3")
+            wait_until(lambda: _layout(page)["rows"] == 13, timeout=30)
+            wait_until(lambda: (_layout(page)["cpu"] or {}).get("capped", [0])[-1] > 0, timeout=30)
+            wait_until(lambda: len(_page_reading(page)["queries"]) == 3, timeout=30)
+            at13 = _layout(page)
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            png = page.screenshot(path=str(ARTIFACTS / "dashboard-13-groups.png"), full_page=True)
+            statements = {r[1] for r in _page_reading(page)["queries"]}
+            assert any("WHERE" in text and "long_sequence" in text for text in statements)
+            # the capped group never draws above its limit for long: 25 % of the CPUs
+            capped = [v for v in _layout(page)["cpu"]["capped"] if v > 0]
+            assert sorted(capped)[len(capped) // 2] <= 25 * 1.3, capped
+        _not_blank(png)
+        assert len(at13["colours"]) == 13
+        assert len(set(at13["colours"].values())) == 13
+        assert at13["uplotLegends"] == 0
+        assert at13["legend"] <= 60, at13
+        assert max(at13["charts"]) <= 240, at13
+        assert at13["groupsTop"] < 1000, "the groups table is below the fold"
+        with psycopg.connect(srv.dsn(), autocommit=True) as admin:
+            for i in range(12, 99):
+                admin.execute(f"CREATE RESOURCE GROUP g{i:02d}")
+        wait_until(lambda: _layout(page)["rows"] == 100, timeout=30)
+        wait_until(lambda: len(_layout(page)["colours"]) == 100, timeout=30)
+        at100 = _layout(page)
+        # the first 13 kept their colours; all 100 are distinct
+        assert {k: at100["colours"][k] for k in at13["colours"]} == at13["colours"]
+        assert len(set(at100["colours"].values())) == 100
+        assert at100["legend"] <= 60, at100
+        assert max(at100["charts"]) <= 240, at100
+        assert at100["groupsTop"] < 1000
+        png = page.screenshot(path=str(ARTIFACTS / "dashboard-100-groups.png"), full_page=False)
+        _not_blank(png)
+        # the window: the last 30 s instead of five minutes
+        wait_until(lambda: _layout(page)["points"] > 31, timeout=60)
+        page.select_option("#window", "30")
+        wait_until(lambda: _layout(page)["points"] <= 31, timeout=10)
+        page.close()
+        assert problems == [], problems
+
+
+def test_children_are_drawn_under_their_parent(server: ServerProcess, browser: Any) -> None:
+    """resource_groups()' parent_group (nested groups): each child under its parent,
+    depth first; without the column every group is at the top, in creation order."""
+    page = browser.new_page()
+    assert page.goto(f"{server.url}/").status == 200
+    wait_until(lambda: _page_reading(page)["updates"] >= 1, timeout=30)
+    flat = page.evaluate(
+        "() => window.dashboard.groupTree([{name: 'DEFAULT'}, {name: 'a'}, {name: 'b'}])"
+        ".map((n) => [n.name, n.depth])"
+    )
+    assert flat == [["DEFAULT", 0], ["a", 0], ["b", 0]]
+    nested = page.evaluate(
+        """() => window.dashboard.groupTree([
+            {name: 'DEFAULT', parent_group: null}, {name: 'nightly', parent_group: 'etl'},
+            {name: 'etl', parent_group: null}, {name: 'deep', parent_group: 'nightly'},
+            {name: 'adhoc', parent_group: null}, {name: 'backfill', parent_group: 'etl'},
+            {name: 'orphan', parent_group: 'gone'},
+        ]).map((n) => [n.name, n.depth])"""
+    )
+    assert nested == [
+        ["DEFAULT", 0], ["etl", 0], ["nightly", 1], ["deep", 2], ["backfill", 1],
+        ["adhoc", 0], ["orphan", 0],
+    ]  # fmt: skip
+    page.close()

@@ -237,6 +237,7 @@ def test_select_shapes() -> None:
     assert parse_one("SELECT * FROM resource_groups()") == ast.Select(
         None, ast.TableFunction("resource_groups")
     )
+    assert parse_one("show resource groups") == parse_one("SELECT * FROM resource_groups()")
     assert parse_one("select current_resource_group()") == ast.Select(
         (ast.SelectItem(ast.Call("current_resource_group")),)
     )
@@ -273,3 +274,15 @@ def test_keywords_list() -> None:
     words = keywords()
     assert {"CREATE", "RESOURCE", "GROUP", "DEFAULT", "UNLIMITED"} <= set(words)
     assert all(w.isupper() for w in words)
+
+
+def test_warm_builds_the_parser_before_the_first_statement() -> None:
+    """``resgroups serve`` warms before it says it is ready: the first statement
+    does not pay for the LALR tables."""
+    from resgroups.sql import parser
+
+    parser._parser.cache_clear()
+    assert parser._parser.cache_info().currsize == 0
+    parser.warm()
+    assert parser._parser.cache_info().currsize == 1
+    assert parse_one("SELECT 1") == ast.Select((ast.SelectItem(ast.Literal(1)),))

@@ -14,6 +14,10 @@ import psycopg
 import pytest
 from servers import ServerProcess, serving
 
+NOT_INSTALLED = (
+    'in the test extra: pip install -e ".[test]" (the README\'s test command) installs it'
+)
+
 PSQL = shutil.which("psql")
 
 
@@ -44,7 +48,9 @@ def psql_version() -> str:
     return subprocess.run([PSQL, "--version"], capture_output=True, text=True).stdout.strip()
 
 
-needs_psql = pytest.mark.skipif(PSQL is None, reason="psql is not installed")
+needs_psql = pytest.mark.skipif(
+    PSQL is None, reason="psql is not installed: apt-get install postgresql-client (.ci/run does)"
+)
 
 
 @needs_psql
@@ -122,7 +128,7 @@ def test_psql_d_of_a_missing_relation(server: ServerProcess) -> None:
 
 @pytest.fixture
 def inspector(server: ServerProcess) -> Iterator[Any]:
-    sa = pytest.importorskip("sqlalchemy")
+    sa = pytest.importorskip("sqlalchemy", reason=NOT_INSTALLED)
     engine = sa.create_engine(
         f"postgresql+psycopg://admin@{server.host}:{server.pg_port}/resgroups"
     )
@@ -173,7 +179,7 @@ def test_sqlalchemy_get_columns(inspector: Any) -> None:
 
 def test_pgcli_completion_metadata(server: ServerProcess) -> None:
     """pgcli's own PGExecute runs the queries its completer refreshes from."""
-    pgcli = pytest.importorskip("pgcli")
+    pgcli = pytest.importorskip("pgcli", reason=NOT_INSTALLED)
     from pgcli.pgexecute import PGExecute
 
     version = f"pgcli {pgcli.__version__}"
@@ -201,7 +207,10 @@ PGJDBC = sorted(Path.home().glob(".m2/repository/org/postgresql/postgresql/*/pos
 
 
 @pytest.mark.skipif(
-    JAVA is None or not PGJDBC, reason="java or the PostgreSQL JDBC driver is missing"
+    JAVA is None or not PGJDBC,
+    reason="java or the PostgreSQL JDBC driver is missing: install a JDK (apt-get install "
+    "default-jdk-headless) and the driver into ~/.m2 (mvn dependency:get "
+    "-Dartifact=org.postgresql:postgresql:42.7.4)",
 )
 def test_jdbc_get_tables_and_columns(server: ServerProcess) -> None:
     assert JAVA is not None

@@ -27,6 +27,10 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 from servers import ServerProcess, serving
 
+NOT_INSTALLED = (
+    'in the test extra: pip install -e ".[test]" (the README\'s test command) installs it'
+)
+
 PG_DSN = os.environ.get("RESGROUPS_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 NODE_DIR = Path(__file__).parent / "node"
 TIMEOUT = 60.0
@@ -116,7 +120,7 @@ async def _asyncpg_answers(where: dict[str, Any]) -> list[Any]:
 def test_asyncpg_answers_as_postgres(server: ServerProcess, postgres: dict[str, Any]) -> None:
     """asyncpg prepares every statement, asks the parameters' types (Describe) and
     sends each value in binary in that type."""
-    asyncpg = pytest.importorskip("asyncpg")
+    asyncpg = pytest.importorskip("asyncpg", reason=NOT_INSTALLED)
     answers = asyncio.run(asyncio.wait_for(_asyncpg_answers(ours(server)), TIMEOUT))
     expected = asyncio.run(asyncio.wait_for(_asyncpg_answers(postgres), TIMEOUT))
     assert answers == expected, f"asyncpg {asyncpg.__version__}"
@@ -174,7 +178,7 @@ async def _asyncpg_session(where: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_asyncpg_session(server: ServerProcess) -> None:
-    asyncpg = pytest.importorskip("asyncpg")
+    asyncpg = pytest.importorskip("asyncpg", reason=NOT_INSTALLED)
     version = f"asyncpg {asyncpg.__version__}"
     seen = asyncio.run(asyncio.wait_for(_asyncpg_session(ours(server)), TIMEOUT))
     assert "DEFAULT" in seen["groups"], version
@@ -227,13 +231,13 @@ def test_sqlalchemy_answers_as_postgres(server: ServerProcess, postgres: dict[st
     """SQLAlchemy with its defaults (no overrides): its first connect asks
     version(), current_schema(), the isolation level and standard_conforming_strings,
     probes hstore in a savepoint; statements run in a transaction block."""
-    sa = pytest.importorskip("sqlalchemy")
+    sa = pytest.importorskip("sqlalchemy", reason=NOT_INSTALLED)
     version = f"SQLAlchemy {sa.__version__}, psycopg {psycopg.__version__}"
     assert _sqlalchemy_answers(ours(server)) == _sqlalchemy_answers(postgres), version
 
 
 def test_sqlalchemy_session(server: ServerProcess) -> None:
-    sa = pytest.importorskip("sqlalchemy")
+    sa = pytest.importorskip("sqlalchemy", reason=NOT_INSTALLED)
     version = f"SQLAlchemy {sa.__version__}, psycopg {psycopg.__version__}"
     engine = sa.create_engine(_sqlalchemy_url(ours(server)), connect_args={"connect_timeout": 10})
     try:
@@ -265,8 +269,8 @@ def test_sqlalchemy_session(server: ServerProcess) -> None:
 
 def test_pandas_read_sql(server: ServerProcess, postgres: dict[str, Any]) -> None:
     """pandas ``read_sql`` through a SQLAlchemy engine, with parameters."""
-    pd = pytest.importorskip("pandas")
-    sa = pytest.importorskip("sqlalchemy")
+    pd = pytest.importorskip("pandas", reason=NOT_INSTALLED)
+    sa = pytest.importorskip("sqlalchemy", reason=NOT_INSTALLED)
     query = sa.text("SELECT x, ratio, x * :k AS scaled FROM readings WHERE ratio < :r ORDER BY x")
     frames = []
     for where in (ours(server), postgres):
@@ -288,7 +292,7 @@ def test_pandas_read_sql(server: ServerProcess, postgres: dict[str, Any]) -> Non
 def test_pgcli_startup(server: ServerProcess) -> None:
     """What pgcli does at start, replayed with its own PGExecute: connect, read and
     set the time zone, then refresh its completions."""
-    pgcli = pytest.importorskip("pgcli")
+    pgcli = pytest.importorskip("pgcli", reason=NOT_INSTALLED)
     from pgcli.pgexecute import PGExecute
 
     version = f"pgcli {pgcli.__version__}"

@@ -54,9 +54,7 @@ def test_wrong_password_unknown_user_and_acl_group_fail_alike(
 ) -> None:
     with pytest.raises(psycopg.OperationalError) as refused:
         psycopg.connect(scram.dsn(user, password), connect_timeout=10)
-    assert f'password authentication failed for user "{user}"' in str(refused.value) or (
-        f"password authentication failed for user '{user}'" in str(refused.value)
-    )
+    assert f'password authentication failed for user "{user}"' in str(refused.value)
 
 
 def test_a_principal_without_a_password_needs_none(scram: ServerProcess) -> None:

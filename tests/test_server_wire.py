@@ -217,6 +217,34 @@ def test_transaction_status_follows_begin_errors_and_rollback(server: ServerProc
         conn.commit()
 
 
+def test_show_resource_groups_gives_the_rows_of_resource_groups(server: ServerProcess) -> None:
+    with connect(server, autocommit=True) as conn:
+        shown = conn.execute("SHOW RESOURCE GROUPS")
+        names = [d.name for d in shown.description or ()]
+        rows = [row[0] for row in shown.fetchall()]
+        selected = conn.execute("SELECT * FROM resource_groups()")
+        assert names == [d.name for d in selected.description or ()]
+        assert rows == [row[0] for row in selected.fetchall()]
+        assert "cpu_used_pct" in names
+        assert "DEFAULT" in rows
+
+
+def test_a_syntax_error_at_the_first_word_expects_what_the_server_accepts(
+    server: ServerProcess,
+) -> None:
+    """The engine's parser knows only its statements; the server also runs BEGIN,
+    COMMIT, DECLARE, FETCH... itself, and the error's list says so."""
+    with connect(server, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.SyntaxError) as bad:
+            conn.execute("SHOOW USERS")
+        listed = str(bad.value).split("expected one of: ", 1)[1].split("\n")[0].split(", ")
+        for word in ("BEGIN", "COMMIT", "DECLARE", "FETCH", "SELECT", "CREATE", "SHOW"):
+            assert word in listed, (word, listed)
+        with pytest.raises(psycopg.errors.SyntaxError) as mid:  # not at the first word
+            conn.execute("SELECT 1 FROM")
+        assert "BEGIN" not in str(mid.value)
+
+
 def test_explainability_over_the_wire(server: ServerProcess) -> None:
     """resource_group_queries() and EXPLAIN RESOURCE GROUP reach psycopg typed:
     started_at arrives as an aware datetime (timestamptz)."""

@@ -70,3 +70,32 @@ def test_linters_are_clean(command: list[str]) -> None:
     assert tool is not None, f"{command[0]} is part of the test extra"
     result = subprocess.run([tool, *command[1:]], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("```sh\n", 1)[1].split("```", 1)[0]
+    return block.splitlines()
+
+
+def test_the_readme_commands_make_their_own_virtual_environment() -> None:
+    """Each works in a fresh shell where the system's Python refuses pip (PEP 668)."""
+    install_and_demo, install_and_test = _readme_commands()
+    for command in (install_and_demo, install_and_test):
+        assert command.startswith("python3 -m venv .venv && . .venv/bin/activate && pip install")
+    assert install_and_demo.endswith("&& resgroups demo")
+    assert install_and_test.endswith('pip install -e ".[test]" && pytest')
+
+
+def test_ci_runs_the_readme_test_command_as_written() -> None:
+    script = (ROOT / ".ci" / "run").read_text()
+    extract = next(line for line in script.splitlines() if line.startswith("test_command="))
+    found = subprocess.run(
+        ["bash", "-c", f'{extract}\nprintf "%s" "$test_command"'],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert found == _readme_commands()[1]
+    assert 'bash -c "$test_command"' in script

@@ -39,6 +39,7 @@ from resgroups.server.http import KEEPALIVE_TIMEOUT, HttpFront, protocol_log
 from resgroups.server.limits import ConnectionSlots, LoginThrottle, RequestThreads
 from resgroups.server.pgwire import Backend
 from resgroups.server.sockets import HttpSockets
+from resgroups.sql.parser import warm
 
 if TYPE_CHECKING:
     from resgroups.engine import Engine
@@ -63,6 +64,12 @@ class Listeners:
     pg_port: int
     http_port: int
     admin_port: int | None = None
+
+    @property
+    def page(self) -> str:
+        """The live page's address."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.http_port}/"
 
     def describe(self) -> str:
         admin = "" if self.admin_port is None else f", admin on {self.host}:{self.admin_port}"
@@ -345,6 +352,7 @@ def serve(
     go to :class:`Server` (``max_connections``, ``metrics_open``,
     ``keepalive_timeout``, ``admin_port``...)."""
     _raise_fd_limit()
+    warm()  # the first statement is not the one that waits for the parser to be built
 
     async def main() -> None:
         server = Server(

@@ -470,6 +470,25 @@ _FIRST_WORDS: Final = {
     *_TRANSACTION_WORDS, "set", "show", "reset", "declare", "fetch", "move", "close", "deallocate",
     "prepare", "execute", "unlisten", "listen", "savepoint", "release",
 }  # fmt: skip
+
+
+def with_connection_statements(exc: SqlSyntaxError) -> SqlSyntaxError:
+    """``exc`` (the engine's parser's) with the statements this server runs itself
+    (BEGIN, COMMIT, DECLARE, FETCH, ...) among the expected keywords when it is at
+    a statement's first word, where the engine's parser knows only its own."""
+    if not {"SELECT", "CREATE", "GRANT"} <= set(exc.expected):
+        return exc
+    expected = sorted({*exc.expected, *(word.upper() for word in _FIRST_WORDS)})
+    return SqlSyntaxError(
+        exc.reason,
+        line=exc.line,
+        column=exc.column,
+        expected=expected,
+        context=exc.context,
+        position=exc.position,
+    )
+
+
 # SHOW of a setting PostgreSQL spells in several words
 _SHOW_PHRASES: Final = {
     ("time", "zone"): "timezone",

@@ -44,6 +44,10 @@ SERIES: Final = (
     "oldest_queue_wait_millis",
     "memory_used_bytes",
     "memory_limit_bytes",
+    # CPU charged so far: the page's "CPU used" is its change from one sample to
+    # the next, % of the CPUs, so it follows the load within a second (cpu_used_pct
+    # reads a window of cpu_share_window, ten seconds by default)
+    "cpu_nanos_total",
 )
 # the page's files: name -> content type (nothing else under /static/ is served)
 STATIC: Final = {
@@ -97,6 +101,7 @@ def state(session: Session, history: History) -> dict[str, Any]:
     body: dict[str, Any] = {
         "now": round(time.time(), 3),
         "interval": SAMPLE_SECONDS,
+        "cpus": session.engine.cpus,  # what a CPU percentage is a percentage of
         "user": session.user,
         "notice": None,
     }

@@ -102,9 +102,10 @@ class SimpleQuery(ConnectionBase):
             with interruptible(self.check_interrupt):
                 return parse_one(text)
         except SqlSyntaxError as exc:
+            widened = commands.with_connection_statements(exc)
             at = mapping(exc.position) if mapping else exc.position
-            exc.position = offset + at
-            raise
+            widened.position = offset + at
+            raise widened from None
 
     def run(self, plan: Plan, portal: Portal, max_rows: int | None, *, describe: bool) -> None:
         """Execute ``plan`` in ``portal``, sending its rows and its command tag."""

@@ -149,7 +149,7 @@ class StartupPhase(ConnectionBase):
         answer = await self._password_message(wire.auth_md5(salt))
         expected = md5_response(verifier or "md5" + secrets.token_hex(16), salt)
         if identity is None or not hmac.compare_digest(answer.encode(), expected.encode()):
-            raise AuthenticationFailed(f"password authentication failed for user {user!r}")
+            raise AuthenticationFailed(f'password authentication failed for user "{user}"')
         return identity
 
     async def _password_message(self, request: bytes) -> str:
@@ -166,7 +166,7 @@ class StartupPhase(ConnectionBase):
         else:  # cannot log in: a verifier nobody's proof matches, with a stable salt
             keys = (self.backend.fake_salt(user), secrets.token_bytes(32), b"", 60_000)
         server = ScramServer(keys)
-        failed = AuthenticationFailed(f"password authentication failed for user {user!r}")
+        failed = AuthenticationFailed(f'password authentication failed for user "{user}"')
         self.writer.write(wire.auth_sasl([MECHANISM]))
         await self.writer.drain()
         kind, body = await wire.read_message(self.reader, wire.MAX_STARTUP)

@@ -634,6 +634,11 @@ class _ToAst(Transformer[Token, Any]):
     def show_service_accounts(self) -> ast.Show:
         return ast.Show(ast.PrincipalKind.SERVICE_ACCOUNT)
 
+    def show_resource_groups(self) -> ast.Select:
+        """SHOW RESOURCE GROUPS is ``SELECT * FROM resource_groups()``: the same
+        rows, columns and permissions."""
+        return ast.Select(None, ast.TableFunction("resource_groups"))
+
     # ---- queries
     def select(
         self,
@@ -1005,6 +1010,12 @@ def _no_repeats(params: tuple[tuple[str, ast.ParamValue], ...]) -> tuple[Any, ..
         if names.count(name) > 1:
             raise InvalidParameter(f"parameter {name} is given more than once")
     return params
+
+
+def warm() -> None:
+    """Build the parser now (about a second of LALR tables), not in the first
+    statement's time: what a server does before it says it is ready."""
+    _parser()
 
 
 @cache

@@ -4,6 +4,7 @@ completion queries and JDBC's DatabaseMetaData."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -91,9 +92,10 @@ def test_psql_du_lists_roles(server: ServerProcess) -> None:
 def test_psql_d_resource_groups_describes_its_columns(server: ServerProcess) -> None:
     out = psql(server, r"\d resource_groups")
     assert 'View "public.resource_groups"' in out, psql_version()
-    assert " name                     | text             |" in out
-    assert " memory_limit_bytes       | bigint           |" in out
-    assert " cpu_min_share_pct        | double precision |" in out
+    # columns padded to the longest name, as psql does
+    assert re.search(r"^ name +\| text +\|", out, re.MULTILINE), out
+    assert re.search(r"^ memory_limit_bytes +\| bigint +\|", out, re.MULTILINE), out
+    assert re.search(r"^ cpu_min_share_pct +\| double precision +\|", out, re.MULTILINE), out
 
 
 @needs_psql

@@ -288,6 +288,13 @@ class LeaseStore:
         from its rows; (expired, groups recounted)."""
         try:
             with self._pool.connection() as conn, conn.transaction():
+                # a sweeper paused between these statements (SIGSTOP, a stalled VM)
+                # would hold the sweep lock and the counters' rows, stalling every
+                # acquire in the fleet: PostgreSQL ends such a session past the expiry
+                conn.execute(
+                    "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+                    [str(max(100, int(expiry_s * 1000)))],
+                )
                 owner = conn.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", _SWEEP_LOCK)
                 row = owner.fetchone()
                 if not row or not row[0]:

@@ -100,10 +100,12 @@ class GroupRuntimes:
             else:
                 touched = set(self._runtimes) | set(snapshot.group_by_id)
             self.applied_version = snapshot.version
+            created = set()
             for group_id in touched:  # new groups first, so that a child finds its parent
                 group = snapshot.runtime_group(group_id)
                 if group is not None and group_id not in self._runtimes:
-                    self._runtimes[group_id] = self._new(group)
+                    self._runtimes[group_id] = self._new(group)  # configured as made
+                    created.add(group_id)
             # the tree before the settings: a record that moves a group and raises its
             # limit never admits its queue under the limit outside the new tree
             for group_id in touched:
@@ -111,7 +113,8 @@ class GroupRuntimes:
                 if runtime is not None and group is not None:
                     self._link_locked(runtime, group)
             for group_id in touched:
-                self._sync_locked(group_id, snapshot.runtime_group(group_id))
+                if group_id not in created:
+                    self._sync_locked(group_id, snapshot.runtime_group(group_id))
             self._group_count = snapshot.group_count()
             self._update_engagement()
             self.configured_version = snapshot.version

@@ -25,7 +25,7 @@ NOT_INSTALLED = (
     'in the test extra: pip install -e ".[test]" (the README\'s test command) installs it'
 )
 
-SCAN = "SELECT sum(x % 7) FROM long_sequence(4000000000)"  # minutes alone: a rule ends it
+SCAN = "SELECT sum(x % 7) FROM long_sequence(4000000000)"  # ~25 s alone here: a rule ends it
 
 
 def _queries(session: resgroups.Session) -> list[dict[str, Any]]:
@@ -332,6 +332,41 @@ def test_a_moved_query_fails_with_the_targets_queue_timeout(engine: resgroups.En
     with pytest.raises(resgroups.QueueTimeout, match=r"group=slow, queue_timeout=300ms"):
         admin.execute(SCAN)
     occupant.join()
+    _idle(engine)
+
+
+def test_a_move_found_due_by_tasks_is_taken_at_the_next_checkpoint_of_the_query(
+    engine: resgroups.Engine,
+) -> None:
+    """Tasks of a ``map`` reach the rule check first and cannot move the query;
+    the query's own thread takes the MOVE at its next checkpoint, however
+    recently a task checked (a scan spending its time in ``map`` was never
+    moved: each task's check put the next one a slice away)."""
+    admin = engine.connect()
+    admin.execute_script(
+        """CREATE RESOURCE GROUP g;
+        CREATE RESOURCE GROUP slow;
+        CREATE RESOURCE RULE demote ON RESOURCE GROUP g WHEN elapsed > 20ms
+            THEN MOVE TO RESOURCE GROUP slow;"""
+    )
+    admin.execute("SET RESOURCE GROUP g")
+    data = np.arange(50_000, dtype=np.float64)
+    with admin.query() as q:
+        passed = threading.Event()
+
+        def body(task: Any, _: int) -> None:
+            # checkpoints until the rule has been found due (and left) by a task,
+            # then a few slices more of task checks
+            while not passed.is_set():
+                task.checkpoint()
+                np.sqrt(data).sum()
+                if engine.now() - q.admitted_at > (20 + 5 * engine.slice_ms) / 1000:
+                    passed.set()
+
+        q.map(body, range(2))
+        assert q.group == "g"  # nothing moved it inside the map
+        q.checkpoint()
+        assert (q.group, q.moved_from) == ("slow", "g")
     _idle(engine)
 
 

@@ -377,6 +377,8 @@ class Query:
             self._cpu_mark = mark
         can_move = own_thread and self.state is RUNNING and self._batch is None
         check_rules(self, rules, now, can_move=can_move)
+        if rules.move_left:  # a MOVE is due: the own thread takes it at its next checkpoint
+            self._rules_at = now
 
     def move(self, rule: RuleDef) -> None:
         """A rule's MOVE (SPEC §16), on the query's own thread at a checkpoint: its

@@ -144,9 +144,20 @@ class QueryRules:
     the LOGs are kept. O(rules x conditions) per call. ``kill_after_ms``: the
     earliest elapsed time at which a KILL with no other condition is due, so
     that native work can be interrupted then (``q.on_cancel``).
+    ``move_left``: the last check found a MOVE due that it could not take (a
+    task's thread, or a ``map`` running), so the query's own thread must check
+    again at its next checkpoint rather than a slice later.
     """
 
-    __slots__ = ("_acted", "_lock", "kill_after_ms", "metrics", "rules", "snapshot")
+    __slots__ = (
+        "_acted",
+        "_lock",
+        "kill_after_ms",
+        "metrics",
+        "move_left",
+        "rules",
+        "snapshot",
+    )
 
     def __init__(
         self, rules: Sequence[RuleDef], snapshot: object = None, acted: Iterable[int] = ()
@@ -157,6 +168,7 @@ class QueryRules:
         self._acted: set[int] = set(acted)
         self._lock = threading.Lock()  # the query's thread and its tasks' may check at once
         self.kill_after_ms = self._kill_after()
+        self.move_left = False
 
     @property
     def acted(self) -> frozenset[int]:
@@ -186,12 +198,18 @@ class QueryRules:
                 rule
                 for rule in self.rules
                 if rule.id not in self._acted
-                and (can_move or rule.action != MOVE)
                 and (not logs_only or rule.action == LOG)
                 and all(readings.get(metric, 0) > limit for metric, limit in rule.conditions)
             ]
             if any(rule.action == KILL for rule in due):
                 due = [rule for rule in due if rule.action != MOVE]
+            elif not can_move:
+                moves = [rule for rule in due if rule.action == MOVE]
+                if moves:
+                    due = [rule for rule in due if rule.action != MOVE]
+                self.move_left = bool(moves)
+            else:
+                self.move_left = False
             self._acted.update(rule.id for rule in due)
             return due
 

@@ -171,18 +171,18 @@ class LeaseStore:
         return {str(g): int(n) for g, n in rows}
 
     def release_many(self, query_ids: list[str]) -> int:
-        """One DELETE for the batch (missing leases are no-ops) and one NOTIFY, in
-        one transaction; the leases removed."""
-        try:
-            with self._pool.connection() as conn, conn.transaction():
-                deleted = conn.execute(
-                    "DELETE FROM resgroups_fleet_leases WHERE query_id = ANY(%s)", [query_ids]
-                ).rowcount
-                if deleted:
-                    conn.execute("SELECT pg_notify(%s, %s)", [CHANNEL, str(deleted)])
-                return deleted
-        except psycopg.Error as exc:
-            raise self._unavailable("release", exc) from exc
+        """One statement (so no transaction stays open between round trips, where a
+        paused process would hold the leases' and the counters' rows and stall
+        every acquire in the fleet): one DELETE for the batch (missing leases are
+        no-ops) and one NOTIFY when any went; the leases removed."""
+        rows = self._run(
+            "release",
+            "WITH gone AS (DELETE FROM resgroups_fleet_leases WHERE query_id = ANY(%s)"
+            " RETURNING 1) SELECT n, CASE WHEN n > 0 THEN pg_notify(%s, n::text) END"
+            " FROM (SELECT count(*) AS n FROM gone) AS released",
+            (query_ids, CHANNEL),
+        )
+        return int(rows[0][0])
 
     def release_instance(self) -> int:
         """A clean shutdown: every lease of this instance released, its row gone."""

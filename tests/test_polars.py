@@ -15,7 +15,7 @@ from engine_checks import all_back, group_row, in_group
 from waiting import bounded, wait_until
 
 import resgroups
-from resgroups.integrations.polars import DRAIN, THREADS, collect, pool_size
+from resgroups.integrations.polars import DRAIN, THREADS, Guard, collect, pool_size
 
 ROWS = 2_000_000
 BASE = pl.DataFrame({"i": pl.int_range(0, ROWS, eager=True)}).with_columns(
@@ -37,13 +37,25 @@ def slow_plan() -> pl.LazyFrame:
     )
 
 
+def group_by_over_copies(copies: int, guard: Guard | None = None) -> pl.LazyFrame:
+    """A group-by over ``copies`` x 2M rows (a cross join): no row until its end,
+    its input guarded (a checkpoint on each batch read) when ``guard`` is given."""
+    times = pl.LazyFrame({"r": pl.int_range(0, copies, eager=True)})
+    rows = BASE.lazy().join(times, how="cross")
+    if guard is not None:
+        rows = guard(rows)
+    return rows.group_by((pl.col("i") + pl.col("r")) % 1000).agg(pl.col("v").sum())
+
+
+def guarded_group_by(guard: Guard) -> pl.LazyFrame:
+    """Minutes of native work, no row until its end, its input guarded."""
+    return group_by_over_copies(1000, guard)
+
+
 def blocking_plan() -> pl.LazyFrame:
-    """Dozens of sorts then a group-by: seconds of native work and no row until its
-    end, which Polars 2.1 gives no way to stop."""
-    lf = BASE.lazy().select("i", "k")
-    for s in range(40):
-        lf = lf.sort("i", descending=bool(s % 2)).with_columns(i=(pl.col("i") * 7 + s) % 1000003)
-    return lf.group_by("k").agg(pl.col("i").sum())
+    """Seconds of native work and no row until its end, nothing guarded: Polars 2.1
+    gives no way to stop it."""
+    return group_by_over_copies(200)
 
 
 PLANS = {
@@ -56,7 +68,7 @@ STATEMENTS = {
     "short": "short",
     "work": "work: group by k",
     "slow": "slow: a long filter",
-    "blocking": "blocking: sorts",
+    "blocking": "blocking: a group-by",
 }
 
 
@@ -148,6 +160,54 @@ def test_a_cancel_and_a_timeout_stop_polars_native_work(run: checks.Run) -> None
     took = polars_goes_quiet()
     assert DRAIN.running() == 0
     assert took < 3, f"Polars' threads went on {took:.2f} s"
+
+
+def test_a_guarded_input_stops_a_plan_with_no_output_until_its_end() -> None:
+    """A group-by outputs nothing before its end; with its input guarded, a cancel
+    and a 1 s timeout stop it as it reads, and Polars' threads go quiet."""
+
+    def run(session: resgroups.Session, name: str) -> object:
+        if name == "slow":
+            return collect(session, guarded_group_by, statement="slow: a guarded group-by")
+        return collect(session, PLANS[name](), statement=STATEMENTS[name])
+
+    checks.cancel_and_timeout_end_native_work(run)
+    took = polars_goes_quiet()
+    assert DRAIN.running() == 0
+    assert took < 3, f"Polars' threads went on {took:.2f} s"
+
+
+def test_guarded_inputs_change_no_result_and_bad_input_is_refused() -> None:
+    with resgroups.Engine(workers=2) as engine:
+        session = engine.connect()
+        other = BASE.select("k", w="v").unique("k")
+        got = collect(
+            session,
+            lambda guard: (
+                guard(BASE)
+                .filter(pl.col("k") < 10)
+                .join(guard(other.lazy()), on="k")
+                .select("i", "w")
+                .sort("i")
+                .head(1000)
+            ),
+        )
+        want = (
+            BASE.lazy()
+            .filter(pl.col("k") < 10)
+            .join(other.lazy(), on="k")
+            .select("i", "w")
+            .sort("i")
+            .head(1000)
+            .collect()
+        )
+        assert got.schema == want.schema
+        assert got.equals(want)
+        with pytest.raises(resgroups.InvalidParameter, match="guard"):
+            collect(session, lambda guard: guard([1, 2]))  # type: ignore[arg-type]
+        with pytest.raises(resgroups.InvalidParameter, match="LazyFrame"):
+            collect(session, lambda guard: BASE)  # type: ignore[arg-type,return-value]
+        all_back(engine, "DEFAULT")
 
 
 def test_the_results_are_those_of_polars_own_collect() -> None:

@@ -56,7 +56,8 @@ from __future__ import annotations
 import atexit
 import threading
 import time
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 import polars as pl
 
@@ -65,6 +66,9 @@ from resgroups.integrations.native_cpu import EngineThreads, thread_cpu_ns
 
 if TYPE_CHECKING:
     from resgroups.session import Session
+
+# what a plan's builder is given: it puts a checkpoint on the batches of an input
+Guard: TypeAlias = Callable[[pl.LazyFrame | pl.DataFrame], pl.LazyFrame]
 
 POLL_S: Final = 0.005  # how often the waiting query thread checkpoints
 STOP_WAIT_S: Final = 0.2  # how long a cancelled query waits for its plan to stop
@@ -84,18 +88,34 @@ class Run:
     """One plan collected on its driver thread, stopped at its next checkpoint by
     :meth:`stop`."""
 
-    def __init__(self, frame: pl.LazyFrame) -> None:
+    def __init__(self) -> None:
         self._stop = threading.Event()
         self.done = threading.Event()
         self.result: pl.DataFrame | None = None
         self.error: BaseException | None = None
-        # the checkpoint: Polars' threads call it for each batch of output
-        self._plan = frame.map_batches(self._checkpoint, streamable=True)
+        self._plan: pl.LazyFrame | None = None
         self._thread = threading.Thread(target=self._drive, name="resgroups-polars", daemon=True)
         self._final_cpu_ns: int | None = None  # the driver's CPU clock as it ended
         self.charged_ns = 0  # of the driver's CPU, charged to the query so far
 
-    def start(self) -> None:
+    def guard(self, frame: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
+        """``frame`` with a checkpoint on each of its batches, for a plan's inputs:
+        Polars' threads call it as they read them, and it raises once the run is
+        stopped. Projections and slices are pushed through it; filters stay
+        above it (a filter that keeps no row of a batch still passes it)."""
+        if isinstance(frame, pl.DataFrame):
+            frame = frame.lazy()
+        if not isinstance(frame, pl.LazyFrame):
+            raise InvalidParameter(
+                f"guard(): a polars LazyFrame or DataFrame, not {type(frame).__name__}"
+            )
+        return frame.map_batches(
+            self._checkpoint, streamable=True, projection_pushdown=True, slice_pushdown=True
+        )
+
+    def start(self, frame: pl.LazyFrame) -> None:
+        # the root's checkpoint: Polars' threads call it for each batch of output
+        self._plan = frame.map_batches(self._checkpoint, streamable=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -129,6 +149,7 @@ class Run:
 
     def _drive(self) -> None:
         try:
+            assert self._plan is not None  # set by start()
             self.result = self._plan.collect(engine="streaming")
         except BaseException as exc:  # handed to the query's thread
             self.error = exc
@@ -181,7 +202,7 @@ def pool_size() -> int:
 
 def collect(
     session: Session,
-    frame: pl.LazyFrame,
+    frame: pl.LazyFrame | Callable[[Guard], pl.LazyFrame],
     *,
     statement: str | None = None,
     kind: str = "select",
@@ -189,6 +210,12 @@ def collect(
     timings: dict[str, float] | None = None,
 ) -> pl.DataFrame:
     """Collect ``frame`` as a managed query of ``session``; the result.
+
+    ``frame`` is a LazyFrame, or a function that builds it from ``guard``,
+    which puts a checkpoint on the batches of an input: a plan that outputs
+    nothing until its end (a group-by, a sort) then stops as it reads them.
+
+    >>> collect(session, lambda guard: guard(sales).group_by("region").agg(...))
 
     ``statement`` names the query for selectors, rules and
     ``resource_group_queries()`` (default: the plan Polars shows,
@@ -198,6 +225,9 @@ def collect(
     the module's notes). ``timings``, when given, receives ``wait_ms`` and
     ``native_cpu_ms``.
     """
+    run = Run()
+    if callable(frame) and not isinstance(frame, pl.LazyFrame):
+        frame = frame(run.guard)
     if not isinstance(frame, pl.LazyFrame):
         raise InvalidParameter(f"collect(): a polars LazyFrame, not {type(frame).__name__}")
     if not isinstance(poll_s, (int, float)) or not 0 < poll_s <= 1:
@@ -206,10 +236,9 @@ def collect(
     with session.query(kind=kind, statement=text) as q, THREADS.inside(q) as native:
         if timings is not None:
             timings["wait_ms"] = q.waited_s * 1000
-        run = Run(frame)
         q.on_cancel(run.stop)
         with native.active():
-            run.start()
+            run.start(frame)
             try:
                 while not run.done.wait(poll_s):  # no completion callback: poll
                     native.charge()

@@ -2,31 +2,35 @@
 
 >>> import polars as pl
 >>> from resgroups.integrations.polars import collect
->>> frame = collect(session, pl.scan_parquet("sales/*.parquet").group_by("region").agg(...))
+>>> sales = pl.scan_parquet("sales/*.parquet")
+>>> frame = collect(session, lambda guard: guard(sales).group_by("region").agg(...))
 
 How a plan runs
-    The plan runs on Polars' streaming engine (``collect(engine="streaming")``)
-    on a driver thread of its own while the query's thread waits for it,
+    On Polars' streaming engine (``collect(engine="streaming")``), on a driver
+    thread of its own (``resgroups-polars``), while the query's thread waits,
     checkpointing every ``poll_s`` and charging the CPU of Polars' threads
-    (``resgroups.integrations.native_cpu``) to the query.
+    (``native_cpu``) and of the driver thread (Polars plans the query there:
+    seconds for a deep expression) to the query.
 
 How it is stopped
-    ``q.on_cancel`` sets the run's stop flag, and the query raises
-    QueryCancelled or QueryTimeout at its next poll, at once. The native work
-    stops where Polars 2.1 lets a Python call stop it: the plan's root is a
-    streamable ``map_batches`` checkpoint, called by Polars' threads for each
-    batch of output, which raises once the flag is set; the streaming engine
-    then ends the plan (measured: within 0.02-0.3 s for a filter with a long
-    expression or a join at the root). Polars offers nothing else that stops
-    a running plan: ``InProcessQuery.cancel()`` of ``collect(background=True)``
-    stopped none of a group-by, a long filter, a chain of sorts, a join and a
-    parquet scan (measured on 2.1: each ran to its end), and its SIGINT flag is
-    the process's. So a plan whose root produces no output until its end (a
-    group-by, a sort, an aggregate, a filter that keeps no row) runs on to its
-    end after the query ended, its CPU unattributed
-    (``EngineThreads.unattributed_ns``); such runs are kept in ``DRAIN`` until
-    they end, and are stopped and waited for (bounded) when the interpreter
-    exits.
+    ``q.on_cancel`` sets the run's stop flag; the query waits up to
+    ``STOP_WAIT_S`` for the plan to end, then raises QueryCancelled or
+    QueryTimeout. The only thing that stops a running plan from outside in
+    Polars 2.1 is a Python call inside it that raises: the run's checkpoint,
+    a streamable ``map_batches`` that Polars' threads call on each batch
+    passing it. One sits at the plan's root (each batch of output); ``guard``
+    puts one on an input (each batch read). A checkpoint that raises ends the
+    streaming graph at once, as long as batches flow through it; a blocking
+    phase already under way (a sort's or a join's build, a group-by's
+    merge) runs to its own end first. Measured on 2 CPUs, a cancel or a 1 s
+    timeout: Polars' threads idle within 0.05-0.5 s for a plan whose rows come
+    out as it runs (a filter, a join probing), and for a group-by or a sort
+    over guarded inputs; 2 s for a join still building its table.
+    Unguarded, a plan that outputs nothing until its end (a group-by, a sort,
+    an aggregate, a filter no row passes) runs on to its end after the query
+    ended, its CPU unattributed (``EngineThreads.unattributed_ns``): such runs
+    are kept in ``DRAIN`` until they end, and stopped and waited for (at most
+    ``EXIT_WAIT_S``) when the interpreter exits.
 
 Other duties
     Polars' pool has a fixed size, ``POLARS_MAX_THREADS`` (default: the CPUs),
@@ -36,17 +40,18 @@ Other duties
     (``DataFrame.estimated_size()``, so a group's ``memory_limit`` refuses a
     result too large for it) and given back when it is handed to the caller.
 
-Alternatives rejected (measured with Polars 2.1 on 2 CPUs)
-    ``collect(background=True)`` and ``cancel()`` (what this module did first):
-    the in-memory engine, slower here (a 20M-row group-by 7 s against 1-2 s
-    streaming) and not stopped by ``cancel()``; dropping its running handle
-    aborts the process. A Python source (``register_io_source``) or a
-    ``map_batches`` checkpoint at the plan's leaves stops the streaming
-    phases that follow it, but a built plan's leaves cannot be replaced
-    through Polars' API (the IR visitor replaces a subtree only by a function
-    returning a whole DataFrame). Raising SIGINT sets Polars' interrupt flag,
-    which its kernels check, but for every plan in the process at once, and
-    Python's own handler raises KeyboardInterrupt in the main thread.
+Alternatives rejected (measured with Polars 2.1.0)
+    ``collect(background=True)`` and ``InProcessQuery.cancel()`` (this
+    module's first design): the in-memory engine, whose cancel token is read
+    between plan nodes; cancelled after 1.5 s, a group-by, a long filter, 40
+    sorts, a join and a parquet scan each ran on to its end (1-11 s more),
+    and dropping the running handle aborts the process. Inserting checkpoints
+    at a built plan's leaves by itself: Polars' API cannot (the IR visitor
+    replaces a subtree only by a function returning a whole DataFrame, and
+    does not show a ``map_batches`` function), hence ``guard`` in the
+    builder. SIGINT sets Polars' interrupt flag, which its kernels read, but
+    for every plan in the process, and Python raises KeyboardInterrupt in the
+    main thread.
 
 Install with ``pip install 'resgroups[polars]'``.
 """
@@ -72,7 +77,7 @@ Guard: TypeAlias = Callable[[pl.LazyFrame | pl.DataFrame], pl.LazyFrame]
 
 POLL_S: Final = 0.005  # how often the waiting query thread checkpoints
 STOP_WAIT_S: Final = 0.2  # how long a cancelled query waits for its plan to stop
-EXIT_WAIT_S: Final = 10.0  # how long the interpreter's exit waits for plans still running
+EXIT_WAIT_S: Final = 5.0  # how long the interpreter's exit waits for plans still running
 
 # Polars' compute pool ("polars-N") and its streaming engine's executors
 THREADS: Final = EngineThreads(

@@ -5,6 +5,7 @@ threads' CPU charged to the group."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -15,7 +16,7 @@ from engine_checks import all_back, group_row, in_group
 from waiting import bounded, wait_until
 
 import resgroups
-from resgroups.integrations.polars import DRAIN, THREADS, Guard, collect, pool_size
+from resgroups.integrations.polars import DRAIN, ENGINES, THREADS, Guard, collect, pool_size
 
 ROWS = 2_000_000
 BASE = pl.DataFrame({"i": pl.int_range(0, ROWS, eager=True)}).with_columns(
@@ -23,18 +24,18 @@ BASE = pl.DataFrame({"i": pl.int_range(0, ROWS, eager=True)}).with_columns(
 )
 
 
-def slow_plan() -> pl.LazyFrame:
+def slow_plan(guard: Guard | None = None) -> pl.LazyFrame:
     """A long expression over the two billion rows of a cross join: minutes of native
-    work whose rows come out batch by batch (a few of each batch pass the filter)."""
+    work whose rows come out batch by batch (a few of each batch pass the filter),
+    its input guarded when ``guard`` is given."""
     e = pl.col("v")
     for j in range(20):
         e = (e * 1.0000001 + pl.col("i") % (j + 3)).sqrt()
     times = pl.LazyFrame({"r": pl.int_range(0, 1000, eager=True)})
-    return (
-        BASE.lazy()
-        .join(times, how="cross")
-        .filter(((pl.col("i") + pl.col("r")) % 1000 == 7) & (e > 1.0))
-    )
+    rows = BASE.lazy().join(times, how="cross")
+    if guard is not None:
+        rows = guard(rows)
+    return rows.filter(((pl.col("i") + pl.col("r")) % 1000 == 7) & (e > 1.0))
 
 
 def group_by_over_copies(copies: int, guard: Guard | None = None) -> pl.LazyFrame:
@@ -53,22 +54,25 @@ def guarded_group_by(guard: Guard) -> pl.LazyFrame:
 
 
 def blocking_plan() -> pl.LazyFrame:
-    """Seconds of native work and no row until its end, nothing guarded: Polars 2.1
-    gives no way to stop it."""
-    return group_by_over_copies(200)
+    """Seconds of native work and no row until its end (the sum of a 100-term
+    expression), nothing guarded, on the in-memory engine: nothing stops it."""
+    e = pl.col("v")
+    for j in range(100):
+        e = (e * 1.0000001 + pl.col("i") % (j + 3)).sqrt()
+    return BASE.lazy().select(e.sum())
 
 
 PLANS = {
     "short": lambda: BASE.lazy().filter(pl.col("i") < 1000).select(pl.col("v").sum()),
     "work": lambda: BASE.lazy().group_by("k").agg(pl.col("v").sum(), pl.col("i").max()),
-    "slow": slow_plan,
+    "slow": lambda: slow_plan,  # a builder: guarded, on the streaming engine
     "blocking": blocking_plan,
 }
 STATEMENTS = {
     "short": "short",
     "work": "work: group by k",
     "slow": "slow: a long filter",
-    "blocking": "blocking: a group-by",
+    "blocking": "blocking: a sum",
 }
 
 
@@ -162,6 +166,20 @@ def test_a_cancel_and_a_timeout_stop_polars_native_work(run: checks.Run) -> None
     assert took < 3, f"Polars' threads went on {took:.2f} s"
 
 
+def test_on_the_streaming_engine_a_plain_plan_stops_at_its_next_batch_of_output() -> None:
+    """No guard: the root's checkpoint stops a plan whose rows come out as it runs."""
+
+    def run(session: resgroups.Session, name: str) -> object:
+        if name == "slow":
+            return collect(session, slow_plan(), statement="slow", engine="streaming")
+        return collect(session, PLANS[name](), statement=STATEMENTS[name])
+
+    checks.cancel_and_timeout_end_native_work(run)
+    took = polars_goes_quiet()
+    assert DRAIN.running() == 0
+    assert took < 3, f"Polars' threads went on {took:.2f} s"
+
+
 def test_a_guarded_input_stops_a_plan_with_no_output_until_its_end() -> None:
     """A group-by outputs nothing before its end; with its input guarded, a cancel
     and a 1 s timeout stop it as it reads, and Polars' threads go quiet."""
@@ -236,12 +254,14 @@ def test_the_results_are_those_of_polars_own_collect() -> None:
                 .slice(100, 1000)
             ),
         }
-        for name, plan in plans.items():
-            got, want = collect(session, plan()), plan().collect()
+        for (name, plan), engine in itertools.product(plans.items(), ENGINES):
+            got, want = collect(session, plan(), engine=engine), plan().collect()
             if name == "work":
                 got, want = got.sort("k"), want.sort("k")
-            assert got.schema == want.schema, name
-            assert got.equals(want), name
+            assert got.schema == want.schema, (name, engine)
+            assert got.equals(want), (name, engine)
+        with pytest.raises(resgroups.InvalidParameter, match="engine"):
+            collect(session, BASE.lazy(), engine="gpu")
 
 
 def test_many_stopped_queries_leave_nothing_behind() -> None:

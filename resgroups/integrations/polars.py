@@ -75,6 +75,7 @@ if TYPE_CHECKING:
 # what a plan's builder is given: it puts a checkpoint on the batches of an input
 Guard: TypeAlias = Callable[[pl.LazyFrame | pl.DataFrame], pl.LazyFrame]
 
+ENGINES: Final = ("in-memory", "streaming")
 POLL_S: Final = 0.005  # how often the waiting query thread checkpoints
 STOP_WAIT_S: Final = 0.2  # how long a cancelled query waits for its plan to stop
 EXIT_WAIT_S: Final = 5.0  # how long the interpreter's exit waits for plans still running
@@ -99,6 +100,7 @@ class Run:
         self.result: pl.DataFrame | None = None
         self.error: BaseException | None = None
         self._plan: pl.LazyFrame | None = None
+        self._engine = "in-memory"
         self._thread = threading.Thread(target=self._drive, name="resgroups-polars", daemon=True)
         self._final_cpu_ns: int | None = None  # the driver's CPU clock as it ended
         self.charged_ns = 0  # of the driver's CPU, charged to the query so far
@@ -118,9 +120,10 @@ class Run:
             self._checkpoint, streamable=True, projection_pushdown=True, slice_pushdown=True
         )
 
-    def start(self, frame: pl.LazyFrame) -> None:
+    def start(self, frame: pl.LazyFrame, engine: str) -> None:
         # the root's checkpoint: Polars' threads call it for each batch of output
         self._plan = frame.map_batches(self._checkpoint, streamable=True)
+        self._engine = engine
         self._thread.start()
 
     def stop(self) -> None:
@@ -155,7 +158,7 @@ class Run:
     def _drive(self) -> None:
         try:
             assert self._plan is not None  # set by start()
-            self.result = self._plan.collect(engine="streaming")
+            self.result = self._plan.collect(engine=self._engine)  # type: ignore[call-overload]
         except BaseException as exc:  # handed to the query's thread
             self.error = exc
         finally:
@@ -211,6 +214,7 @@ def collect(
     *,
     statement: str | None = None,
     kind: str = "select",
+    engine: str | None = None,
     poll_s: float = POLL_S,
     timings: dict[str, float] | None = None,
 ) -> pl.DataFrame:
@@ -233,6 +237,10 @@ def collect(
     run = Run()
     if callable(frame) and not isinstance(frame, pl.LazyFrame):
         frame = frame(run.guard)
+        engine = "streaming" if engine is None else engine
+    engine = "in-memory" if engine is None else engine
+    if engine not in ENGINES:
+        raise InvalidParameter(f"collect(): engine is one of {', '.join(ENGINES)}, not {engine!r}")
     if not isinstance(frame, pl.LazyFrame):
         raise InvalidParameter(f"collect(): a polars LazyFrame, not {type(frame).__name__}")
     if not isinstance(poll_s, (int, float)) or not 0 < poll_s <= 1:
@@ -243,7 +251,7 @@ def collect(
             timings["wait_ms"] = q.waited_s * 1000
         q.on_cancel(run.stop)
         with native.active():
-            run.start(frame)
+            run.start(frame, engine)
             try:
                 while not run.done.wait(poll_s):  # no completion callback: poll
                     native.charge()

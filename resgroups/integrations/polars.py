@@ -175,10 +175,10 @@ class Run:
 
 
 class _Drain:
-    """Runs a cancel or a timeout left running (their plan produces no output until
-    its end), kept until they end: ``running()`` counts them, and the interpreter's
-    exit stops and waits for them (a daemon thread inside Polars when Python
-    finalises could abort the process)."""
+    """Runs a cancel or a timeout left running (on the in-memory engine, or with no
+    batch passing a checkpoint), kept until they end: ``running()`` counts them,
+    and the interpreter's exit stops and waits for them, bounded (a driver thread
+    returning from Polars while Python finalises could abort the process)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

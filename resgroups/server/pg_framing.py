@@ -45,6 +45,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -69,8 +70,14 @@ from resgroups.server.wire import Body, ProtocolViolation
 log = logging.getLogger("resgroups.server.pgwire")
 
 READ_CHUNK: Final = 64 * 1024  # bytes framed per read: a burst of messages at once
+LINGER: Final = 0.002  # seconds a request thread reads its client's socket after a reply
+LINGER_SLICE_MS: Final = 1  # between its checks for other connections' waiting work
+WATCH_INTERVAL: Final = 0.05  # seconds between the loop's looks at threads that read
+_POLL_END: Final = select.POLLIN | select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 Message = tuple[bytes, bytes]
+_GO_ON: Final = "go on"  # a request thread goes on with the messages that wait
+_LINGER: Final = "linger"  # it reads the client's next burst itself
 Handler = Callable[[ConnectionBase, Body], None]
 
 
@@ -87,6 +94,14 @@ class Framing(ConnectionBase):
     _handed: int  # bytes handed to the loop during this request, not waited for
     _loop_writes: bool  # the loop may hold unwritten output: replies go through it
     _sock: socket.socket | None  # the client's socket, for a request thread's replies
+    _framer: wire.Framer  # who reads (the loop or a request thread) frames with it
+    _thread_reads: bool  # a request thread reads the socket; the loop's reading is paused
+    _lingering: bool  # that thread waits for the client's next burst on the socket
+    _close_deferred: bool  # the socket is closed by the lingering thread as it stops
+    _bursts: int  # bursts a request thread has taken (the loop's watch compares them)
+    _watched_bursts: int
+    _poller: Any  # select.poll of the socket, for a lingering thread
+    _deferred_sock: socket.socket | None
     handlers: Final[dict[bytes, Handler]] = {}  # filled by pgwire.Connection
 
     def init_framing(self) -> None:
@@ -103,13 +118,21 @@ class Framing(ConnectionBase):
         self._handed = 0
         self._loop_writes = True  # until the loop has seen its startup replies written
         self._sock = None
+        self._framer = wire.Framer()
+        self._thread_reads = False
+        self._lingering = False
+        self._close_deferred = False
+        self._deferred_sock = None
+        self._bursts = 0
+        self._watched_bursts = -1
+        self._poller = None
 
     # ---- on the loop ----------------------------------------------------------------
 
     async def read_loop(self) -> None:
         """Frame messages for the request threads; the end of the connection
         cancels its query."""
-        framer = wire.Framer()
+        framer = self._framer
         try:
             while True:
                 await self._room.wait()
@@ -155,6 +178,15 @@ class Framing(ConnectionBase):
                 self._room.clear()  # TCP pushes back on the client
             start = not self._working
             self._working = True
+            # the thread reads the client's next burst itself, if the loop holds no
+            # unread bytes of it (the stream's buffer is empty) and may stop reading
+            hand_reading = (
+                start and self._sock is not None and not self.reader._buffer and not self.gone
+            )
+            self._thread_reads = self._thread_reads or hand_reading
+        if hand_reading:
+            self.writer.transport.pause_reading()
+            self.backend.watch_readers(self)
         if start:
             self._start_work()
 
@@ -190,6 +222,7 @@ class Framing(ConnectionBase):
         """A reply the socket did not take at once (or that follows output handed to
         the loop): written in order, drained under the write timeout, then the
         requests go on (or the connection ends, if this burst ended it)."""
+        self.resume_reading()
         try:
             if data:
                 self.writer.write(data)
@@ -209,6 +242,28 @@ class Framing(ConnectionBase):
         if start:
             self._start_work()
 
+    def resume_reading(self) -> None:
+        """The loop reads the socket again (a request thread gave it back)."""
+        with self._lock:
+            if self._thread_reads:
+                return
+        if not self.gone:
+            self.writer.transport.resume_reading()
+
+    def watch_reading(self) -> bool:
+        """The loop's look at a request thread that reads the socket: a burst that
+        has lasted since the last look gets the loop reading again, so that the
+        client's departure cancels what it runs. False: no thread reads now."""
+        with self._lock:
+            if not self._thread_reads or self.gone:
+                return False
+            if self._lingering or self._bursts != self._watched_bursts:
+                self._watched_bursts = self._bursts
+                return True
+            self._thread_reads = False
+        self.resume_reading()
+        return False
+
     def open_socket(self) -> None:
         """The request threads' handle on the socket, once logged in. Closed when
         the connection ends (``close_socket``), or with the connection object if
@@ -221,6 +276,8 @@ class Framing(ConnectionBase):
         """The request threads' handle on the socket, once none of them works."""
         with self._lock:
             sock, self._sock = self._sock, None
+            if self._lingering:  # its thread polls it: that thread closes it as it stops
+                self._close_deferred, self._deferred_sock, sock = True, sock, None
         if sock is not None:
             sock.close()
 
@@ -236,8 +293,9 @@ class Framing(ConnectionBase):
                     while self._pending and (not batch or isinstance(batch[-1], tuple)):
                         batch.append(self._pending.popleft())
                     if not batch:
-                        self._working = False
-                        return
+                        give_back = self._leave_locked()
+                        break
+                    self._bursts += 1
                     messages = [m for m in batch if isinstance(m, tuple)]
                     self._queued_bytes -= sum(len(body) + 5 for _, body in messages)
                     room = self._queued_bytes <= INPUT_LIMIT and not self._room.is_set()
@@ -254,11 +312,86 @@ class Framing(ConnectionBase):
                         self._settle_soon(None)
                         return
                 ending = self._ending(batch[-1])
-                if not self._reply(out, ending):
+                after = self._reply(out, ending)
+                if after is _LINGER:
+                    after = self._linger()
+                if after is not _GO_ON:
                     return  # replied and left, or the loop drains the reply and goes on
         except BaseException as exc:  # a bug: the connection ends, the server goes on
             log.exception("internal error in connection %d's requests", self.pid)
             self._settle_soon(internal(exc))
+            return
+        if give_back:
+            self.loop.call_soon_threadsafe(self.resume_reading)
+
+    def _leave_locked(self) -> bool:
+        """The thread leaves the connection (under ``_lock``); True: it read the
+        socket, and the loop must read it again."""
+        self._working = False
+        give_back, self._thread_reads = self._thread_reads, False
+        return give_back
+
+    def _linger(self) -> object:
+        """Read the client's next burst on this thread (no hop through the loop),
+        for up to LINGER, while no other connection's work waits for a thread;
+        then give the reading back to the loop and leave. _GO_ON: messages (or
+        the client's departure) wait in ``_pending``."""
+        sock = self._sock
+        assert sock is not None  # closing it waits for the linger to end
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(sock, select.POLLIN)
+        queue = getattr(self.executor, "_work_queue", None)
+        give_up = time.monotonic() + LINGER
+        data: bytes | None = None
+        while not self.gone and not self.backend.closing:
+            if queue is not None and queue.qsize():
+                break  # another connection waits for a request thread
+            if not self._poller.poll(LINGER_SLICE_MS):
+                if time.monotonic() >= give_up:
+                    break
+                continue
+            try:
+                data = sock.recv(READ_CHUNK)
+            except BlockingIOError:
+                continue
+            except OSError:  # reset: the client is gone
+                data = b""
+            break
+        with self._lock:
+            self._lingering = False
+            if self._close_deferred:  # the connection ended meanwhile
+                if self._deferred_sock is not None:
+                    self._deferred_sock.close()
+                self._working = False
+                return None
+            if data is None:
+                if self._pending:  # an ending arrived meanwhile (a shutdown)
+                    return _GO_ON
+                give_back = self._leave_locked()
+            else:
+                self._take(data)
+                return _GO_ON
+        if give_back:
+            self.loop.call_soon_threadsafe(self.resume_reading)
+        return None
+
+    def _take(self, data: bytes) -> None:
+        """What a lingering thread read, framed into ``_pending`` (under ``_lock``), as
+        the loop's reader frames what it reads: b"" is the client's departure; a
+        Terminate or a violation ends the reading (the connection ends after it)."""
+        if not data:
+            self.gone = True
+            self._pending.append(None)
+            return
+        messages = self._framer.feed(data)
+        ends = next((i for i, (kind, _) in enumerate(messages) if kind == b"X"), None)
+        if ends is not None:
+            messages = messages[: ends + 1]
+        self._pending.extend(messages)
+        self._queued_bytes += sum(len(body) + 5 for _, body in messages)
+        if ends is None and self._framer.violation is not None:
+            self._pending.append(self._framer.violation)
 
     def _ending(self, last: Message | Error | None) -> tuple[Error | None] | None:
         """Whether the burst ending with ``last`` ends the connection (and with
@@ -273,10 +406,11 @@ class Framing(ConnectionBase):
             return (EngineClosed("terminating connection: the server is shutting down"),)
         return None
 
-    def _reply(self, data: bytes, ending: tuple[Error | None] | None) -> bool:
+    def _reply(self, data: bytes, ending: tuple[Error | None] | None) -> object:
         """Send a burst's reply: straight to the socket when the loop holds none of
         this connection's output (one send, no hop to the loop), else through the
-        loop, in order. True: more messages wait, go on with them. False: this
+        loop, in order. _GO_ON: more messages wait, go on with them. _LINGER: the
+        thread reads the client's next burst itself (``_linger``). None: this
         thread is done with the connection (it left, under the same lock as the
         send, so a thread the loop starts next replies after this one; or the
         loop drains the reply, then goes on itself; or the connection ends)."""
@@ -294,16 +428,21 @@ class Framing(ConnectionBase):
                 whole = sock is not None and sent == len(data) and not self.gone
                 if whole and ending is None:
                     if self._pending:
-                        return True
+                        return _GO_ON
+                    if self._thread_reads:
+                        self._lingering = True
+                        return _LINGER
                     self._working = False
-                    return False
+                    return None
             if whole or self.gone:
                 self._settle_soon(None if self.gone or ending is None else ending[0])
-                return False
+                return None
             data = data[sent:]
+        with self._lock:
+            self._thread_reads = False  # the loop reads again as it writes this reply
         self._loop_writes = True
         asyncio.run_coroutine_threadsafe(self._drain_then_go_on(data, ending), self.loop)
-        return False
+        return None
 
     def _settle_soon(self, reason: BaseException | None) -> None:
         self.loop.call_soon_threadsafe(self.settle, reason)

@@ -91,7 +91,7 @@ from resgroups.errors import Error, FeatureNotSupported
 from resgroups.server import wire
 from resgroups.server.limits import ConnectionSlots, LoginThrottle
 from resgroups.server.pg_extended import Extended
-from resgroups.server.pg_framing import Framing, Handler
+from resgroups.server.pg_framing import WATCH_INTERVAL, Framing, Handler
 from resgroups.server.pg_portals import Portals
 from resgroups.server.pg_simple import SimpleQuery
 from resgroups.server.pg_startup import StartupPhase
@@ -158,6 +158,24 @@ class Backend:
         self._pids = iter(range(first_pid, 2**31))
         self.closing = False
         self._unknown_salt = secrets.token_bytes(16)  # fake SCRAM salts for unknown names
+        self._readers: set[Connection] = set()  # connections whose request thread reads
+        self._watching = False
+
+    def watch_readers(self, conn: Connection) -> None:
+        """Look at ``conn`` every WATCH_INTERVAL while a request thread reads its
+        socket (on the loop): one timer for all such connections."""
+        self._readers.add(conn)
+        if not self._watching:
+            self._watching = True
+            asyncio.get_running_loop().call_later(WATCH_INTERVAL, self._watch)
+
+    def _watch(self) -> None:
+        for conn in list(self._readers):
+            if not conn.watch_reading():
+                self._readers.discard(conn)
+        self._watching = bool(self._readers)
+        if self._watching:
+            asyncio.get_running_loop().call_later(WATCH_INTERVAL, self._watch)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """``asyncio.start_server``'s callback: serve one client until it leaves."""

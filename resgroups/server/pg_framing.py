@@ -52,7 +52,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from resgroups.errors import EngineClosed, Error, InternalError, QueryCancelled, SqlSyntaxError
 from resgroups.server import wire
@@ -181,11 +181,11 @@ class Framing(ConnectionBase):
             # the thread reads the client's next burst itself, if the loop holds no
             # unread bytes of it (the stream's buffer is empty) and may stop reading
             hand_reading = (
-                start and self._sock is not None and not self.reader._buffer and not self.gone
+                start and self._sock is not None and not _buffered(self.reader) and not self.gone
             )
             self._thread_reads = self._thread_reads or hand_reading
         if hand_reading:
-            self.writer.transport.pause_reading()
+            cast(asyncio.Transport, self.writer.transport).pause_reading()
             self.backend.watch_readers(self)
         if start:
             self._start_work()
@@ -248,7 +248,7 @@ class Framing(ConnectionBase):
             if self._thread_reads:
                 return
         if not self.gone:
-            self.writer.transport.resume_reading()
+            cast(asyncio.Transport, self.writer.transport).resume_reading()
 
     def watch_reading(self) -> bool:
         """The loop's look at a request thread that reads the socket: a burst that
@@ -595,6 +595,11 @@ class Framing(ConnectionBase):
 def internal(exc: BaseException) -> InternalError:
     """What a client is told of a bug: its kind, not its text (which may name files)."""
     return InternalError(f"internal error ({type(exc).__name__}); the server log has the details")
+
+
+def _buffered(reader: asyncio.StreamReader) -> int:
+    """Bytes the stream has read from the socket and not yet given out."""
+    return len(getattr(reader, "_buffer", b""))
 
 
 def _own_socket(writer: asyncio.StreamWriter) -> socket.socket | None:

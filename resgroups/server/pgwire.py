@@ -158,10 +158,10 @@ class Backend:
         self._pids = iter(range(first_pid, 2**31))
         self.closing = False
         self._unknown_salt = secrets.token_bytes(16)  # fake SCRAM salts for unknown names
-        self._readers: set[Connection] = set()  # connections whose request thread reads
+        self._readers: set[Framing] = set()  # connections whose request thread reads
         self._watching = False
 
-    def watch_readers(self, conn: Connection) -> None:
+    def watch_readers(self, conn: Framing) -> None:
         """Look at ``conn`` every WATCH_INTERVAL while a request thread reads its
         socket (on the loop): one timer for all such connections."""
         self._readers.add(conn)

@@ -12,7 +12,7 @@ in a portal, which the extended protocol shares.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -38,7 +38,7 @@ from resgroups.server.pg_state import (
 from resgroups.server.wire import Body
 from resgroups.sql import ast
 from resgroups.sql.parser import interruptible, parse_one
-from resgroups.sql.semantics import cast_target
+from resgroups.sql.semantics import INT2_SPELLINGS, INT4_SPELLINGS, cast_target
 from resgroups.sql.split import split_statements
 
 log = logging.getLogger("resgroups.server.pgwire")
@@ -139,16 +139,22 @@ class SimpleQuery(ConnectionBase):
                 self.send(wire.command_complete("SELECT 0"))
                 return
             portal.executed = True
-            if isinstance(plan, ast.Select) and plan.source is not None:
-                self.stream(plan, portal, describe)
-                return
-            result = self.session.run(plan)
+            try:
+                if isinstance(plan, ast.Select) and plan.source is not None:
+                    self.stream(plan, portal, describe)
+                    return
+                result = self.session.run(plan)
+            finally:
+                if self.settings_before is not None:  # set_config() changed a setting
+                    before, self.settings_before = self.settings_before, None
+                    self.report_changes(before)
             self._after_engine_statement(plan)
         if result.columns:
             formats = formats_for(portal.formats, len(result.columns))
+            kinds = wire_kinds(plan, result.types)
             if describe:
-                self.send(self.row_description(result.columns, result.types, formats))
-            self.send_rows(result.rows, result.types, formats)
+                self.send(self.row_description(result.columns, kinds, formats))
+            self.send_rows(result.rows, kinds, formats)
         for notice in result.notices:
             self.send(wire.notice_response(notice))
         self.send(wire.command_complete(result.status))
@@ -279,6 +285,39 @@ class SimpleQuery(ConnectionBase):
                 else:
                     values.append(text(value))
             self.send(wire.data_row(values))
+
+
+def wire_kinds(plan: object, kinds: Sequence[str]) -> Sequence[str]:
+    """The result types a SELECT's columns are described in: an integer column is
+    int8 (the executor's integers), but int4 where PostgreSQL says int4 (an
+    integer literal that fits, a cast to ``int``/``int4``/``integer``) and int2
+    for a cast to ``smallint``, so that drivers decode the width they expect."""
+    if (
+        "int" not in kinds
+        or not isinstance(plan, ast.Select)
+        or plan.items is None
+        or len(plan.items) != len(kinds)
+    ):
+        return kinds
+    return [
+        _integer_kind(item.expr) if kind == "int" else kind
+        for item, kind in zip(plan.items, kinds, strict=True)
+    ]
+
+
+def _integer_kind(expr: ast.Expr) -> str:
+    match expr:
+        case ast.Cast(written=written) if written in INT4_SPELLINGS:
+            return "int4"
+        case ast.Cast(written=written) if written in INT2_SPELLINGS:
+            return "int2"
+        case ast.Literal(value=int() as n) if not isinstance(n, bool) and -(2**31) <= n < 2**31:
+            return "int4"
+        case ast.Unary(op="-", operand=ast.Literal(value=int() as n)) if (
+            not isinstance(n, bool) and n <= 2**31
+        ):
+            return "int4"
+    return "int"
 
 
 def _parameter_type(written: str) -> str:

@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from servers import ServerProcess, serving
 from test_server_wire_phases import Running
+from waiting import wait_until
 
 import resgroups
 from resgroups.server import pg_extended, pg_simple
@@ -44,7 +45,11 @@ SHARED: list[tuple[str, list[Any]]] = [
     ("SELECT %s::timestamptz AS t", ["2024-01-02 03:04:05+02"]),  # text, read as such
     ("SELECT %s::timestamptz::text AS t", [MOMENT]),
     ("SELECT %s::timestamptz > '2020-01-01 00:00:00+00'::timestamptz AS later", [MOMENT]),
-    ("SELECT %s::timestamptz AS t", ["not a time"]),  # 22007 / 22P02 alike: both fail
+    ("SELECT %s::timestamptz AS t", ["not a time"]),  # 22007 from both
+    ("SELECT '2024-01-02 03:04:05.5+02'::timestamptz AS t", []),
+    ("SELECT 'x'::timestamptz AS t", []),  # 22007 from both
+    ("SELECT 1::timestamptz AS t", []),  # 42846 from both
+    ("SELECT now()::int AS t", []),  # 42846 from both
     ("SELECT %s::int4 AS i", [5]),
     ("SELECT %b::int AS i", [7]),
     ("SELECT %s::integer AS i, %s::smallint AS s", [8, 9]),
@@ -70,7 +75,7 @@ def _psycopg_answers(dsn: str) -> list[Any]:
                 assert cur.description is not None
                 answers.append((cur.fetchall(), [d.type_code for d in cur.description]))
             except psycopg.Error as exc:
-                answers.append(exc.sqlstate[:2] if exc.sqlstate else None)
+                answers.append(exc.sqlstate)
     return answers
 
 
@@ -105,7 +110,7 @@ async def _asyncpg_answers(dsn: str) -> list[Any]:
                     )
                 )
             except asyncpg.PostgresError as exc:
-                answers.append(exc.sqlstate[:2])
+                answers.append(exc.sqlstate)
     finally:
         await conn.close()
     return answers
@@ -241,6 +246,9 @@ def test_a_prepared_statement_is_parsed_once_whatever_its_values(
             # a placeholder where only a literal parses: bound into the text instead
             for n in range(1, 4):
                 assert conn.execute("SELECT x FROM long_sequence(9) LIMIT %s", [n]).rowcount == n
+            (served,) = running.backend.connections.values()
+        # its end drops its prepared statements, then closes its transport
+        wait_until(lambda: served.writer.transport.is_closing())
     finally:
         running.close()
     assert parses.count("SELECT x * $1::int4 FROM long_sequence(3) WHERE x > $2") == 1

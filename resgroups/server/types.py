@@ -250,7 +250,10 @@ def _timestamp_input(text: str) -> datetime:
     try:
         return datetime.fromisoformat(word)
     except ValueError:
-        raise ValueError(text) from None
+        raise InvalidTextRepresentation(
+            f"invalid input syntax for type timestamp with time zone: {_shown(text)}",
+            sqlstate="22007",
+        ) from None
 
 
 def local_time(value: datetime, zone: str) -> bytes:

@@ -556,10 +556,10 @@ _NARROW: Final = {
 
 def cast_type(source: str, target: str, written: str) -> str:
     """The type of ``source::target``, refusing what PostgreSQL refuses."""
-    if {source, target} == {BOOL, FLOAT} or (
-        TIMESTAMPTZ in (source, target)
-        and source not in (TIMESTAMPTZ, TEXT, UNKNOWN)
-        and target not in (TIMESTAMPTZ, TEXT)
+    if (
+        {source, target} == {BOOL, FLOAT}
+        or (target == TIMESTAMPTZ and source not in (TIMESTAMPTZ, TEXT, UNKNOWN))
+        or (source == TIMESTAMPTZ and target not in (TIMESTAMPTZ, TEXT))
     ):
         raise DatatypeMismatch(f"cannot cast type {shown(source)} to {written}", sqlstate="42846")
     return target
@@ -579,7 +579,7 @@ def parse_timestamptz(text: str, written: str = "timestamp with time zone") -> d
         value = datetime.fromisoformat(text.strip())
     except ValueError:
         raise InvalidTextRepresentation(
-            f'invalid input syntax for type {written}: "{text[:64]}"'
+            f'invalid input syntax for type {written}: "{text[:64]}"', sqlstate="22007"
         ) from None
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 

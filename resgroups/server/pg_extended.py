@@ -114,13 +114,15 @@ class Extended(ConnectionBase):
                 f"{MAX_PARAMETER_BYTES:,} (a bound statement is at most {MAX_STATEMENT:,} "
                 "characters)"
             )
-        formats = formats_for(param_formats, len(raw), "parameter")
-        oids = self.parameter_oids(prepared, len(raw))
-        zone = self.setting("TimeZone")
-        values = [
-            types.decode_parameter(data, oid, fmt, i + 1, zone)
-            for i, (data, oid, fmt) in enumerate(zip(raw, oids, formats, strict=False))
-        ]
+        values: list[object] = []
+        if raw or param_formats:
+            formats = formats_for(param_formats, len(raw), "parameter")
+            oids = self.parameter_oids(prepared, len(raw))
+            zone = self.setting("TimeZone")
+            values = [
+                types.decode_parameter(data, oid, fmt, i + 1, zone)
+                for i, (data, oid, fmt) in enumerate(zip(raw, oids, formats, strict=False))
+            ]
         if prepared.planned and values:
             raise MessageError(
                 f"bind message supplies {len(values)} parameters, "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from resgroups.errors import Error, InternalError, ProgramLimitExceeded, SqlSyntaxError
 from resgroups.result import Result
@@ -37,11 +37,17 @@ from resgroups.server.pg_state import (
 )
 from resgroups.server.wire import Body
 from resgroups.sql import ast
+from resgroups.sql.memo import PerStatement
 from resgroups.sql.parser import interruptible, parse_one
 from resgroups.sql.semantics import INT2_SPELLINGS, INT4_SPELLINGS, cast_target
 from resgroups.sql.split import split_statements
 
 log = logging.getLogger("resgroups.server.pgwire")
+
+# RowDescriptions made lately, by (names, types, formats): a pure function of
+# them, and a client repeats its statements (cleared when full: O(1) amortised)
+DESCRIPTIONS_KEPT: Final = 256
+_DESCRIPTIONS: dict[tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]], bytes] = {}
 
 
 def check_length(text: str) -> None:
@@ -263,11 +269,18 @@ class SimpleQuery(ConnectionBase):
     # ---- rows ----------------------------------------------------------------------
 
     def row_description(self, columns: Any, kinds: Any, formats: list[int]) -> bytes:
-        fields = []
-        for name, kind, fmt in zip(columns, kinds, formats, strict=True):
-            oid, size = types.oid_of(kind)
-            fields.append((name, oid, size, fmt))
-        return wire.row_description(fields)
+        key = (tuple(columns), tuple(kinds), tuple(formats))
+        described = _DESCRIPTIONS.get(key)
+        if described is None:
+            fields = []
+            for name, kind, fmt in zip(columns, kinds, formats, strict=True):
+                oid, size = types.oid_of(kind)
+                fields.append((name, oid, size, fmt))
+            described = wire.row_description(fields)
+            if len(_DESCRIPTIONS) >= DESCRIPTIONS_KEPT:
+                _DESCRIPTIONS.clear()
+            _DESCRIPTIONS[key] = described
+        return described
 
     def send_rows(self, rows: list[tuple[Any, ...]], kinds: Any, formats: list[int]) -> None:
         oids = [types.oid_of(k)[0] for k in kinds]
@@ -300,8 +313,8 @@ def wire_kinds(plan: object, kinds: Sequence[str]) -> Sequence[str]:
     ):
         return kinds
     return [
-        _integer_kind(item.expr) if kind == "int" else kind
-        for item, kind in zip(plan.items, kinds, strict=True)
+        narrow if kind == "int" else kind
+        for narrow, kind in zip(_integer_kinds(plan), kinds, strict=True)
     ]
 
 
@@ -318,6 +331,11 @@ def _integer_kind(expr: ast.Expr) -> str:
         ):
             return "int4"
     return "int"
+
+
+_integer_kinds: Final = PerStatement(
+    lambda plan: tuple(_integer_kind(item.expr) for item in plan.items)
+)  # each item's integer type, as wire_kinds reads it: per statement
 
 
 def _parameter_type(written: str) -> str:

@@ -20,6 +20,21 @@ hands the next burst over, and sets ``_loop_writes`` back only once nothing
 is left unwritten. How the connection ends (an error, the client gone,
 Terminate) is settled on the loop (``_finished``) once no thread owns it.
 
+Who reads (``_thread_reads``, under ``_lock``): the loop, or the request
+thread that owns the requests, never both. When the loop hands a burst to a
+new thread and holds no unread bytes, it pauses its reading and the thread
+reads from then on: after a reply sent whole with nothing waiting, it polls
+the socket for up to LINGER (in LINGER_SLICE_MS steps, leaving early when
+another connection's work waits for a thread) and frames what it reads
+with the same framer the loop uses, so a client that sends its next
+statement at once is served with one wake-up, as PostgreSQL's backend is.
+The reading goes back to the loop when the thread leaves (the linger ends,
+a reply goes through the loop) and when a burst outlasts one of the loop's
+looks (``Backend.watch_readers``, every WATCH_INTERVAL): a statement that
+runs long has the loop reading again, so the client's departure cancels it.
+A socket is closed under a lingering thread only by that thread
+(``_close_deferred``), so its descriptor cannot be reused while polled.
+
 Out, within a request: its replies gather in a buffer; each OUTPUT_CHUNK of
 them goes to the loop. Whether the request thread then waits for the socket
 depends on what it holds:

@@ -253,3 +253,27 @@ def test_a_prepared_statement_is_parsed_once_whatever_its_values(
         running.close()
     assert parses.count("SELECT x * $1::int4 FROM long_sequence(3) WHERE x > $2") == 1
     assert len([p for p in parses if "long_sequence(9)" in p]) >= 3
+
+
+def test_a_statement_executed_again_with_equal_looking_values_binds_each(
+    server: ServerProcess,
+) -> None:
+    """The tree bound for the last values is reused only for the very same values:
+    -0.0 is not 0.0, 1 is not TRUE (asyncpg, one prepared statement)."""
+    import asyncpg
+
+    async def answers(dsn: str) -> list[Any]:
+        conn = await asyncpg.connect(dsn, timeout=10)
+        try:
+            floats = await conn.prepare("SELECT $1::float8::text AS t")
+            texts = await conn.prepare("SELECT $1::text AS t")
+            return [
+                *[await floats.fetchval(v) for v in (-0.0, 0.0, -0.0, 1.0, 1)],
+                *[await texts.fetchval(v) for v in ("1", "1.0", "1")],
+            ]
+        finally:
+            await conn.close()
+
+    ours = asyncio.run(answers(_uri(server)))
+    assert ours == asyncio.run(answers(PG_DSN))
+    assert ours[:3] == ["-0", "0", "-0"]

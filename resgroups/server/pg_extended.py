@@ -13,7 +13,7 @@ group's and the process's memory limits (53200) like a query would.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Final, cast
 
 from resgroups.errors import Error, FeatureNotSupported, ProgramLimitExceeded, SqlSyntaxError
 from resgroups.server import commands, types, wire
@@ -40,6 +40,10 @@ from resgroups.sql import ast
 from resgroups.sql.params import Binder, bind, binder, placeholders
 from resgroups.sql.parser import interruptible, parse_one, placeholders_allowed
 from resgroups.sql.split import split_statements
+
+# value types whose == tells equal values apart exactly (1.0 == 1, -0.0 == 0.0,
+# Decimal("1") == Decimal("1.0"): those are compared by their repr)
+_EXACT: Final = frozenset({int, str, bool, type(None)})
 
 
 def _statement_bytes(text: str, oids: list[int]) -> int:
@@ -170,7 +174,14 @@ class Extended(ConnectionBase):
                 raise ProgramLimitExceeded(
                     f"bound statement of {size:,} characters exceeds the limit of {MAX_STATEMENT:,}"
                 )
-            return cast(Plan, prepared.binder(values))
+            # the same values as the last execution's: the same (immutable) tree, so
+            # what is kept per statement object (its text, its shape) is kept
+            key = tuple((type(v), v if type(v) in _EXACT else repr(v)) for v in values)
+            if prepared.last_bound is not None and prepared.last_bound[0] == key:
+                return prepared.last_bound[1]
+            plan = cast(Plan, prepared.binder(values))
+            prepared.last_bound = (key, plan)
+            return plan
         bound, original = bind(prepared.text, values)
         check_length(bound)
         return self.plan(bound, 0, original)

@@ -115,6 +115,7 @@ class Prepared:
     # binds values into the statement parsed with its placeholders (sql/params.py),
     # made at the first Bind; False: values are bound into its text
     binder: Callable[[list[object]], object] | bool | None = None
+    last_bound: tuple[tuple[tuple[type, object], ...], Plan] | None = None  # values, tree
 
 
 @dataclass

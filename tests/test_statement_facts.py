@@ -6,8 +6,8 @@ import gc
 import weakref
 
 from resgroups.sql import ast
+from resgroups.sql.memo import PerStatement
 from resgroups.sql.parser import parse_one
-from resgroups.statements.dispatch import _PerStatement
 
 
 def test_a_fact_is_walked_once_per_statement_and_again_for_another() -> None:
@@ -17,14 +17,14 @@ def test_a_fact_is_walked_once_per_statement_and_again_for_another() -> None:
         walks.append(stmt)
         return type(stmt).__name__
 
-    facts = _PerStatement(walk)
+    facts = PerStatement(walk)
     first, second = parse_one("SELECT 1"), parse_one("SELECT 1")
     assert [facts(first), facts(first), facts(second)] == ["Select"] * 3
     assert walks == [first, second]  # equal statements, two objects: two walks
 
 
 def test_a_statement_is_not_kept_alive_and_a_reused_id_is_not_mistaken() -> None:
-    facts = _PerStatement(lambda stmt: stmt.items[0].expr.value)
+    facts = PerStatement(lambda stmt: stmt.items[0].expr.value)
     stmt = parse_one("SELECT 1")
     assert facts(stmt) == 1
     ref = weakref.ref(stmt)
@@ -37,7 +37,7 @@ def test_a_statement_is_not_kept_alive_and_a_reused_id_is_not_mistaken() -> None
 
 
 def test_the_facts_kept_are_bounded() -> None:
-    facts = _PerStatement(lambda stmt: 0, size=8)
+    facts = PerStatement(lambda stmt: 0, size=8)
     kept = [parse_one(f"SELECT {n}") for n in range(50)]
     for stmt in kept:
         facts(stmt)

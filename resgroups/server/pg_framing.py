@@ -351,8 +351,11 @@ class Framing(ConnectionBase):
         for up to LINGER, while no other connection's work waits for a thread;
         then give the reading back to the loop and leave. _GO_ON: messages (or
         the client's departure) wait in ``_pending``."""
-        sock = self._sock
-        assert sock is not None  # closing it waits for the linger to end
+        with self._lock:
+            sock = self._sock
+            if sock is None:  # the connection ended as the reply went: its socket is ours
+                self._end_linger_locked()
+                return None
         if self._poller is None:
             self._poller = select.poll()
             self._poller.register(sock, select.POLLIN)
@@ -376,9 +379,7 @@ class Framing(ConnectionBase):
         with self._lock:
             self._lingering = False
             if self._close_deferred:  # the connection ended meanwhile
-                if self._deferred_sock is not None:
-                    self._deferred_sock.close()
-                self._working = False
+                self._end_linger_locked()
                 return None
             if data is None:
                 if self._pending:  # an ending arrived meanwhile (a shutdown)
@@ -390,6 +391,15 @@ class Framing(ConnectionBase):
         if give_back:
             self.loop.call_soon_threadsafe(self.resume_reading)
         return None
+
+    def _end_linger_locked(self) -> None:
+        """The connection ended while this thread lingered (under ``_lock``): close
+        the socket its end left to this thread, and leave."""
+        self._lingering = False
+        if self._deferred_sock is not None:
+            self._deferred_sock.close()
+            self._deferred_sock = None
+        self._working = False
 
     def _take(self, data: bytes) -> None:
         """What a lingering thread read, framed into ``_pending`` (under ``_lock``), as

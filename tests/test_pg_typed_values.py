@@ -277,3 +277,30 @@ def test_a_statement_executed_again_with_equal_looking_values_binds_each(
     ours = asyncio.run(answers(_uri(server)))
     assert ours == asyncio.run(answers(PG_DSN))
     assert ours[:3] == ["-0", "0", "-0"]
+
+
+def test_a_prepare_of_int_parameters_describes_them_as_postgres(server: ServerProcess) -> None:
+    def described(dsn: str) -> list[int]:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            conn.execute("PREPARE typed(int, smallint, bigint) AS SELECT $1 + $2 + $3")
+            result = conn.pgconn.describe_prepared(b"typed")
+            return [result.param_type(i) for i in range(result.nparams)]
+
+    assert described(server.dsn()) == described(PG_DSN) == [23, 21, 20]
+
+
+def test_a_cast_to_int4_of_an_executor_column_checks_its_range(
+    session: resgroups.Session,
+) -> None:
+    """The vectorised cast checks int4's and smallint's range as the row
+    evaluator's does (a value past it would not fit the int4 it is described as)."""
+    session.execute("CREATE TABLE widths AS SELECT x * 1000000 AS x FROM long_sequence(3000)")
+    assert session.execute("SELECT x::int4 FROM widths WHERE x < 3000000").rows == [
+        (1_000_000,),
+        (2_000_000,),
+    ]
+    with pytest.raises(resgroups.Error, match="integer out of range") as info:
+        session.execute("SELECT x::int4 FROM widths")
+    assert info.value.sqlstate == "22003"
+    with pytest.raises(resgroups.Error, match="smallint out of range"):
+        session.execute("SELECT x::smallint FROM widths")

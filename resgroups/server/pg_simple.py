@@ -38,6 +38,7 @@ from resgroups.server.pg_state import (
 from resgroups.server.wire import Body
 from resgroups.sql import ast
 from resgroups.sql.memo import PerStatement
+from resgroups.sql.param_types import cast_parameter_type
 from resgroups.sql.parser import interruptible, parse_one
 from resgroups.sql.semantics import INT2_SPELLINGS, INT4_SPELLINGS, cast_target
 from resgroups.sql.split import split_statements
@@ -341,7 +342,10 @@ _integer_kinds: Final = PerStatement(
 def _parameter_type(written: str) -> str:
     """A PREPARE parameter's type (``int``, ``varchar(20)``, ``double precision``)."""
     words, _, modifiers = written.partition("(")
-    return cast_target(words.strip(), [m.strip() for m in modifiers.rstrip(")").split(",") if m])[0]
+    target, spelled = cast_target(
+        words.strip(), [m.strip() for m in modifiers.rstrip(")").split(",") if m]
+    )
+    return cast_parameter_type(target, spelled)  # PREPARE p(int): int4, as PostgreSQL
 
 
 def no_cursor(name: str) -> Error:

@@ -548,7 +548,7 @@ def cast_target(words: str, modifiers: Sequence[str] = ()) -> tuple[str, str]:
 # checked, and the wire describes its result (and a parameter cast to it) in it
 INT4_SPELLINGS: Final = frozenset({"int", "int4", "integer"})
 INT2_SPELLINGS: Final = frozenset({"int2", "smallint"})
-_NARROW: Final = {
+NARROW_INTS: Final = {
     **dict.fromkeys(INT4_SPELLINGS, ("integer", 2**31)),
     **dict.fromkeys(INT2_SPELLINGS, ("smallint", 2**15)),
 }
@@ -641,7 +641,7 @@ def cast_value(value: object, target: str, written: str) -> object:
         return text
     if target == INT:
         whole = _to_int(value, written)
-        narrow = _NARROW.get(written)
+        narrow = NARROW_INTS.get(written)
         if narrow is not None and not -narrow[1] <= whole < narrow[1]:
             raise NumericOverflow(f"{narrow[0]} out of range")
         return whole

@@ -13,6 +13,7 @@ group's and the process's memory limits (53200) like a query would.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final, cast
 
 from resgroups.errors import Error, FeatureNotSupported, ProgramLimitExceeded, SqlSyntaxError
@@ -37,6 +38,7 @@ from resgroups.server.pg_state import (
 )
 from resgroups.server.wire import Body, ProtocolViolation
 from resgroups.sql import ast
+from resgroups.sql.memo import remember_bound
 from resgroups.sql.params import Binder, bind, binder, placeholders
 from resgroups.sql.parser import interruptible, parse_one, placeholders_allowed
 from resgroups.sql.split import split_statements
@@ -197,7 +199,15 @@ class Extended(ConnectionBase):
             self.check_interrupt()  # a cancel during the parse is not a syntax error
             return False
         made = None if literal_types else binder(stmt)
-        return False if made is None else made
+        if made is None:
+            return False
+
+        def bind_values(values: Sequence[object]) -> object:
+            tree = made(values)
+            remember_bound(tree, stmt)  # what no value changes is read off stmt
+            return tree
+
+        return bind_values
 
     def execute_plan(self, command: commands.Execute) -> Plan:
         """``EXECUTE name (values)``: the prepared statement with its values, each read

@@ -31,6 +31,7 @@ from resgroups.sql.expr import CATALOG_FUNCTIONS, EvalContext, Scope, compile_ex
 from resgroups.sql.format import format_sql
 from resgroups.sql.memo import PerStatement
 from resgroups.sql.param_types import parameter_types
+from resgroups.sql.params import has_placeholder
 from resgroups.sql.relational import SERIES, run_query
 from resgroups.sql.select import Relation, Shape, run_select, select_shape
 from resgroups.statements import groups, principals, rules, selectors
@@ -163,7 +164,8 @@ def _walk_needs_rows(node: object) -> bool:
     return False
 
 
-_needs_rows: Final = PerStatement(_walk_needs_rows)
+# no value bound to a placeholder makes a statement need the row engine
+_needs_rows: Final = PerStatement(_walk_needs_rows, same_when_bound=lambda needs: True)
 
 
 def _resolver(
@@ -287,7 +289,12 @@ def _walk_sources(node: object) -> Iterator[ast.TableName | ast.TableFunction]:
 
 
 _text: Final = PerStatement(format_sql)  # a statement's text, as queries are listed
-_sources: Final = PerStatement(lambda stmt: tuple(_walk_sources(stmt)))
+# a template's sources are a bound tree's when none holds a placeholder (the
+# binder shares every subtree without one)
+_sources: Final = PerStatement(
+    lambda stmt: tuple(_walk_sources(stmt)),
+    same_when_bound=lambda sources: not any(has_placeholder(s) for s in sources),
+)
 
 
 def _executor_table(session: Session, source: ast.TableName | ast.TableFunction) -> Table | None:

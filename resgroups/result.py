@@ -33,6 +33,7 @@ class Result:
         columns: Sequence[str],
         rows: list[tuple[Any, ...]],
         types: Sequence[str | None] = (),
+        group: str | None = None,
     ) -> Result:
         """A SELECT result; a type not given is inferred from the column's values."""
         declared = list(types) or [None] * len(columns)
@@ -41,6 +42,7 @@ class Result:
             rows,
             f"SELECT {len(rows)}",
             [t or _infer(rows, i) for i, t in enumerate(declared)],
+            group=group,
         )
 
 

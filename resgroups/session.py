@@ -16,7 +16,7 @@ from resgroups.errors import InternalError, InvalidParameter, QueryCancelled
 from resgroups.query import Placement, Query, QueryState
 from resgroups.result import Cursor, Result
 from resgroups.sql import ast
-from resgroups.sql.expr import EvalContext
+from resgroups.sql.expr import EvalContext, Settings
 from resgroups.sql.parser import parse_script
 from resgroups.statements.dispatch import (
     describe,
@@ -52,6 +52,7 @@ class Session:
         self.set_application(application)
         self.set_tags(tags)
         self.database = "resgroups"  # current_database(): what a wire client named
+        self.settings: Settings | None = None  # current_setting(): a wire connection's
         self._chosen: int | None = None  # the chosen group's id (a rename keeps it)
         # the ids of this session's queries in flight: a query adds its own as it
         # starts and takes it out as it ends (set.add and discard are atomic
@@ -248,6 +249,7 @@ class Session:
             user=self.user,
             database=self.database,
             statement_start=datetime.now(UTC),
+            settings=self.settings,
         )
 
     def query(

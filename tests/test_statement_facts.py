@@ -6,8 +6,10 @@ import gc
 import weakref
 
 from resgroups.sql import ast
-from resgroups.sql.parser import parse_one
-from resgroups.statements.dispatch import _PerStatement
+from resgroups.sql.memo import PerStatement, remember_bound
+from resgroups.sql.params import binder
+from resgroups.sql.parser import parse_one, placeholders_allowed
+from resgroups.statements import dispatch
 
 
 def test_a_fact_is_walked_once_per_statement_and_again_for_another() -> None:
@@ -17,14 +19,14 @@ def test_a_fact_is_walked_once_per_statement_and_again_for_another() -> None:
         walks.append(stmt)
         return type(stmt).__name__
 
-    facts = _PerStatement(walk)
+    facts = PerStatement(walk)
     first, second = parse_one("SELECT 1"), parse_one("SELECT 1")
     assert [facts(first), facts(first), facts(second)] == ["Select"] * 3
     assert walks == [first, second]  # equal statements, two objects: two walks
 
 
 def test_a_statement_is_not_kept_alive_and_a_reused_id_is_not_mistaken() -> None:
-    facts = _PerStatement(lambda stmt: stmt.items[0].expr.value)
+    facts = PerStatement(lambda stmt: stmt.items[0].expr.value)
     stmt = parse_one("SELECT 1")
     assert facts(stmt) == 1
     ref = weakref.ref(stmt)
@@ -37,8 +39,37 @@ def test_a_statement_is_not_kept_alive_and_a_reused_id_is_not_mistaken() -> None
 
 
 def test_the_facts_kept_are_bounded() -> None:
-    facts = _PerStatement(lambda stmt: 0, size=8)
+    facts = PerStatement(lambda stmt: 0, size=8)
     kept = [parse_one(f"SELECT {n}") for n in range(50)]
     for stmt in kept:
         facts(stmt)
         assert len(facts._seen) <= 8
+
+
+def test_a_fact_no_value_changes_is_read_off_the_template() -> None:
+    """A tree bound from a statement parsed with its placeholders (the wire's
+    Bind) takes the template's fact when no value can change it, and is
+    walked itself otherwise (a table function's argument bound to a value)."""
+    with placeholders_allowed():
+        template = parse_one("SELECT x + $1 FROM long_sequence($2) WHERE x > 1")
+    made = binder(template)
+    assert made is not None
+    tree = made([5, 3])
+    remember_bound(tree, template)
+    walked: list[object] = []
+
+    def walk(stmt: object) -> int:
+        walked.append(stmt)
+        return len(walked)
+
+    always = PerStatement(walk, same_when_bound=lambda fact: True)
+    assert always(tree) == always(template) == 1
+    assert walked == [template]
+    walked.clear()
+    never = PerStatement(walk, same_when_bound=lambda fact: False)
+    assert never(tree) == 2  # the template's, then the tree's own walk
+    assert walked == [template, tree]
+    # the sources hold the bound argument, not the placeholder
+    (source,) = dispatch._sources(tree)
+    assert source.args == (ast.Literal(3),)
+    assert dispatch._needs_rows(tree) is dispatch._needs_rows(template) is False

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from resgroups.errors import DatatypeMismatch, DivisionByZero, UndefinedFunction
+from resgroups.errors import DatatypeMismatch, DivisionByZero, NumericOverflow, UndefinedFunction
 from resgroups.sql import ast
 from resgroups.sql.expr import CONTEXT_FUNCTIONS, EvalContext, Scope
 from resgroups.sql.semantics import (
@@ -26,6 +26,7 @@ from resgroups.sql.semantics import (
     FLOAT,
     INT,
     INT64_MIN,
+    NARROW_INTS,
     TEXT,
     check_int64,
     children,
@@ -225,8 +226,8 @@ def evaluate(expr: ast.Expr, m: Morsel) -> Array:
             for item in items:
                 hits |= BINARY["="](a, evaluate(item, m))
             return ~hits if negated else hits
-        case ast.Cast(operand=operand, type=target):
-            return _cast(evaluate(operand, m), target)
+        case ast.Cast(operand=operand, type=target, written=written):
+            return _cast(evaluate(operand, m), target, written)
         case ast.Call(name=name) if name in CONTEXT_FUNCTIONS:
             return np.full(m.n, CONTEXT_FUNCTIONS[name](m.ctx), dtype=object)
         case ast.Call(name=name, args=args) if name in VECTOR_FUNCTIONS:
@@ -234,8 +235,18 @@ def evaluate(expr: ast.Expr, m: Morsel) -> Array:
     raise TypeError(f"not an expression the executor computes: {expr!r}")
 
 
-def _cast(a: Array, target: str) -> Array:
-    """A cast over a morsel's column (semantics.cast_value, vectorised)."""
+def _cast(a: Array, target: str, written: str = "") -> Array:
+    """A cast over a morsel's column (semantics.cast_value, vectorised); a cast to
+    ``int4``/``smallint`` checks their range, as cast_value does."""
+    out = _cast_kind(a, target)
+    if target == INT and written in NARROW_INTS:
+        name, bound = NARROW_INTS[written]
+        if out.size and (int(out.min()) < -bound or int(out.max()) >= bound):
+            raise NumericOverflow(f"{name} out of range")
+    return out
+
+
+def _cast_kind(a: Array, target: str) -> Array:
     source = _kind(a)
     if source == target:
         return a

@@ -13,9 +13,12 @@ group's and the process's memory limits (53200) like a query would.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Final, cast
+
 from resgroups.errors import Error, FeatureNotSupported, ProgramLimitExceeded, SqlSyntaxError
 from resgroups.server import commands, types, wire
-from resgroups.server.pg_simple import check_length, no_cursor
+from resgroups.server.pg_simple import check_length, no_cursor, wire_kinds
 from resgroups.server.pg_state import (
     MAX_PARAMETER_BYTES,
     MAX_PREPARED,
@@ -35,9 +38,14 @@ from resgroups.server.pg_state import (
 )
 from resgroups.server.wire import Body, ProtocolViolation
 from resgroups.sql import ast
-from resgroups.sql.params import bind, placeholders
+from resgroups.sql.memo import remember_bound
+from resgroups.sql.params import Binder, bind, binder, placeholders
 from resgroups.sql.parser import interruptible, parse_one, placeholders_allowed
 from resgroups.sql.split import split_statements
+
+# value types whose == tells equal values apart exactly (1.0 == 1, -0.0 == 0.0,
+# Decimal("1") == Decimal("1.0"): those are compared by their repr)
+_EXACT: Final = frozenset({int, str, bool, type(None)})
 
 
 def _statement_bytes(text: str, oids: list[int]) -> int:
@@ -112,12 +120,15 @@ class Extended(ConnectionBase):
                 f"{MAX_PARAMETER_BYTES:,} (a bound statement is at most {MAX_STATEMENT:,} "
                 "characters)"
             )
-        formats = formats_for(param_formats, len(raw), "parameter")
-        oids = self.parameter_oids(prepared, len(raw))
-        values = [
-            types.decode_parameter(data, oid, fmt, i + 1)
-            for i, (data, oid, fmt) in enumerate(zip(raw, oids, formats, strict=False))
-        ]
+        values: list[object] = []
+        if raw or param_formats:
+            formats = formats_for(param_formats, len(raw), "parameter")
+            oids = self.parameter_oids(prepared, len(raw))
+            zone = self.setting("TimeZone")
+            values = [
+                types.decode_parameter(data, oid, fmt, i + 1, zone)
+                for i, (data, oid, fmt) in enumerate(zip(raw, oids, formats, strict=False))
+            ]
         if prepared.planned and values:
             raise MessageError(
                 f"bind message supplies {len(values)} parameters, "
@@ -139,7 +150,7 @@ class Extended(ConnectionBase):
                 )
             count = max(placeholders(prepared.text), len(prepared.oids))
             self.send(wire.parameter_description(self.parameter_oids(prepared, count)))
-            plan = prepared.plan if prepared.planned else self._typed_plan(prepared.text, count)
+            plan = prepared.plan if prepared.planned else self._typed_plan(prepared, count)
             self._describe_plan(Portal(plan), [])
         elif what == b"P":
             portal = self.portals.get(name)
@@ -150,12 +161,53 @@ class Extended(ConnectionBase):
             raise ProtocolViolation(f"invalid DESCRIBE message subtype {what!r}")
 
     def bound_plan(self, prepared: Prepared, values: list[object]) -> Plan:
-        """What ``prepared`` is with ``values`` bound to its placeholders."""
+        """What ``prepared`` is with ``values`` bound to its placeholders: bound
+        into the statement parsed once with them, or (a placeholder where only a
+        literal parses, a connection statement, a syntax error to report) into
+        its text, parsed again."""
         if prepared.planned:
             return prepared.plan
+        if prepared.binder is None:
+            prepared.binder = self._binder(prepared.text)
+        if callable(prepared.binder):
+            # the same cap as the text it stands for: its values' text counts
+            size = len(prepared.text) + sum(len(v) for v in values if isinstance(v, str))
+            if size > MAX_STATEMENT:
+                raise ProgramLimitExceeded(
+                    f"bound statement of {size:,} characters exceeds the limit of {MAX_STATEMENT:,}"
+                )
+            # the same values as the last execution's: the same (immutable) tree, so
+            # what is kept per statement object (its text, its shape) is kept
+            key = tuple((type(v), v if type(v) in _EXACT else repr(v)) for v in values)
+            if prepared.last_bound is not None and prepared.last_bound[0] == key:
+                return prepared.last_bound[1]
+            plan = cast(Plan, prepared.binder(values))
+            prepared.last_bound = (key, plan)
+            return plan
         bound, original = bind(prepared.text, values)
         check_length(bound)
         return self.plan(bound, 0, original)
+
+    def _binder(self, text: str) -> Binder | bool:
+        """How to bind values into ``text`` parsed with its placeholders; False
+        when its values go into its text instead."""
+        if commands.recognize(text) is not None:
+            return False
+        try:
+            stmt, literal_types = self._template(text)
+        except Error:
+            self.check_interrupt()  # a cancel during the parse is not a syntax error
+            return False
+        made = None if literal_types else binder(stmt)
+        if made is None:
+            return False
+
+        def bind_values(values: Sequence[object]) -> object:
+            tree = made(values)
+            remember_bound(tree, stmt)  # what no value changes is read off stmt
+            return tree
+
+        return bind_values
 
     def execute_plan(self, command: commands.Execute) -> Plan:
         """``EXECUTE name (values)``: the prepared statement with its values, each read
@@ -174,8 +226,11 @@ class Extended(ConnectionBase):
                 column=1,
             )
         oids = self.parameter_oids(prepared, count)
+        zone = self.setting("TimeZone")
         values = [
-            types.decode_parameter(None if v is None else v.encode(), oid, types.TEXT_FORMAT, n)
+            types.decode_parameter(
+                None if v is None else v.encode(), oid, types.TEXT_FORMAT, n, zone
+            )
             for n, (v, oid) in enumerate(zip(command.values, oids, strict=True), 1)
         ]
         plan = self.bound_plan(prepared, values)
@@ -229,15 +284,14 @@ class Extended(ConnectionBase):
                 self._templates.popitem(last=False)
         return parsed
 
-    def _typed_plan(self, text: str, count: int) -> Plan:
+    def _typed_plan(self, prepared: Prepared, count: int) -> Plan:
         """A statement with placeholders planned for Describe before any value is
         bound: with NULL for every parameter, else 0 (``long_sequence($1)`` needs a
         number); None (NoData) when neither can be typed."""
         assert self.session is not None
         for value in (None, 0):
             try:
-                bound, _ = bind(text, [value] * count)
-                plan = self.parse_text(bound, 0, None)
+                plan = self.bound_plan(prepared, [value] * count)
                 if isinstance(plan, ast.Select):
                     self.session.describe(plan)  # raises when it cannot be typed
                 return plan
@@ -270,7 +324,11 @@ class Extended(ConnectionBase):
             self.send(wire.NO_DATA)
             return
         formats = formats_for(codes, len(columns))
-        self.send(self.row_description(columns, shape[1], formats))
+        described = portal.plan
+        if isinstance(plan, commands.Fetch):
+            described = self.portals[plan.name].plan
+        kinds = wire_kinds(described, shape[1])  # type: ignore[arg-type]
+        self.send(self.row_description(columns, kinds, formats))
 
     def execute_message(self, body: Body) -> None:
         name, max_rows = body.cstring(), body.int32()

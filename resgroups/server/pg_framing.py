@@ -20,6 +20,21 @@ hands the next burst over, and sets ``_loop_writes`` back only once nothing
 is left unwritten. How the connection ends (an error, the client gone,
 Terminate) is settled on the loop (``_finished``) once no thread owns it.
 
+Who reads (``_thread_reads``, under ``_lock``): the loop, or the request
+thread that owns the requests, never both. When the loop hands a burst to a
+new thread and holds no unread bytes, it pauses its reading and the thread
+reads from then on: after a reply sent whole with nothing waiting, it polls
+the socket for up to LINGER (in LINGER_SLICE_MS steps, leaving early when
+another connection's work waits for a thread) and frames what it reads
+with the same framer the loop uses, so a client that sends its next
+statement at once is served with one wake-up, as PostgreSQL's backend is.
+The reading goes back to the loop when the thread leaves (the linger ends,
+a reply goes through the loop) and when a burst outlasts one of the loop's
+looks (``Backend.watch_readers``, every WATCH_INTERVAL): a statement that
+runs long has the loop reading again, so the client's departure cancels it.
+A socket is closed under a lingering thread only by that thread
+(``_close_deferred``), so its descriptor cannot be reused while polled.
+
 Out, within a request: its replies gather in a buffer; each OUTPUT_CHUNK of
 them goes to the loop. Whether the request thread then waits for the socket
 depends on what it holds:
@@ -45,13 +60,14 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import select
 import socket
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from resgroups.errors import EngineClosed, Error, InternalError, QueryCancelled, SqlSyntaxError
 from resgroups.server import wire
@@ -69,8 +85,14 @@ from resgroups.server.wire import Body, ProtocolViolation
 log = logging.getLogger("resgroups.server.pgwire")
 
 READ_CHUNK: Final = 64 * 1024  # bytes framed per read: a burst of messages at once
+LINGER: Final = 0.002  # seconds a request thread reads its client's socket after a reply
+LINGER_SLICE_MS: Final = 1  # between its checks for other connections' waiting work
+WATCH_INTERVAL: Final = 0.05  # seconds between the loop's looks at threads that read
+_POLL_END: Final = select.POLLIN | select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 Message = tuple[bytes, bytes]
+_GO_ON: Final = "go on"  # a request thread goes on with the messages that wait
+_LINGER: Final = "linger"  # it reads the client's next burst itself
 Handler = Callable[[ConnectionBase, Body], None]
 
 
@@ -87,6 +109,14 @@ class Framing(ConnectionBase):
     _handed: int  # bytes handed to the loop during this request, not waited for
     _loop_writes: bool  # the loop may hold unwritten output: replies go through it
     _sock: socket.socket | None  # the client's socket, for a request thread's replies
+    _framer: wire.Framer  # who reads (the loop or a request thread) frames with it
+    _thread_reads: bool  # a request thread reads the socket; the loop's reading is paused
+    _lingering: bool  # that thread waits for the client's next burst on the socket
+    _close_deferred: bool  # the socket is closed by the lingering thread as it stops
+    _bursts: int  # bursts a request thread has taken (the loop's watch compares them)
+    _watched_bursts: int
+    _poller: Any  # select.poll of the socket, for a lingering thread
+    _deferred_sock: socket.socket | None
     handlers: Final[dict[bytes, Handler]] = {}  # filled by pgwire.Connection
 
     def init_framing(self) -> None:
@@ -103,13 +133,21 @@ class Framing(ConnectionBase):
         self._handed = 0
         self._loop_writes = True  # until the loop has seen its startup replies written
         self._sock = None
+        self._framer = wire.Framer()
+        self._thread_reads = False
+        self._lingering = False
+        self._close_deferred = False
+        self._deferred_sock = None
+        self._bursts = 0
+        self._watched_bursts = -1
+        self._poller = None
 
     # ---- on the loop ----------------------------------------------------------------
 
     async def read_loop(self) -> None:
         """Frame messages for the request threads; the end of the connection
         cancels its query."""
-        framer = wire.Framer()
+        framer = self._framer
         try:
             while True:
                 await self._room.wait()
@@ -155,6 +193,15 @@ class Framing(ConnectionBase):
                 self._room.clear()  # TCP pushes back on the client
             start = not self._working
             self._working = True
+            # the thread reads the client's next burst itself, if the loop holds no
+            # unread bytes of it (the stream's buffer is empty) and may stop reading
+            hand_reading = (
+                start and self._sock is not None and not _buffered(self.reader) and not self.gone
+            )
+            self._thread_reads = self._thread_reads or hand_reading
+        if hand_reading:
+            cast(asyncio.Transport, self.writer.transport).pause_reading()
+            self.backend.watch_readers(self)
         if start:
             self._start_work()
 
@@ -190,6 +237,7 @@ class Framing(ConnectionBase):
         """A reply the socket did not take at once (or that follows output handed to
         the loop): written in order, drained under the write timeout, then the
         requests go on (or the connection ends, if this burst ended it)."""
+        self.resume_reading()
         try:
             if data:
                 self.writer.write(data)
@@ -209,6 +257,28 @@ class Framing(ConnectionBase):
         if start:
             self._start_work()
 
+    def resume_reading(self) -> None:
+        """The loop reads the socket again (a request thread gave it back)."""
+        with self._lock:
+            if self._thread_reads:
+                return
+        if not self.gone:
+            cast(asyncio.Transport, self.writer.transport).resume_reading()
+
+    def watch_reading(self) -> bool:
+        """The loop's look at a request thread that reads the socket: a burst that
+        has lasted since the last look gets the loop reading again, so that the
+        client's departure cancels what it runs. False: no thread reads now."""
+        with self._lock:
+            if not self._thread_reads or self.gone:
+                return False
+            if self._lingering or self._bursts != self._watched_bursts:
+                self._watched_bursts = self._bursts
+                return True
+            self._thread_reads = False
+        self.resume_reading()
+        return False
+
     def open_socket(self) -> None:
         """The request threads' handle on the socket, once logged in. Closed when
         the connection ends (``close_socket``), or with the connection object if
@@ -221,6 +291,8 @@ class Framing(ConnectionBase):
         """The request threads' handle on the socket, once none of them works."""
         with self._lock:
             sock, self._sock = self._sock, None
+            if self._lingering:  # its thread polls it: that thread closes it as it stops
+                self._close_deferred, self._deferred_sock, sock = True, sock, None
         if sock is not None:
             sock.close()
 
@@ -236,8 +308,9 @@ class Framing(ConnectionBase):
                     while self._pending and (not batch or isinstance(batch[-1], tuple)):
                         batch.append(self._pending.popleft())
                     if not batch:
-                        self._working = False
-                        return
+                        give_back = self._leave_locked()
+                        break
+                    self._bursts += 1
                     messages = [m for m in batch if isinstance(m, tuple)]
                     self._queued_bytes -= sum(len(body) + 5 for _, body in messages)
                     room = self._queued_bytes <= INPUT_LIMIT and not self._room.is_set()
@@ -254,11 +327,96 @@ class Framing(ConnectionBase):
                         self._settle_soon(None)
                         return
                 ending = self._ending(batch[-1])
-                if not self._reply(out, ending):
+                after = self._reply(out, ending)
+                if after is _LINGER:
+                    after = self._linger()
+                if after is not _GO_ON:
                     return  # replied and left, or the loop drains the reply and goes on
         except BaseException as exc:  # a bug: the connection ends, the server goes on
             log.exception("internal error in connection %d's requests", self.pid)
             self._settle_soon(internal(exc))
+            return
+        if give_back:
+            self.loop.call_soon_threadsafe(self.resume_reading)
+
+    def _leave_locked(self) -> bool:
+        """The thread leaves the connection (under ``_lock``); True: it read the
+        socket, and the loop must read it again."""
+        self._working = False
+        give_back, self._thread_reads = self._thread_reads, False
+        return give_back
+
+    def _linger(self) -> object:
+        """Read the client's next burst on this thread (no hop through the loop),
+        for up to LINGER, while no other connection's work waits for a thread;
+        then give the reading back to the loop and leave. _GO_ON: messages (or
+        the client's departure) wait in ``_pending``."""
+        with self._lock:
+            sock = self._sock
+            if sock is None:  # the connection ended as the reply went: its socket is ours
+                self._end_linger_locked()
+                return None
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(sock, select.POLLIN)
+        queue = getattr(self.executor, "_work_queue", None)
+        give_up = time.monotonic() + LINGER
+        data: bytes | None = None
+        while not self.gone and not self.backend.closing:
+            if queue is not None and queue.qsize():
+                break  # another connection waits for a request thread
+            if not self._poller.poll(LINGER_SLICE_MS):
+                if time.monotonic() >= give_up:
+                    break
+                continue
+            try:
+                data = sock.recv(READ_CHUNK)
+            except BlockingIOError:
+                continue
+            except OSError:  # reset: the client is gone
+                data = b""
+            break
+        with self._lock:
+            self._lingering = False
+            if self._close_deferred:  # the connection ended meanwhile
+                self._end_linger_locked()
+                return None
+            if data is None:
+                if self._pending:  # an ending arrived meanwhile (a shutdown)
+                    return _GO_ON
+                give_back = self._leave_locked()
+            else:
+                self._take(data)
+                return _GO_ON
+        if give_back:
+            self.loop.call_soon_threadsafe(self.resume_reading)
+        return None
+
+    def _end_linger_locked(self) -> None:
+        """The connection ended while this thread lingered (under ``_lock``): close
+        the socket its end left to this thread, and leave."""
+        self._lingering = False
+        if self._deferred_sock is not None:
+            self._deferred_sock.close()
+            self._deferred_sock = None
+        self._working = False
+
+    def _take(self, data: bytes) -> None:
+        """What a lingering thread read, framed into ``_pending`` (under ``_lock``), as
+        the loop's reader frames what it reads: b"" is the client's departure; a
+        Terminate or a violation ends the reading (the connection ends after it)."""
+        if not data:
+            self.gone = True
+            self._pending.append(None)
+            return
+        messages = self._framer.feed(data)
+        ends = next((i for i, (kind, _) in enumerate(messages) if kind == b"X"), None)
+        if ends is not None:
+            messages = messages[: ends + 1]
+        self._pending.extend(messages)
+        self._queued_bytes += sum(len(body) + 5 for _, body in messages)
+        if ends is None and self._framer.violation is not None:
+            self._pending.append(self._framer.violation)
 
     def _ending(self, last: Message | Error | None) -> tuple[Error | None] | None:
         """Whether the burst ending with ``last`` ends the connection (and with
@@ -273,10 +431,11 @@ class Framing(ConnectionBase):
             return (EngineClosed("terminating connection: the server is shutting down"),)
         return None
 
-    def _reply(self, data: bytes, ending: tuple[Error | None] | None) -> bool:
+    def _reply(self, data: bytes, ending: tuple[Error | None] | None) -> object:
         """Send a burst's reply: straight to the socket when the loop holds none of
         this connection's output (one send, no hop to the loop), else through the
-        loop, in order. True: more messages wait, go on with them. False: this
+        loop, in order. _GO_ON: more messages wait, go on with them. _LINGER: the
+        thread reads the client's next burst itself (``_linger``). None: this
         thread is done with the connection (it left, under the same lock as the
         send, so a thread the loop starts next replies after this one; or the
         loop drains the reply, then goes on itself; or the connection ends)."""
@@ -294,16 +453,21 @@ class Framing(ConnectionBase):
                 whole = sock is not None and sent == len(data) and not self.gone
                 if whole and ending is None:
                     if self._pending:
-                        return True
+                        return _GO_ON
+                    if self._thread_reads:
+                        self._lingering = True
+                        return _LINGER
                     self._working = False
-                    return False
+                    return None
             if whole or self.gone:
                 self._settle_soon(None if self.gone or ending is None else ending[0])
-                return False
+                return None
             data = data[sent:]
+        with self._lock:
+            self._thread_reads = False  # the loop reads again as it writes this reply
         self._loop_writes = True
         asyncio.run_coroutine_threadsafe(self._drain_then_go_on(data, ending), self.loop)
-        return False
+        return None
 
     def _settle_soon(self, reason: BaseException | None) -> None:
         self.loop.call_soon_threadsafe(self.settle, reason)
@@ -456,6 +620,11 @@ class Framing(ConnectionBase):
 def internal(exc: BaseException) -> InternalError:
     """What a client is told of a bug: its kind, not its text (which may name files)."""
     return InternalError(f"internal error ({type(exc).__name__}); the server log has the details")
+
+
+def _buffered(reader: asyncio.StreamReader) -> int:
+    """Bytes the stream has read from the socket and not yet given out."""
+    return len(getattr(reader, "_buffer", b""))
 
 
 def _own_socket(writer: asyncio.StreamWriter) -> socket.socket | None:

@@ -17,7 +17,7 @@ from typing import Any
 from resgroups.errors import Error, SqlSyntaxError
 from resgroups.result import Result
 from resgroups.server import commands, types, wire
-from resgroups.server.pg_simple import no_cursor
+from resgroups.server.pg_simple import no_cursor, wire_kinds
 from resgroups.server.pg_state import (
     MAX_PORTALS,
     STREAM_ROWS,
@@ -54,13 +54,14 @@ class Portals(ConnectionBase):
         self.streaming = getattr(cursor, "query", None)
         try:
             formats = formats_for(portal.formats, len(cursor.columns))
+            kinds = wire_kinds(stmt, cursor.types)
             if describe:
-                self.send(self.row_description(cursor.columns, cursor.types, formats))
+                self.send(self.row_description(cursor.columns, kinds, formats))
             total = 0
             while not cursor.done:
                 rows = cursor.fetch(STREAM_ROWS)
                 total += len(rows)
-                self.send_rows(rows, cursor.types, formats)
+                self.send_rows(rows, kinds, formats)
         finally:
             self.streaming = None
             cursor.close()
@@ -70,13 +71,14 @@ class Portals(ConnectionBase):
         cursor = portal.cursor
         assert cursor is not None
         formats = formats_for(portal.formats, len(cursor.columns))
+        kinds = wire_kinds(portal.plan, cursor.types)
         if describe:
-            self.send(self.row_description(cursor.columns, cursor.types, formats))
+            self.send(self.row_description(cursor.columns, kinds, formats))
         if not cursor.columns and cursor.status:
             self.send(wire.command_complete(cursor.status))
             return
         rows = self._fetch_page(portal, max_rows or None)
-        self.send_rows(rows, cursor.types, formats)
+        self.send_rows(rows, kinds, formats)
         if cursor.done:
             self.send(wire.command_complete(f"SELECT {len(rows)}"))
         else:
@@ -123,9 +125,10 @@ class Portals(ConnectionBase):
             if not codes and portal.binary:
                 codes = [types.BINARY_FORMAT]
             formats = formats_for(codes, len(cursor.columns))
+            kinds = wire_kinds(portal.plan, cursor.types)
             if describe:
-                self.send(self.row_description(cursor.columns, cursor.types, formats))
-            self.send_rows(rows, cursor.types, formats)
+                self.send(self.row_description(cursor.columns, kinds, formats))
+            self.send_rows(rows, kinds, formats)
         self.send(wire.command_complete(f"{verb} {len(rows)}"))
 
     def close_portals(self, everything: bool) -> None:

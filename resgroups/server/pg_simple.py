@@ -12,9 +12,9 @@ in a portal, which the extended protocol shares.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from resgroups.errors import Error, InternalError, ProgramLimitExceeded, SqlSyntaxError
 from resgroups.result import Result
@@ -37,11 +37,18 @@ from resgroups.server.pg_state import (
 )
 from resgroups.server.wire import Body
 from resgroups.sql import ast
+from resgroups.sql.memo import PerStatement
+from resgroups.sql.param_types import cast_parameter_type
 from resgroups.sql.parser import interruptible, parse_one
-from resgroups.sql.semantics import cast_target
+from resgroups.sql.semantics import INT2_SPELLINGS, INT4_SPELLINGS, cast_target
 from resgroups.sql.split import split_statements
 
 log = logging.getLogger("resgroups.server.pgwire")
+
+# RowDescriptions made lately, by (names, types, formats): a pure function of
+# them, and a client repeats its statements (cleared when full: O(1) amortised)
+DESCRIPTIONS_KEPT: Final = 256
+_DESCRIPTIONS: dict[tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]], bytes] = {}
 
 
 def check_length(text: str) -> None:
@@ -139,16 +146,22 @@ class SimpleQuery(ConnectionBase):
                 self.send(wire.command_complete("SELECT 0"))
                 return
             portal.executed = True
-            if isinstance(plan, ast.Select) and plan.source is not None:
-                self.stream(plan, portal, describe)
-                return
-            result = self.session.run(plan)
+            try:
+                if isinstance(plan, ast.Select) and plan.source is not None:
+                    self.stream(plan, portal, describe)
+                    return
+                result = self.session.run(plan)
+            finally:
+                if self.settings_before is not None:  # set_config() changed a setting
+                    before, self.settings_before = self.settings_before, None
+                    self.report_changes(before)
             self._after_engine_statement(plan)
         if result.columns:
             formats = formats_for(portal.formats, len(result.columns))
+            kinds = wire_kinds(plan, result.types)
             if describe:
-                self.send(self.row_description(result.columns, result.types, formats))
-            self.send_rows(result.rows, result.types, formats)
+                self.send(self.row_description(result.columns, kinds, formats))
+            self.send_rows(result.rows, kinds, formats)
         for notice in result.notices:
             self.send(wire.notice_response(notice))
         self.send(wire.command_complete(result.status))
@@ -257,11 +270,18 @@ class SimpleQuery(ConnectionBase):
     # ---- rows ----------------------------------------------------------------------
 
     def row_description(self, columns: Any, kinds: Any, formats: list[int]) -> bytes:
-        fields = []
-        for name, kind, fmt in zip(columns, kinds, formats, strict=True):
-            oid, size = types.oid_of(kind)
-            fields.append((name, oid, size, fmt))
-        return wire.row_description(fields)
+        key = (tuple(columns), tuple(kinds), tuple(formats))
+        described = _DESCRIPTIONS.get(key)
+        if described is None:
+            fields = []
+            for name, kind, fmt in zip(columns, kinds, formats, strict=True):
+                oid, size = types.oid_of(kind)
+                fields.append((name, oid, size, fmt))
+            described = wire.row_description(fields)
+            if len(_DESCRIPTIONS) >= DESCRIPTIONS_KEPT:
+                _DESCRIPTIONS.clear()
+            _DESCRIPTIONS[key] = described
+        return described
 
     def send_rows(self, rows: list[tuple[Any, ...]], kinds: Any, formats: list[int]) -> None:
         oids = [types.oid_of(k)[0] for k in kinds]
@@ -281,10 +301,51 @@ class SimpleQuery(ConnectionBase):
             self.send(wire.data_row(values))
 
 
+def wire_kinds(plan: object, kinds: Sequence[str]) -> Sequence[str]:
+    """The result types a SELECT's columns are described in: an integer column is
+    int8 (the executor's integers), but int4 where PostgreSQL says int4 (an
+    integer literal that fits, a cast to ``int``/``int4``/``integer``) and int2
+    for a cast to ``smallint``, so that drivers decode the width they expect."""
+    if (
+        "int" not in kinds
+        or not isinstance(plan, ast.Select)
+        or plan.items is None
+        or len(plan.items) != len(kinds)
+    ):
+        return kinds
+    return [
+        narrow if kind == "int" else kind
+        for narrow, kind in zip(_integer_kinds(plan), kinds, strict=True)
+    ]
+
+
+def _integer_kind(expr: ast.Expr) -> str:
+    match expr:
+        case ast.Cast(written=written) if written in INT4_SPELLINGS:
+            return "int4"
+        case ast.Cast(written=written) if written in INT2_SPELLINGS:
+            return "int2"
+        case ast.Literal(value=int() as n) if not isinstance(n, bool) and -(2**31) <= n < 2**31:
+            return "int4"
+        case ast.Unary(op="-", operand=ast.Literal(value=int() as n)) if (
+            not isinstance(n, bool) and n <= 2**31
+        ):
+            return "int4"
+    return "int"
+
+
+_integer_kinds: Final = PerStatement(
+    lambda plan: tuple(_integer_kind(item.expr) for item in plan.items)
+)  # each item's integer type, as wire_kinds reads it: per statement
+
+
 def _parameter_type(written: str) -> str:
     """A PREPARE parameter's type (``int``, ``varchar(20)``, ``double precision``)."""
     words, _, modifiers = written.partition("(")
-    return cast_target(words.strip(), [m.strip() for m in modifiers.rstrip(")").split(",") if m])[0]
+    target, spelled = cast_target(
+        words.strip(), [m.strip() for m in modifiers.rstrip(")").split(",") if m]
+    )
+    return cast_parameter_type(target, spelled)  # PREPARE p(int): int4, as PostgreSQL
 
 
 def no_cursor(name: str) -> Error:

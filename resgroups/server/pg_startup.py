@@ -87,6 +87,7 @@ class StartupPhase(ConnectionBase):
         self.executor = self.backend.executor_for(identity.is_admin)
         self.settings.update(settings)
         self.session = Session(self.engine, identity)
+        self.session.settings = ConnectionSettings(self)
         self.sync_attributes()
         self.statement_memory = StatementMemory(self.session)
         out = [wire.AUTH_OK]
@@ -206,3 +207,28 @@ class StartupPhase(ConnectionBase):
         if key == "session_authorization":
             return self.session.user if self.session is not None else ""
         return self.settings.get(key, commands.SETTINGS[key].default)
+
+
+class ConnectionSettings:
+    """A connection's settings as expressions read and set them: what
+    ``current_setting(name)`` and ``set_config(name, value, is_local)`` see is what
+    SHOW and SET see. ``set_config`` with ``is_local`` checks the value and keeps
+    nothing (every statement here is its own transaction, unless in a block,
+    where it lasts for the session, as resgroups' SET LOCAL does); a change is
+    reported (ParameterStatus) after the statement."""
+
+    def __init__(self, conn: StartupPhase) -> None:
+        self._conn = conn
+
+    def get(self, name: str) -> str:
+        return self._conn.setting(commands.find_setting(name).name)
+
+    def set(self, name: str, value: str, local: bool) -> str:
+        conn = self._conn
+        setting = commands.find_setting(name)
+        kept = not local or conn.tx is not TxStatus.IDLE
+        values = conn.settings if kept else dict(conn.settings)
+        if kept and conn.settings_before is None:
+            conn.settings_before = conn.reported()
+        commands.apply_setting(values, setting.name, value)
+        return values.get(setting.name.lower(), setting.default)

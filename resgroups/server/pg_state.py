@@ -112,6 +112,10 @@ class Prepared:
     # (sql/param_types.py) at the first Describe or Bind that needs it
     parameter_oids: list[int] | None = None
     charged: int = 0  # bytes charged to the session's memory budget
+    # binds values into the statement parsed with its placeholders (sql/params.py),
+    # made at the first Bind; False: values are bound into its text
+    binder: Callable[[list[object]], object] | bool | None = None
+    last_bound: tuple[tuple[tuple[type, object], ...], Plan] | None = None  # values, tree
 
 
 @dataclass
@@ -211,6 +215,9 @@ class ConnectionBase:
     peer: str  # the client's address, for the login throttle
     session: Session | None
     settings: dict[str, str]
+    # the reported settings before a set_config() of the running statement changed
+    # them (None: unchanged): ParameterStatus follows the statement
+    settings_before: dict[commands.Setting, str] | None = None
     tx: TxStatus
     savepoints: list[str]  # of the transaction block, oldest first
     statements: dict[str, Prepared]

@@ -6,8 +6,11 @@ What it does
     messages (a simple query, or Parse/Bind/Describe/Execute/Sync as a driver
     sends them together) is handled on a request thread, which encodes the
     replies and sends them on the socket itself, then goes on with the
-    messages that arrived meanwhile (``pg_framing``: the loop takes part in a
-    round trip once, to hand the burst over). Queries never run on the loop.
+    messages that arrived meanwhile, and reads the client's next burst itself
+    for a moment (LINGER) before it leaves (``pg_framing``: a client that
+    sends its next statement at once costs the loop nothing; the loop takes
+    part only when a burst arrives at an idle connection, and takes the
+    reading back from a burst that lasts). Queries never run on the loop.
     The phases live in their own modules, mixed into :class:`Connection` here:
 
     ``pg_startup``   startup and authentication (throttle, connection slots)
@@ -58,10 +61,13 @@ Alternatives rejected
     where it runs, so the wait belongs to it). Statements on the loop (a
     round trip about 1.6x faster in an experiment): a statement can queue for
     admission or run long, and the loop must never wait on one. A request
-    thread that reads the socket itself between bursts (no loop in a round
-    trip at all): the loop must keep reading while a statement runs, so that
-    a client's departure cancels it, and handing the reading back and forth
-    costs the hop it would save.
+    thread that owns the reading for good (a thread per idle connection, and
+    nobody reads while a statement runs); instead the thread reads only while
+    it lingers or runs a short burst, and the loop's look every
+    WATCH_INTERVAL takes the reading back from a burst still running, so that
+    a client's departure cancels it within about two intervals. A lighter
+    wake-up than the executor's for each hand-over (the loop still woke,
+    then woke a thread: two wake-ups a round trip, where PostgreSQL has one).
 
 Known races
     A cancel that reaches a connection running no query sets ``interrupted``,
@@ -91,7 +97,7 @@ from resgroups.errors import Error, FeatureNotSupported
 from resgroups.server import wire
 from resgroups.server.limits import ConnectionSlots, LoginThrottle
 from resgroups.server.pg_extended import Extended
-from resgroups.server.pg_framing import Framing, Handler
+from resgroups.server.pg_framing import WATCH_INTERVAL, Framing, Handler
 from resgroups.server.pg_portals import Portals
 from resgroups.server.pg_simple import SimpleQuery
 from resgroups.server.pg_startup import StartupPhase
@@ -158,6 +164,24 @@ class Backend:
         self._pids = iter(range(first_pid, 2**31))
         self.closing = False
         self._unknown_salt = secrets.token_bytes(16)  # fake SCRAM salts for unknown names
+        self._readers: set[Framing] = set()  # connections whose request thread reads
+        self._watching = False
+
+    def watch_readers(self, conn: Framing) -> None:
+        """Look at ``conn`` every WATCH_INTERVAL while a request thread reads its
+        socket (on the loop): one timer for all such connections."""
+        self._readers.add(conn)
+        if not self._watching:
+            self._watching = True
+            asyncio.get_running_loop().call_later(WATCH_INTERVAL, self._watch)
+
+    def _watch(self) -> None:
+        for conn in list(self._readers):
+            if not conn.watch_reading():
+                self._readers.discard(conn)
+        self._watching = bool(self._readers)
+        if self._watching:
+            asyncio.get_running_loop().call_later(WATCH_INTERVAL, self._watch)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """``asyncio.start_server``'s callback: serve one client until it leaves."""

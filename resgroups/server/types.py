@@ -39,6 +39,8 @@ BINARY_FORMAT: Final = 1
 # result type name -> (oid, size on the wire: -1 variable)
 RESULT_TYPES: Final[dict[str, tuple[int, int]]] = {
     "int": (INT8, 8),
+    "int4": (INT4, 4),  # what the wire says of integers PostgreSQL types int4 (wire_kinds)
+    "int2": (INT2, 2),
     "float": (FLOAT8, 8),
     "text": (TEXT, -1),
     "bool": (BOOL, 1),
@@ -48,6 +50,8 @@ RESULT_TYPES: Final[dict[str, tuple[int, int]]] = {
 
 _EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
 _Q: Final = struct.Struct("!q")
+_I: Final = struct.Struct("!i")
+_H: Final = struct.Struct("!h")
 _D: Final = struct.Struct("!d")
 
 
@@ -118,6 +122,11 @@ def encode_binary(value: Any, oid: int) -> bytes:
     """A value's binary format for the column's type ``oid``."""
     if oid == INT8:
         return _Q.pack(value)
+    if oid in (INT4, INT2):
+        name, bound = _INT_RANGES[oid]
+        if not -bound <= value < bound:
+            raise NumericOverflow(f"{name} out of range")
+        return (_I if oid == INT4 else _H).pack(value)
     if oid == FLOAT8:
         return _D.pack(value)
     if oid == BOOL:
@@ -232,6 +241,21 @@ def _timestamp_binary(data: bytes) -> datetime:
         raise DatetimeOverflow("timestamp out of range") from None
 
 
+def _timestamp_input(text: str) -> datetime:
+    """A timestamp's or timestamptz's text as PostgreSQL prints it (ISO 8601: date,
+    time, offset); naive without an offset (the caller places it in a zone)."""
+    word = text.strip()
+    if word.lower() in ("infinity", "-infinity", "+infinity"):
+        raise DatetimeOverflow(f"timestamp {word} is not supported (a finite one is)")
+    try:
+        return datetime.fromisoformat(word)
+    except ValueError:
+        raise InvalidTextRepresentation(
+            f"invalid input syntax for type timestamp with time zone: {_shown(text)}",
+            sqlstate="22007",
+        ) from None
+
+
 def local_time(value: datetime, zone: str) -> bytes:
     """A timestamptz's text in the session's TimeZone."""
     local = value.astimezone(ZoneInfo(zone))
@@ -280,6 +304,8 @@ _TEXT: Final[dict[int, Callable[[str], Any]]] = {
     FLOAT8: float,
     BOOL: _bool_text,
     NUMERIC: _numeric_text,
+    TIMESTAMPTZ: _timestamp_input,
+    TIMESTAMP: _timestamp_input,
 }
 
 NAMES: Final = {
@@ -289,9 +315,25 @@ NAMES: Final = {
 }  # fmt: skip
 
 
-def decode_parameter(data: bytes | None, oid: int, fmt: int, index: int) -> Any:
+def decode_parameter(data: bytes | None, oid: int, fmt: int, index: int, zone: str = "UTC") -> Any:
     """Parameter ``index`` (1-based) as a Python value. Text of an unspecified
-    type (oid 0) stays text, as an untyped literal would."""
+    type (oid 0) stays text, as an untyped literal would. A timestamp (and a
+    timestamptz's text without an offset) is read in the session's ``zone``, as
+    PostgreSQL converts a timestamp to a timestamptz: every one is aware."""
+    value = _decode(data, oid, fmt, index)
+    if isinstance(value, datetime):
+        if oid == TIMESTAMP:
+            value = value.replace(tzinfo=None)
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC if zone == "UTC" else ZoneInfo(zone))
+        try:
+            value = value.astimezone(UTC)
+        except OverflowError:
+            raise DatetimeOverflow(f"parameter ${index}: timestamp out of range") from None
+    return value
+
+
+def _decode(data: bytes | None, oid: int, fmt: int, index: int) -> Any:
     if data is None:
         return None
     name = NAMES.get(oid, f"oid {oid}")

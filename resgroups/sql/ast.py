@@ -8,6 +8,7 @@ that parses to an equal node.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from resgroups.catalog.names import Ident as Ident
 from resgroups.catalog.names import PrincipalKind as PrincipalKind
@@ -27,7 +28,7 @@ DEFAULT_GROUP = Ident("DEFAULT")
 
 @dataclass(frozen=True)
 class Literal:
-    value: int | float | str | bool | None
+    value: int | float | str | bool | datetime | None  # datetime: a bound timestamptz
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from typing import Any, Final, Protocol
 from resgroups.errors import (
     AmbiguousColumn,
     DivisionByZero,
+    Error,
     FeatureNotSupported,
     InvalidParameter,
     InvalidRegularExpression,
@@ -75,6 +76,18 @@ class Catalog(Protocol):
     def call(self, name: str, args: Sequence[Any]) -> Any: ...
 
 
+class Settings(Protocol):
+    """A session's settings, as SHOW and SET know them (the wire connection's)."""
+
+    def get(self, name: str) -> str:
+        """The setting's value; UndefinedObject (42704) for an unknown name."""
+        ...
+
+    def set(self, name: str, value: str, local: bool) -> str:
+        """SET name = value (``local``: for the current transaction); the new value."""
+        ...
+
+
 @dataclass(frozen=True)
 class EvalContext:
     """What an expression may ask of the query running it."""
@@ -85,6 +98,7 @@ class EvalContext:
     # now() and current_timestamp: when the statement started (None: when asked)
     statement_start: datetime | None = None
     catalog: Catalog | None = None  # answers the catalog's functions (None: none here)
+    settings: Settings | None = None  # current_setting(), set_config() (None: defaults)
     # compiles a subquery against the scope around it (None: no subqueries here)
     subquery: Callable[[ast.Subquery, Scope, EvalContext], Evaluator] | None = None
 
@@ -436,6 +450,10 @@ def _compile(
         case ast.Call(name=name) if name in CONTEXT_FUNCTIONS:
             value = CONTEXT_FUNCTIONS[name](ctx)
             return lambda row: value
+        case ast.Call(name="current_setting" | "set_config" as function, args=call_args):
+            setting_args = [sub(a) for a in call_args]
+            settings = ctx.settings
+            return lambda row: _setting_call(settings, function, [a(row) for a in setting_args])
         case ast.Call(name=str() as function, args=call_args) if function in CATALOG_FUNCTIONS:
             catalog_args = [sub(a) for a in call_args]
             catalog = ctx.catalog
@@ -471,6 +489,23 @@ def _compile(
 
             return apply
     raise TypeError(f"not an expression: {expr!r}")
+
+
+def _setting_call(settings: Settings | None, function: str, args: list[Any]) -> Any:
+    """``current_setting(name [, missing_ok])`` and ``set_config(name, value, is_local)``
+    (NULL in, NULL out, as PostgreSQL's strict functions)."""
+    if any(a is None for a in args[:2]):
+        return None
+    if settings is None:
+        raise FeatureNotSupported(f"{function}() needs a session's settings (a wire connection)")
+    if function == "set_config":
+        return settings.set(str(args[0]), str(args[1]), bool(args[2]))
+    try:
+        return settings.get(str(args[0]))
+    except Error:
+        if len(args) > 1 and args[1] is True:  # missing_ok
+            return None
+        raise
 
 
 def _case(

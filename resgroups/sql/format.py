@@ -7,6 +7,7 @@ same tree whatever the precedence rules.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Final
 
 from resgroups.catalog.params import PARAMETERS
@@ -39,6 +40,8 @@ def format_expr(expr: ast.Expr) -> str:
             return "TRUE" if flag else "FALSE"
         case ast.Literal(value=str() as text):
             return quote_string(text)
+        case ast.Literal(value=datetime() as moment):  # a bound timestamptz parameter
+            return f"CAST({quote_string(moment.isoformat())} AS timestamptz)"
         case ast.Literal(value=value):
             return repr(value)
         case ast.Column(name=name, table=None):

@@ -19,13 +19,16 @@ COALESCE, NULLIF, CASE results)
 ``CASE WHEN $n``
 ``$n LIKE ...``, ``~``, ``||``,          text
 ``lower($n)``, ``length($n)``
-``$n::t``, ``CAST($n AS t)``             t
+``$n::t``, ``CAST($n AS t)``             t (``int``/``int4``: int4, as in
+                                         PostgreSQL; ``smallint``: int2)
+``x op $n`` with ``x`` a timestamptz     timestamptz (``started_at > $1``)
 anything else (``SELECT $n``, DDL)       unknown: described as text
 =======================================  ===================================
 
 Like PostgreSQL, the first context that types a parameter wins; unlike it, a
 parameter no context types is text rather than an error (``$1 + $2``), and
-integers are always int8, as the executor's integers are. The walk is linear
+integers are int8 (the executor's integers) unless a cast names a narrower
+one. The walk is linear
 in the size of the statement, plus one type inference per operator whose
 other side holds no parameter (each also linear).
 """
@@ -43,6 +46,8 @@ from resgroups.sql.semantics import (
     COMPARISON,
     FLOAT,
     INT,
+    INT2_SPELLINGS,
+    INT4_SPELLINGS,
     NUMERIC,
     REGEX,
     TEXT,
@@ -51,9 +56,19 @@ from resgroups.sql.semantics import (
 )
 
 ColumnType = Callable[..., str]  # (name[, table]) -> type; raises when there is none
-TYPED: Final = frozenset({INT, FLOAT, TEXT, BOOL, "timestamptz", "numeric"})
+TYPED: Final = frozenset({INT, FLOAT, TEXT, BOOL, "timestamptz", "numeric", "int4", "int2"})
 _TEXT_FUNCTIONS: Final = frozenset({"lower", "upper", "length"})
 _SAME_TYPE_FUNCTIONS: Final = frozenset({"coalesce", "nullif"})
+
+
+def cast_parameter_type(target: str, written: str) -> str:
+    """What a parameter cast to ``written`` is described as: ``$1::int4`` and
+    ``$1::int`` are int4, ``$1::smallint`` int2, as PostgreSQL describes them."""
+    if written in INT4_SPELLINGS:
+        return "int4"
+    if written in INT2_SPELLINGS:
+        return "int2"
+    return target
 
 
 def _unknown_columns(name: object, table: object = None) -> str:
@@ -101,8 +116,8 @@ class _Walk:
                 t = self.common((operand, *items), None)
                 for item in (operand, *items):
                     self.expr(item, t)
-            case ast.Cast(operand=operand, type=target):
-                self.expr(operand, target)
+            case ast.Cast(operand=operand, type=target, written=written):
+                self.expr(operand, cast_parameter_type(target, written))
             case ast.Call(name=name, args=args) if name in _TEXT_FUNCTIONS:
                 for arg in args:
                     self.expr(arg, TEXT)

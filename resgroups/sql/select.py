@@ -101,11 +101,15 @@ def _compare_keys(
     return 0
 
 
-def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relation:
+def run_select(
+    select: ast.Select, source: Relation, ctx: EvalContext, shape: Shape | None = None
+) -> Relation:
     """Evaluate ``select`` over ``source``; raises the expression layer's errors.
 
     Every expression is type-checked before any row is read, so an empty
-    source gives typed columns and the same errors as a full one.
+    source gives typed columns and the same errors as a full one. ``shape``:
+    ``select_shape(select, scope of source)`` when the caller has it (a
+    statement of no source, kept per statement), else computed here.
     """
     scope = Scope(source.columns, source.types, source.tables, source.local)
     if select.group_by:
@@ -113,7 +117,9 @@ def run_select(select: ast.Select, source: Relation, ctx: EvalContext) -> Relati
         items, order_by = _grouped(select, listed)
         grouping = tuple(_position(e, listed) for e in select.group_by)
         select = dataclasses.replace(select, items=items, order_by=order_by, group_by=grouping)
-    shape = select_shape(select, scope)
+        shape = None
+    if shape is None:
+        shape = select_shape(select, scope)
     items, names = shape.items, shape.names
     rows = source.rows
     if select.where is not None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from resgroups.errors import (
@@ -75,6 +76,8 @@ def shown(t: str) -> str:
 def value_type(value: object) -> str:
     if value is None:
         return UNKNOWN
+    if isinstance(value, datetime):  # a bound timestamptz parameter
+        return TIMESTAMPTZ
     return {bool: BOOL, int: INT, float: FLOAT, str: TEXT}.get(type(value), TEXT)
 
 
@@ -262,6 +265,9 @@ FUNCTIONS: Final[Mapping[str, Function]] = {
     "regclass_name": Function((1, 1), _returns(TEXT)),
     "regnamespace_name": Function((1, 1), _returns(TEXT)),
     "to_regtype": Function((1, 1), _returns(INT)),
+    # the session's settings (SHOW's and SET's): expr.EvalContext.settings answers them
+    "current_setting": Function((1, 2), _returns(TEXT)),
+    "set_config": Function((3, 3), _returns(TEXT)),
 }
 # what the query running an expression knows (what drivers ask on connecting)
 CONTEXT_FUNCTIONS: Final[Mapping[str, str]] = {
@@ -505,12 +511,13 @@ CAST_TYPES: Final = {
     ),
     **dict.fromkeys(("text", "varchar", "character varying", "char", "name", "bpchar"), TEXT),
     **dict.fromkeys(("bool", "boolean"), BOOL),
+    "timestamptz": TIMESTAMPTZ,
     # object identifiers are integers here (a cast to regclass gives the oid, not its name)
     **dict.fromkeys(("oid", "regclass", "regtype", "regproc", "regnamespace", "regrole"), INT),
 }
 # types PostgreSQL has and the executor does not
 _ABSENT: Final = frozenset(
-    {"timestamp", "timestamptz", "date", "time", "timetz", "interval", "bytea", "json", "jsonb"}
+    {"timestamp", "date", "time", "timetz", "interval", "bytea", "json", "jsonb"}
 )
 MAX_TYPE_MODIFIER: Final = 10_485_760  # PostgreSQL's largest varchar(n)
 
@@ -537,11 +544,44 @@ def cast_target(words: str, modifiers: Sequence[str] = ()) -> tuple[str, str]:
     return target, written
 
 
+# integer spellings PostgreSQL types narrower than bigint: a cast to one is range
+# checked, and the wire describes its result (and a parameter cast to it) in it
+INT4_SPELLINGS: Final = frozenset({"int", "int4", "integer"})
+INT2_SPELLINGS: Final = frozenset({"int2", "smallint"})
+NARROW_INTS: Final = {
+    **dict.fromkeys(INT4_SPELLINGS, ("integer", 2**31)),
+    **dict.fromkeys(INT2_SPELLINGS, ("smallint", 2**15)),
+}
+
+
 def cast_type(source: str, target: str, written: str) -> str:
     """The type of ``source::target``, refusing what PostgreSQL refuses."""
-    if {source, target} == {BOOL, FLOAT}:
+    if (
+        {source, target} == {BOOL, FLOAT}
+        or (target == TIMESTAMPTZ and source not in (TIMESTAMPTZ, TEXT, UNKNOWN))
+        or (source == TIMESTAMPTZ and target not in (TIMESTAMPTZ, TEXT))
+    ):
         raise DatatypeMismatch(f"cannot cast type {shown(source)} to {written}", sqlstate="42846")
     return target
+
+
+def timestamptz_text(value: datetime) -> str:
+    """A timestamptz as PostgreSQL prints it with TimeZone UTC."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat(sep=" ")[: -len("+00:00")] + "+00"
+
+
+def parse_timestamptz(text: str, written: str = "timestamp with time zone") -> datetime:
+    """A timestamptz's text (ISO 8601 as PostgreSQL prints and reads it: a date,
+    then a time, then an offset; without an offset, UTC)."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidTextRepresentation(
+            f'invalid input syntax for type {written}: "{text[:64]}"', sqlstate="22007"
+        ) from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 _TRUE: Final = frozenset({"t", "true", "y", "yes", "on", "1"})
@@ -565,34 +605,46 @@ def float_to_int(value: float) -> int:
     return round(value)
 
 
+def _to_int(value: object, written: str) -> int:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float):
+        return float_to_int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        body = text[1:] if text[:1] in "+-" else text
+        if not body.isascii() or not body.isdigit():
+            raise InvalidTextRepresentation(f'invalid input syntax for type {written}: "{value}"')
+        return check_int64(int(text), f"{written} input")
+    return value  # type: ignore[return-value]  # an int
+
+
 def cast_value(value: object, target: str, written: str) -> object:
     """``value::target`` (NULL stays NULL)."""
     if value is None:
         return None
     if target == ARRAY:
         return value if isinstance(value, tuple) else parse_array(str(value))
+    if target == TIMESTAMPTZ:
+        if isinstance(value, datetime):
+            return value
+        return parse_timestamptz(str(value))
     if target == TEXT:
         if isinstance(value, bool):
             text = "true" if value else "false"
+        elif isinstance(value, datetime):
+            text = timestamptz_text(value)
         else:
             text = float_text(value) if isinstance(value, float) else str(value)
         if written.endswith(")"):  # varchar(n): an explicit cast cuts to n characters
             text = text[: int(written[written.index("(") + 1 : -1].split(",")[0])]
         return text
     if target == INT:
-        if isinstance(value, bool):
-            return int(value)
-        if isinstance(value, float):
-            return float_to_int(value)
-        if isinstance(value, str):
-            text = value.strip()
-            body = text[1:] if text[:1] in "+-" else text
-            if not body.isascii() or not body.isdigit():
-                raise InvalidTextRepresentation(
-                    f'invalid input syntax for type {written}: "{value}"'
-                )
-            return check_int64(int(text), f"{written} input")
-        return value
+        whole = _to_int(value, written)
+        narrow = NARROW_INTS.get(written)
+        if narrow is not None and not -narrow[1] <= whole < narrow[1]:
+            raise NumericOverflow(f"{narrow[0]} out of range")
+        return whole
     if target == FLOAT:
         if isinstance(value, str):
             text = value.strip().lower()

@@ -7,13 +7,11 @@ raise FeatureNotSupported without it) and the permission it needs.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 from resgroups.access import check_group_admin, check_use, find_runtime_group
 from resgroups.catalog.params import INT64_MAX
@@ -31,7 +29,9 @@ from resgroups.result import Cursor, Result, RowsCursor
 from resgroups.sql import ast
 from resgroups.sql.expr import CATALOG_FUNCTIONS, EvalContext, Scope, compile_expr
 from resgroups.sql.format import format_sql
+from resgroups.sql.memo import PerStatement
 from resgroups.sql.param_types import parameter_types
+from resgroups.sql.params import has_placeholder
 from resgroups.sql.relational import SERIES, run_query
 from resgroups.sql.select import Relation, Shape, run_select, select_shape
 from resgroups.statements import groups, principals, rules, selectors
@@ -40,8 +40,6 @@ from resgroups.statements.table_functions import TABLE_FUNCTIONS, relation, tabl
 
 if TYPE_CHECKING:
     from resgroups.session import Session
-
-T = TypeVar("T")
 
 
 class Needs(Enum):
@@ -138,41 +136,6 @@ def _qualifiers(node: object) -> set[str]:
 _ROW_ONLY: Final = (ast.Case, ast.Subquery, ast.DerivedTable, ast.Join)
 
 
-class _PerStatement(Generic[T]):
-    """A fact of a statement's tree (``walk(stmt)``), kept for the statements seen
-    lately. Statements are immutable and the wire's plan cache hands the same
-    object back for a repeated text, so a repeated statement is walked once:
-    each walk is O(nodes), a hit O(1). Keyed by identity (a frozen tree's own
-    hash walks it), through a weak reference whose death drops the entry, so
-    nothing is kept alive and an id is never read for another object; at most
-    ``size`` entries (all dropped when full: O(1) amortised). Thread-safe: each
-    step is one dict operation under the GIL, and a lost race walks again."""
-
-    def __init__(self, walk: Callable[[Any], T], size: int = 1024) -> None:
-        self._walk = walk
-        self._size = size
-        self._seen: dict[int, tuple[weakref.ref[Any], T]] = {}
-
-    def __call__(self, stmt: Any) -> T:
-        key = id(stmt)
-        hit = self._seen.get(key)
-        if hit is not None and hit[0]() is stmt:
-            return hit[1]
-        value = self._walk(stmt)
-        if len(self._seen) >= self._size:
-            self._seen.clear()
-        seen = self._seen
-
-        def forget(ref: weakref.ref[Any], key: int = key) -> None:
-            entry = seen.get(key)
-            if entry is not None and entry[0] is ref:
-                seen.pop(key, None)
-
-        with contextlib.suppress(TypeError):  # not a node (a tuple of them): not kept
-            self._seen[key] = (weakref.ref(stmt, forget), value)
-        return value
-
-
 def _walk_needs_rows(node: object) -> bool:
     """Whether ``node`` holds an expression only the row evaluator has."""
     if isinstance(node, _ROW_ONLY):
@@ -201,7 +164,8 @@ def _walk_needs_rows(node: object) -> bool:
     return False
 
 
-_needs_rows: Final = _PerStatement(_walk_needs_rows)
+# no value bound to a placeholder makes a statement need the row engine
+_needs_rows: Final = PerStatement(_walk_needs_rows, same_when_bound=lambda needs: True)
 
 
 def _resolver(
@@ -324,8 +288,13 @@ def _walk_sources(node: object) -> Iterator[ast.TableName | ast.TableFunction]:
             yield from _walk_sources(getattr(node, f.name))
 
 
-_text: Final = _PerStatement(format_sql)  # a statement's text, as queries are listed
-_sources: Final = _PerStatement(lambda stmt: tuple(_walk_sources(stmt)))
+_text: Final = PerStatement(format_sql)  # a statement's text, as queries are listed
+# a template's sources are a bound tree's when none holds a placeholder (the
+# binder shares every subtree without one)
+_sources: Final = PerStatement(
+    lambda stmt: tuple(_walk_sources(stmt)),
+    same_when_bound=lambda sources: not any(has_placeholder(s) for s in sources),
+)
 
 
 def _executor_table(session: Session, source: ast.TableName | ast.TableFunction) -> Table | None:
@@ -385,17 +354,19 @@ def _select_simple(session: Session, stmt: ast.Select) -> Result:
             source = relation(session, fn, values)
             managed = not fn.engine_state
     group = None
+    # no source: the shape is the statement's alone, kept per statement
+    shape = _plain_shape(stmt) if stmt.source is None else None
     if not managed:
-        out = run_select(stmt, source, session.eval_context())
+        out = run_select(stmt, source, session.eval_context(), shape)
     else:
         with session.query(
             kind="select",
             statement=_text(stmt),
             estimate=_row_engine_estimate(session, stmt),
         ) as q:
-            out = run_select(stmt, source, session.eval_context(q.group))
+            out = run_select(stmt, source, session.eval_context(q.group), shape)
             group = q.group
-    return replace(Result.table(out.columns, out.rows, out.types), group=group)
+    return Result.table(out.columns, out.rows, out.types, group)
 
 
 _NO_COLUMNS: Final = Scope(())
@@ -435,7 +406,7 @@ def _walk_plain_shape(stmt: ast.Select) -> Shape:
     return select_shape(stmt, Scope(names, types))
 
 
-_plain_shape: Final = _PerStatement(_walk_plain_shape)
+_plain_shape: Final = PerStatement(_walk_plain_shape)
 
 
 def _source_columns(session: Session, source: ast.Source | None) -> Scope | None:

@@ -419,7 +419,7 @@ class Query:
             self.group = held.group = target.name
             self.moved_from = old_group
             self._fence = None  # fleet mode: the target's, taken as it is admitted
-            self._rules = rules_for(self, target.id, acted)  # a rule acts once per query
+            self._rules = rules_for(placement, acted)  # a rule acts once per query
             if old_runtime is not None and old_runtime.dropped:
                 engine.runtimes.query_ended(old_runtime)
             try:
@@ -610,7 +610,8 @@ class Query:
                     held.runtime = placement.runtime
                     if self._memory is not None:  # q.memory was read before entry
                         self._memory = MemoryCounter(self._memory_state())
-                    rules = self._rules = rules_for(self, placement.group.id)
+                    # most groups have no rules: then nothing is looked up
+                    rules = self._rules = rules_for(placement) if placement.rules else None
                     self._admit(now)  # arms the checkpoint as it returns (_checked_at)
                     self.admitted_at = self._checked_at
                     if rules is not None:

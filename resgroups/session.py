@@ -53,12 +53,6 @@ class Session:
         self.set_tags(tags)
         self.database = "resgroups"  # current_database(): what a wire client named
         self._chosen: int | None = None  # the chosen group's id (a rename keeps it)
-        # the ids of this session's queries in flight: a query adds its own as it
-        # starts and takes it out as it ends (set.add and discard are atomic
-        # under the GIL: the per-query path takes no lock for it). Ids, not the
-        # queries: the engine's registry holds them weakly, so that a query whose
-        # handle is lost is left for the reconcile loop to reclaim.
-        self.running_ids: set[int] = set()
         self._cancel_requested = False  # cancel() during a script stops what is left
         self.work_cpu_ns = 0  # CPU the built-in executor spent on this session's queries
         # the last placement, with the snapshot, identity and choice it was resolved for
@@ -138,16 +132,17 @@ class Session:
         self._chosen = group_id
 
     def running_queries(self) -> list[Query]:
-        """This session's queries in flight. A query whose handle was lost without
-        exit is not: its id is dropped here, and the reconcile loop reclaims it."""
-        running = []
-        for query_id in list(self.running_ids):
-            query = self.engine.live_query(query_id)
-            if query is None:
-                self.running_ids.discard(query_id)
-            else:
-                running.append(query)
-        return running
+        """This session's queries in flight, from the engine's registry of open
+        queries (the one record of them: a query starting or ending touches
+        nothing of its session's). A query whose handle was lost without exit is
+        not: the reconcile loop reclaims it. O(queries open in the engine): for a
+        cancel request, not the per-query path."""
+        return [query for query in self.engine.live_queries() if query.session is self]
+
+    @property
+    def running_ids(self) -> set[int]:
+        """The ids of :meth:`running_queries`."""
+        return {query.id for query in self.running_queries()}
 
     def cancel(self) -> int:
         """Cancel every query this session has in flight, from any thread (what

@@ -592,7 +592,6 @@ class Query:
             self._timeout_at = self._stop_at = self._check_at = now + timeout
         try:
             self._engine.open_query(self)
-            session.running_ids.add(self.id)
             # an unmanaged query resolves nothing: a dropped or forbidden choice
             # cannot fail what consumes nothing
             if self.kind in MANAGED_KINDS:
@@ -827,7 +826,6 @@ class Query:
             if state is SUSPENDED and held.runtime is not None:
                 held.runtime.suspend(-1)
                 held.suspended = False
-            self.session.running_ids.discard(self.id)
             self._engine.close_query(self)
 
     # ---- cursors -------------------------------------------------------------------

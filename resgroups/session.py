@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from resgroups.access import Identity, login_principal, resolve, still_assumed
 from resgroups.catalog import Snapshot
@@ -46,6 +46,9 @@ class Session:
     ) -> None:
         self.engine = engine
         self._identity = identity
+        # the login name, the fair policy's "user": an assumption changes the
+        # identity's account, never its login (read by every query as it is made)
+        self.user: Final = identity.login_name
         # what selectors route on beside the query itself (SPEC §15)
         self.application: str | None = None
         self.tags: frozenset[str] = frozenset()
@@ -117,11 +120,6 @@ class Session:
     @property
     def identity(self) -> Identity:
         return self._identity
-
-    @property
-    def user(self) -> str:
-        """The login name: the fair policy's "user"."""
-        return self._identity.login_name
 
     @property
     def chosen_group_id(self) -> int | None:

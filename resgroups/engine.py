@@ -346,12 +346,14 @@ class Engine:
         group's live runtime, its memory budget and the query's ceiling (SPEC
         §8). The session keeps it while the catalog and the principal stay the
         same (``Session.placement``)."""
+        snap = self.snapshot
         budget = self.memory_ledger.group(group.id, group.name)
-        own, acl = memory_limits(self.snapshot, session.identity)
+        own, acl = memory_limits(snap, session.identity)
         ceiling = query_ceiling(
             own, acl, self.query_memory_limit, budget.path_limit(), self.process_memory_limit
         )
-        return Placement(group, self.runtimes.runtime_for(group), budget, ceiling)
+        rules = snap.rules_by_group.get(group.id, ()) if snap.rules else ()
+        return Placement(group, self.runtimes.runtime_for(group), budget, ceiling, rules, snap)
 
     def pool(self, name: str) -> PoolView:
         try:

@@ -163,30 +163,45 @@ _installed: list[tuple[int, object, _Deferring]] = []  # (signal, original, wrap
 
 
 # the last wrap's plan, reused while the program's handlers stay the same: the
-# handlers it found, and what it installed
+# handlers it found, what it installed, and what ``getsignal`` answers once it is
+# installed (those found, each callable one replaced by its wrapper)
 _found: tuple[object, ...] = ()
 _plan: tuple[tuple[int, object, _Deferring], ...] = ()
+_planned: tuple[object, ...] = ()
+# while wrapped (``_installed``): what ``getsignal`` answered once everything was,
+# so that a hold begun while a query is in flight finds in one read whether the
+# program installed a handler meanwhile
+_wrapped: tuple[object, ...] = ()
 
 
 def _wrap_handlers() -> None:
     """Wrap every callable handler (the outermost hold begins). Costs one C-level
     read of the handlers, and one store per callable handler, while the program's
-    handlers are the ones the last wrap found (the common case)."""
-    global _found, _plan
-    if _installed:  # still wrapped (a query in flight): wrap only what is new
-        _wrap_each()
-        return
+    handlers are the ones the last wrap found (the common case); while they stay
+    wrapped (a main-thread query in flight), one read and nothing else unless the
+    program installed a handler meanwhile."""
+    global _found, _plan, _planned, _wrapped
     found = tuple(map(_getsignal, _SIGNALS))
+    if _installed:  # still wrapped (a query in flight): wrap only what is new
+        if found != _wrapped:
+            _wrap_each()
+            _wrapped = tuple(map(_getsignal, _SIGNALS))
+        return
     if found != _found:
         _plan = tuple(
             (signum, handler, _Deferring(handler))
             for signum, handler in zip(_SIGNALS, found, strict=True)
             if callable(handler) and not isinstance(handler, _Deferring)
         )
+        wrappers = {entry[0]: entry[2] for entry in _plan}
+        _planned = tuple(
+            wrappers.get(signum, handler) for signum, handler in zip(_SIGNALS, found, strict=True)
+        )
         _found = found
     for entry in _plan:
         _setsignal(entry[0], entry[2])
     _installed.extend(_plan)
+    _wrapped = _planned
 
 
 def _wrap_each() -> None:

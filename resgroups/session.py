@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from resgroups.access import Identity, login_principal, resolve, still_assumed
 from resgroups.catalog import Snapshot
@@ -46,6 +46,9 @@ class Session:
     ) -> None:
         self.engine = engine
         self._identity = identity
+        # the login name, the fair policy's "user": an assumption changes the
+        # identity's account, never its login (read by every query as it is made)
+        self.user: Final = identity.login_name
         # what selectors route on beside the query itself (SPEC §15)
         self.application: str | None = None
         self.tags: frozenset[str] = frozenset()
@@ -54,12 +57,6 @@ class Session:
         self.database = "resgroups"  # current_database(): what a wire client named
         self.settings: Settings | None = None  # current_setting(): a wire connection's
         self._chosen: int | None = None  # the chosen group's id (a rename keeps it)
-        # the ids of this session's queries in flight: a query adds its own as it
-        # starts and takes it out as it ends (set.add and discard are atomic
-        # under the GIL: the per-query path takes no lock for it). Ids, not the
-        # queries: the engine's registry holds them weakly, so that a query whose
-        # handle is lost is left for the reconcile loop to reclaim.
-        self.running_ids: set[int] = set()
         self._cancel_requested = False  # cancel() during a script stops what is left
         self.work_cpu_ns = 0  # CPU the built-in executor spent on this session's queries
         # the last placement, with the snapshot, identity and choice it was resolved for
@@ -126,11 +123,6 @@ class Session:
         return self._identity
 
     @property
-    def user(self) -> str:
-        """The login name: the fair policy's "user"."""
-        return self._identity.login_name
-
-    @property
     def chosen_group_id(self) -> int | None:
         return self._chosen
 
@@ -139,16 +131,17 @@ class Session:
         self._chosen = group_id
 
     def running_queries(self) -> list[Query]:
-        """This session's queries in flight. A query whose handle was lost without
-        exit is not: its id is dropped here, and the reconcile loop reclaims it."""
-        running = []
-        for query_id in list(self.running_ids):
-            query = self.engine.live_query(query_id)
-            if query is None:
-                self.running_ids.discard(query_id)
-            else:
-                running.append(query)
-        return running
+        """This session's queries in flight, from the engine's registry of open
+        queries (the one record of them: a query starting or ending touches
+        nothing of its session's). A query whose handle was lost without exit is
+        not: the reconcile loop reclaims it. O(queries open in the engine): for a
+        cancel request, not the per-query path."""
+        return [query for query in self.engine.live_queries() if query.session is self]
+
+    @property
+    def running_ids(self) -> set[int]:
+        """The ids of :meth:`running_queries`."""
+        return {query.id for query in self.running_queries()}
 
     def cancel(self) -> int:
         """Cancel every query this session has in flight, from any thread (what

@@ -260,6 +260,41 @@ def test_handlers_are_the_programs_own_outside_holds() -> None:
     assert signal.getsignal(signal.SIGINT) is before  # asyncio.run looks for this one
 
 
+def test_a_handler_installed_in_a_query_or_between_queries_is_wrapped_by_the_next_hold() -> None:
+    """While a query is in flight the handlers stay wrapped, and a hold checks in
+    one read whether the program installed one meanwhile: a hold in the body
+    (as ``__exit__``'s) wraps a handler the body installed, and the next query
+    wraps one installed between queries; each goes back as the last query ends."""
+    before = signal.getsignal(signal.SIGUSR1)
+    seen: list[object] = []
+
+    def first(signum: int, frame: object) -> None:
+        pass
+
+    def second(signum: int, frame: object) -> None:
+        pass
+
+    def wrapped_usr1() -> None:
+        handler = signal.getsignal(signal.SIGUSR1)
+        seen.append(handler.inner if isinstance(handler, interrupts._Deferring) else None)
+
+    try:
+        with resgroups.Engine() as engine:
+            session = engine.connect()
+            with session.query():
+                signal.signal(signal.SIGUSR1, first)  # not wrapped until a hold begins
+                with Hold():
+                    wrapped_usr1()
+            assert signal.getsignal(signal.SIGUSR1) is first  # the program's again
+            signal.signal(signal.SIGUSR1, second)
+            with session.query():
+                wrapped_usr1()  # wrapped as the query began
+            assert signal.getsignal(signal.SIGUSR1) is second
+        assert seen == [first, second]
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
 def test_a_main_thread_query_lost_without_exit_does_not_keep_the_handlers_wrapped() -> None:
     """A query entered on the main thread keeps the handlers wrapped until its
     __exit__; one whose handle is lost instead (the reconcile loop gives back

@@ -110,7 +110,8 @@ class Holdings:
         lane. Idempotent: what it gives back leaves the record first. O(1) when
         the slot goes to nobody waiting."""
         nice, self.nice = self.nice, None
-        Lanes.leave(nice)
+        if nice is not None:  # its thread took its group's lane
+            Lanes.leave(nice)
         runtime = self.runtime
         if self.counted and runtime is not None:  # by count (H4)
             self.counted = False

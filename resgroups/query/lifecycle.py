@@ -131,7 +131,6 @@ class Query:
         "admitted_at",
         "bytes_scanned",
         "cpu_ns",
-        "group",
         "held",
         "id",
         "kind",
@@ -168,7 +167,6 @@ class Query:
         self.user = session.user
         self.id = engine.next_query_id()  # resource_group_queries().query_id
         self.state = NEW
-        self.group: str | None = None  # the group it resolved to (managed queries)
         self.waited_s = 0.0  # from submission to holding a slot and a worker
         self.cpu_ns = 0  # CPU charged to the group for this query (while scheduled)
         self.leaked_bytes = 0  # tracked bytes it had not released when it ended
@@ -220,6 +218,11 @@ class Query:
         if self._fingerprint is None and self.statement is not None:
             self._fingerprint = self._engine.fingerprint(self.statement)
         return self._fingerprint
+
+    @property
+    def group(self) -> str | None:
+        """The group it resolved to (None: unmanaged, or not entered yet)."""
+        return self.held.group
 
     @property
     def runtime(self) -> GroupRuntime | None:
@@ -416,10 +419,10 @@ class Query:
             self._give_back()
             self._placement = placement
             held.runtime = placement.runtime
-            self.group = held.group = target.name
+            held.group = target.name
             self.moved_from = old_group
             self._fence = None  # fleet mode: the target's, taken as it is admitted
-            self._rules = rules_for(self, target.id, acted)  # a rule acts once per query
+            self._rules = rules_for(placement, acted)  # a rule acts once per query
             if old_runtime is not None and old_runtime.dropped:
                 engine.runtimes.query_ended(old_runtime)
             try:
@@ -592,7 +595,6 @@ class Query:
             self._timeout_at = self._stop_at = self._check_at = now + timeout
         try:
             self._engine.open_query(self)
-            session.running_ids.add(self.id)
             # an unmanaged query resolves nothing: a dropped or forbidden choice
             # cannot fail what consumes nothing
             if self.kind in MANAGED_KINDS:
@@ -606,11 +608,12 @@ class Query:
                 if placement is not None:
                     self._placement = placement
                     held = self.held
-                    self.group = held.group = placement.group.name
+                    held.group = placement.group.name
                     held.runtime = placement.runtime
                     if self._memory is not None:  # q.memory was read before entry
                         self._memory = MemoryCounter(self._memory_state())
-                    rules = self._rules = rules_for(self, placement.group.id)
+                    # most groups have no rules: then nothing is looked up
+                    rules = self._rules = rules_for(placement) if placement.rules else None
                     self._admit(now)  # arms the checkpoint as it returns (_checked_at)
                     self.admitted_at = self._checked_at
                     if rules is not None:
@@ -826,7 +829,6 @@ class Query:
             if state is SUSPENDED and held.runtime is not None:
                 held.runtime.suspend(-1)
                 held.suspended = False
-            self.session.running_ids.discard(self.id)
             self._engine.close_query(self)
 
     # ---- cursors -------------------------------------------------------------------

@@ -35,20 +35,17 @@ from resgroups.sched.rules import QueryRules, describe_hit
 if TYPE_CHECKING:
     from resgroups.catalog.model import GroupDef, RuleDef
     from resgroups.query.lifecycle import Query
+    from resgroups.query.states import Placement
 
 log = logging.getLogger("resgroups.rules")
 
 
-def rules_for(
-    query: Query, group_id: int, acted: frozenset[int] = frozenset()
-) -> QueryRules | None:
-    """The rules of group ``group_id`` for one query (None: the group has none);
-    ``acted``: the rules that already acted on it (in a group it was moved from)."""
-    snap = query.session.engine.snapshot
-    if not snap.rules:
-        return None
-    rules = snap.rules_by_group.get(group_id)
-    return QueryRules(rules, snap, acted) if rules else None
+def rules_for(placement: Placement, acted: frozenset[int] = frozenset()) -> QueryRules | None:
+    """The rules of the group of ``placement`` for one query, as they were when it
+    was resolved (None: the group has none); ``acted``: the rules that already
+    acted on it (in a group it was moved from)."""
+    rules = placement.rules
+    return QueryRules(rules, placement.snapshot, acted) if rules else None
 
 
 def current(query: Query, rules: QueryRules) -> QueryRules | None:

@@ -6,7 +6,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 if TYPE_CHECKING:
-    from resgroups.catalog.model import GroupDef
+    from resgroups.catalog.model import GroupDef, RuleDef, Snapshot
     from resgroups.sched.memory import Budget
     from resgroups.sched.runtime import GroupRuntime
 
@@ -43,11 +43,15 @@ ENTERED: Final = frozenset({ADMITTING, RUNNING, SUSPENDED})
 
 
 class Placement(NamedTuple):
-    """Where a session's managed queries run, as resolved at one catalog version:
-    the group, its live runtime, its memory budget and the query memory ceiling
-    (SPEC §5, §8). A session keeps the last one (``Session.placement``)."""
+    """Where a session's managed queries run, as resolved at one catalog version
+    (``snapshot``): the group, its live runtime, its memory budget, the query
+    memory ceiling (SPEC §5, §8) and the group's runaway-query rules (§16; empty
+    for most groups, so that a query of one looks nothing else up). A session
+    keeps the last one (``Session.placement``)."""
 
     group: GroupDef
     runtime: GroupRuntime
     budget: Budget
     ceiling: int | None
+    rules: tuple[RuleDef, ...]
+    snapshot: Snapshot

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,13 @@ import pytest
 import resgroups
 
 SEEDS = Path(__file__).resolve().parent / "seeds"
+
+# A shell without job control starts a background command with SIGINT ignored,
+# and Python then leaves it ignored: the tests of Ctrl-C (test_interrupts.py,
+# the DDL interrupted in test_catalog_faults.py) need Python's usual handler
+# whether the suite runs in a terminal, in CI or as `pytest &` in a script.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

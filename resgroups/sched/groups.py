@@ -228,10 +228,11 @@ class GroupRuntimes:
             memory = {gid: budget.used for gid, budget in ledger.groups.items()}
         cpu = {gid: _share_reading(r) for gid, r in self._dispatcher.cpu_readings().items()}
         lanes = self._dispatcher.shown_lanes()
+        now = self._now()
         return [
             group_statistics(
                 g,
-                runtimes[g.id].reading(memory.get(g.id, 0))
+                runtimes[g.id].reading(memory.get(g.id, 0), now)
                 if g.id in runtimes
                 else CounterReading(),
                 min_share_pct=shares[g.id],

@@ -106,11 +106,12 @@ class GroupRuntime:
         with self._dispatcher.lock:
             self._dispatcher.core.forget(self.group_id)
 
-    def reading(self, memory_used: int) -> CounterReading:
-        """The live counters; ``memory_used`` is the sum over the group's queries."""
+    def reading(self, memory_used: int, now: float) -> CounterReading:
+        """The live counters at ``now`` (one reading of the clock for every group
+        of a listing, so that the waits of a parent and its child compare);
+        ``memory_used`` is the sum over the group's queries."""
         with self.gate.lock:
             gate = self.gate.gate
-            now = self.gate.now()
             return CounterReading(
                 # an inner group's: its subtree's (SPEC §14)
                 active_queries=gate.load,

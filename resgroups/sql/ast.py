@@ -7,6 +7,8 @@ that parses to an equal node.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -495,3 +497,15 @@ Statement = (
     | InsertSelect
     | DropTable
 )
+
+
+def any_node(node: object, test: Callable[[object], bool]) -> bool:
+    """Whether ``test`` holds for ``node`` or for any node below it (through
+    tuples and dataclass fields; linear in the tree's size)."""
+    if test(node):
+        return True
+    if isinstance(node, tuple):
+        return any(any_node(item, test) for item in node)
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return any(any_node(getattr(node, f.name), test) for f in dataclasses.fields(node))
+    return False

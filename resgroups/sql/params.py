@@ -217,10 +217,4 @@ def binder(node: object) -> Binder | None:
 
 def has_placeholder(node: object) -> bool:
     """Whether ``node`` holds a ``$n`` (linear in its size)."""
-    if isinstance(node, ast.Param):
-        return True
-    if isinstance(node, tuple):
-        return any(has_placeholder(item) for item in node)
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return any(has_placeholder(getattr(node, f.name)) for f in dataclasses.fields(node))
-    return False
+    return ast.any_node(node, lambda n: isinstance(n, ast.Param))

@@ -138,6 +138,11 @@ _ROW_ONLY: Final = (ast.Case, ast.Subquery, ast.DerivedTable, ast.Join)
 
 def _walk_needs_rows(node: object) -> bool:
     """Whether ``node`` holds an expression only the row evaluator has."""
+    return ast.any_node(node, _row_only)
+
+
+def _row_only(node: object) -> bool:
+    """Whether ``node`` itself is one only the row evaluator has."""
     if isinstance(node, _ROW_ONLY):
         return True
     if isinstance(node, ast.Binary) and node.op in (
@@ -155,13 +160,7 @@ def _walk_needs_rows(node: object) -> bool:
         return True
     if isinstance(node, ast.Select) and node.group_by:
         return True
-    if isinstance(node, ast.Cast) and node.written in ("regclass", "regtype"):
-        return True
-    if isinstance(node, tuple):
-        return any(_walk_needs_rows(x) for x in node)
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return any(_walk_needs_rows(getattr(node, f.name)) for f in dataclasses.fields(node))
-    return False
+    return isinstance(node, ast.Cast) and node.written in ("regclass", "regtype")
 
 
 # no value bound to a placeholder makes a statement need the row engine

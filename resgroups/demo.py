@@ -647,10 +647,12 @@ def chart(runs: list[RunResult], path: str, window_s: float = 1.0) -> str:
             fontsize=8,
         )
     longest = max(r.seconds for r in runs)
+    # workloads limited in any run at the bottom, so each limit's line sits on its
+    # band; one order for every run, so the two charts stack alike
+    limited = {n for r in runs for n in r.limits}
+    order = sorted(names, key=lambda n: n not in limited)
     for ax, run in zip(axes[1:], runs, strict=False):
         times, shares = cpu_over_time(run, window_s)
-        # limited workloads at the bottom, so each limit's line sits on its band
-        order = sorted(names, key=lambda n: n not in run.limits)
         if times:
             queries = [sum(shares[n][i] for n in names) for i in range(len(times))]
             process = shares.get(PROCESS, queries)

@@ -196,7 +196,10 @@ class Framing(ConnectionBase):
             # the thread reads the client's next burst itself, if the loop holds no
             # unread bytes of it (the stream's buffer is empty) and may stop reading
             hand_reading = (
-                start and self._sock is not None and not _buffered(self.reader) and not self.gone
+                start
+                and self._sock is not None
+                and not _may_hold_bytes(self.reader)
+                and not self.gone
             )
             self._thread_reads = self._thread_reads or hand_reading
         if hand_reading:
@@ -622,9 +625,14 @@ def internal(exc: BaseException) -> InternalError:
     return InternalError(f"internal error ({type(exc).__name__}); the server log has the details")
 
 
-def _buffered(reader: asyncio.StreamReader) -> int:
-    """Bytes the stream has read from the socket and not yet given out."""
-    return len(getattr(reader, "_buffer", b""))
+def _may_hold_bytes(reader: asyncio.StreamReader) -> bool:
+    """Whether the stream may hold bytes it has read from the socket and not yet
+    given out. asyncio keeps them in a private buffer; where a Python version
+    keeps it elsewhere the answer is yes, so the loop keeps reading (a thread
+    reading the socket past such bytes would take the client's messages out of
+    order)."""
+    buffer = getattr(reader, "_buffer", None)
+    return buffer is None or len(buffer) > 0
 
 
 def _own_socket(writer: asyncio.StreamWriter) -> socket.socket | None:

@@ -440,6 +440,18 @@ def _compile(
         ):
             # an object identifier's text is its name, as PostgreSQL's reg* output
             return sub(ast.Call(f"{reg}_name", (expr.operand,)))
+        case ast.Cast(operand=operand, type="timestamptz" | "text" as target, written=written):
+            # a timestamptz is read from text and printed to it in the session's
+            # TimeZone (asked as each row is: set_config() may change it)
+            inner, settings = sub(operand), ctx.settings
+
+            def zoned(row: Row) -> Any:
+                value = inner(row)
+                if target == "text" and not isinstance(value, datetime):
+                    return cast_value(value, target, written)
+                return cast_value(value, target, written, session_zone(settings))
+
+            return zoned
         case ast.Cast(operand=operand, type=target, written=written):
             inner = sub(operand)
             return lambda row: cast_value(inner(row), target, written)
@@ -489,6 +501,11 @@ def _compile(
 
             return apply
     raise TypeError(f"not an expression: {expr!r}")
+
+
+def session_zone(settings: Settings | None) -> str:
+    """The session's TimeZone (UTC without a session's settings)."""
+    return "UTC" if settings is None else settings.get("TimeZone")
 
 
 def _setting_call(settings: Settings | None, function: str, args: list[Any]) -> Any:

@@ -1,0 +1,96 @@
+"""timestamptz in the session's TimeZone and set_config() with its statement, as
+PostgreSQL: a timestamptz's text without an offset is read in the session's
+zone (a literal, a cast, a parameter alike) and every timestamptz is printed
+in it (a column's text, ``::text``), up to the ends of the range (a local
+time past year 9999 or before year 1, an offset with seconds) without an
+internal error; a value outside the range is 22008. ``set_config()`` holds
+only if its statement succeeds (ParameterStatus then, never ahead of an
+error), and it holds, reported and routed by, when it runs in a portal
+executed a page at a time.
+
+The statements both servers answer run against the PostgreSQL on this
+machine too (read-only, in RESGROUPS_TEST_PG_DSN's database) through
+psycopg 3, with timestamptz read as the text each server sent.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.string import TextLoader
+from servers import ServerProcess, serving
+
+PG_DSN = os.environ.get("RESGROUPS_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+# (statement with %s / %b placeholders, values), run in each zone below
+IN_ZONE: list[tuple[str, list[Any]]] = [
+    ("SELECT '2020-01-01 12:00'::timestamptz AS t", []),  # no offset: the session's zone
+    ("SELECT '2020-01-01 12:00'::timestamptz::text AS t", []),
+    ("SELECT CAST('2020-07-01 12:00' AS timestamptz) AS t", []),  # summer time
+    ("SELECT %s::timestamptz AS t", ["2020-01-01 12:00"]),  # a parameter's text alike
+    ("SELECT %s::timestamptz::text AS t", ["2020-01-01 12:00"]),
+    ("SELECT %s::timestamptz::text AS t", ["2020-01-01 12:00+05:30"]),
+    ("SELECT %s::timestamptz AS t", [datetime(2020, 1, 1, 12)]),  # a timestamp: in the zone
+    ("SELECT %s::timestamptz AS t", [datetime(2020, 1, 1, 12, tzinfo=UTC)]),
+    ("SELECT %s::timestamptz::text AS t", ["2020-01-01 12:00:00.1234567+00"]),  # rounded
+    ("SELECT '2020-01-01 12:00:00.1+00'::timestamptz AS t", []),  # .1, not .100000
+    # the ends of the range: a local time past 9999 or before year 1, local mean time
+    ("SELECT CAST('9999-12-31 23:00:00+00' AS timestamptz) AS t", []),
+    ("SELECT CAST('9999-12-31 23:00:00+00' AS timestamptz)::text AS t", []),
+    ("SELECT CAST('0001-01-01 00:30:00+00' AS timestamptz) AS t", []),
+    ("SELECT %s::timestamptz AS t", ["9999-12-31 23:00:00+00"]),
+    ("SELECT %s::timestamptz AS t", ["0001-01-01 00:30:00+00"]),
+    ("SELECT %b::timestamptz AS t", [datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)]),
+    ("SELECT %b::timestamptz AS t", [datetime(1, 1, 1, tzinfo=UTC)]),
+    ("SELECT %s::timestamptz AS t", ["2020-02-30"]),  # 22008 from both
+    ("SELECT %s::timestamptz AS t", ["not a time"]),  # 22007 from both
+]
+ZONES = ["America/New_York", "Asia/Tokyo", "Asia/Kolkata"]
+
+
+def _answers(dsn: str, zone: str) -> list[Any]:
+    answers: list[Any] = []
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        conn.adapters.register_loader("timestamptz", TextLoader)  # the text as sent
+        conn.execute(f"SET TimeZone = '{zone}'")
+        for text, values in IN_ZONE:
+            try:
+                cur = conn.execute(text, values)  # type: ignore[arg-type]
+                answers.append(cur.fetchall())
+            except psycopg.Error as exc:
+                answers.append(exc.sqlstate)
+    return answers
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    with serving() as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("zone", ZONES)
+def test_timestamptz_is_read_and_printed_in_the_session_zone_as_postgres(
+    server: ServerProcess, zone: str
+) -> None:
+    ours = _answers(server.dsn(), zone)
+    theirs = _answers(PG_DSN, zone)
+    for (text, values), mine, pg in zip(IN_ZONE, ours, theirs, strict=True):
+        assert mine == pg, (zone, text, values)
+    assert "XX000" not in ours
+
+
+def test_a_timestamptz_outside_the_range_is_22008(server: ServerProcess) -> None:
+    """What the server cannot hold (its years are 1 to 9999 in UTC) is 22008, never an
+    internal error, and the connection goes on."""
+    with psycopg.connect(server.dsn(), autocommit=True, connect_timeout=10) as conn:
+        conn.execute("SET TimeZone = 'Asia/Tokyo'")
+        for value in ["9999-12-31 23:59:59.999999-14:00", "0001-01-01 00:00"]:
+            with pytest.raises(psycopg.Error) as caught:
+                conn.execute("SELECT %s::timestamptz", [value])
+            assert caught.value.sqlstate == "22008", value
+        assert conn.execute("SELECT 1").fetchone() == (1,)

@@ -94,3 +94,20 @@ def test_a_timestamptz_outside_the_range_is_22008(server: ServerProcess) -> None
                 conn.execute("SELECT %s::timestamptz", [value])
             assert caught.value.sqlstate == "22008", value
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_timestamptz_the_executor_cannot_compute_is_named_by_its_type(
+    server: ServerProcess,
+) -> None:
+    with (
+        psycopg.connect(server.dsn(), autocommit=True, connect_timeout=10) as conn,
+        pytest.raises(psycopg.Error) as caught,
+    ):
+        conn.execute(
+            "SELECT count(*) FROM long_sequence(10) WHERE %s < now()",
+            [datetime(2020, 1, 1, tzinfo=UTC)],
+        )
+    assert caught.value.sqlstate == "42804"
+    message = str(caught.value)
+    assert "a timestamptz value is not supported by the executor" in message
+    assert "datetime" not in message

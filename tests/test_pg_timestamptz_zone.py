@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from pgraw import SYNC, RawClient, bind, execute, parse, query
 from psycopg.types.string import TextLoader
 from servers import ServerProcess, serving
 
@@ -111,3 +112,70 @@ def test_a_timestamptz_the_executor_cannot_compute_is_named_by_its_type(
     message = str(caught.value)
     assert "a timestamptz value is not supported by the executor" in message
     assert "datetime" not in message
+
+
+# ---- set_config() and its statement -------------------------------------------------------
+
+
+def _failed_set_config(dsn: str) -> tuple[str | None, str | None, str]:
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute("SELECT set_config('TimeZone', 'Asia/Tokyo', false), 1/0")
+        reported = conn.info.parameter_status("TimeZone")  # no ParameterStatus came
+        row = conn.execute("SELECT current_setting('TimeZone')").fetchone()
+        assert row is not None
+        return caught.value.sqlstate, reported, row[0]
+
+
+def test_set_config_is_undone_when_its_statement_fails(server: ServerProcess) -> None:
+    ours = _failed_set_config(server.dsn())
+    assert ours == _failed_set_config(PG_DSN)
+    assert ours == ("22012", "UTC", "UTC")
+
+
+def _kinds(replies: list[Any]) -> list[bytes]:
+    return [r.kind for r in replies]
+
+
+def test_set_config_in_a_portal_read_a_page_at_a_time_is_reported_and_routes(
+    server: ServerProcess,
+) -> None:
+    """As JDBC runs a statement with a fetch size: Execute with a row limit. The new
+    application_name is reported (ParameterStatus, after the rows) and the next
+    statement is routed by it."""
+    with psycopg.connect(server.dsn(), autocommit=True, connect_timeout=10) as admin:
+        admin.execute("CREATE RESOURCE GROUP IF NOT EXISTS tz_routed WITH (max_active_queries = 5)")
+        admin.execute(
+            "CREATE RESOURCE SELECTOR IF NOT EXISTS tz_routed_by_app "
+            "WHEN application = 'tz_routed' THEN RESOURCE GROUP tz_routed"
+        )
+    client = RawClient(server.pg_port)
+    try:
+        client.login()
+        client.send(
+            parse("SELECT set_config('application_name', 'tz_routed', false)"),
+            bind([]),
+            execute(max_rows=1),
+            SYNC,
+        )
+        replies = client.until_ready()
+        assert b"E" not in _kinds(replies), [r.fields for r in replies if r.kind == b"E"]
+        statuses = [r.body for r in replies if r.kind == b"S"]
+        assert b"application_name\0tz_routed\0" in statuses
+        assert _kinds(replies).index(b"S") > _kinds(replies).index(b"D")  # after the row
+        client.send(query("SELECT current_resource_group()"))
+        rows = [r.body for r in client.until_ready() if r.kind == b"D"]
+        assert len(rows) == 1
+        assert rows[0].endswith(b"tz_routed")
+        # a failing statement's set_config() is neither kept nor reported
+        client.send(query("SELECT set_config('application_name', 'elsewhere', false), 1/0"))
+        replies = client.until_ready()
+        assert b"E" in _kinds(replies)
+        assert b"S" not in _kinds(replies)
+        client.send(query("SELECT current_setting('application_name')"))
+        rows = [r.body for r in client.until_ready() if r.kind == b"D"]
+        assert len(rows) == 1
+        assert rows[0].endswith(b"tz_routed")
+    finally:
+        client.close()

@@ -40,6 +40,7 @@ IN_ZONE: list[tuple[str, list[Any]]] = [
     ("SELECT %s::timestamptz AS t", [datetime(2020, 1, 1, 12, tzinfo=UTC)]),
     ("SELECT %s::timestamptz::text AS t", ["2020-01-01 12:00:00.1234567+00"]),  # rounded
     ("SELECT '2020-01-01 12:00:00.1+00'::timestamptz AS t", []),  # .1, not .100000
+    ("SELECT 'at ' || '2020-01-01 12:00+00'::timestamptz AS t", []),  # text in the zone
     # the ends of the range: a local time past 9999 or before year 1, local mean time
     ("SELECT CAST('9999-12-31 23:00:00+00' AS timestamptz) AS t", []),
     ("SELECT CAST('9999-12-31 23:00:00+00' AS timestamptz)::text AS t", []),

@@ -411,6 +411,17 @@ def _compile(
         case ast.Binary(op="distinct" | "not distinct" as op, left=left, right=right):
             lhs, rhs, same = sub(left), sub(right), op == "not distinct"
             return lambda row: (lhs(row) == rhs(row)) == same  # NULL is not distinct from NULL
+        case ast.Binary(op="||", left=left, right=right):
+            lhs, rhs, settings = sub(left), sub(right), ctx.settings
+
+            def concat(row: Row) -> Any:  # a timestamptz's text is in the session's zone
+                a, b = lhs(row), rhs(row)
+                if a is None or b is None:
+                    return None
+                zone = session_zone(settings) if datetime in (type(a), type(b)) else "UTC"
+                return f"{cast_value(a, 'text', 'text', zone)}{cast_value(b, 'text', 'text', zone)}"
+
+            return concat
         case ast.Binary(op=op, left=left, right=right):
             fn, lhs, rhs = BINARY[op], sub(left), sub(right)
 

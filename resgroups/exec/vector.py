@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Final
 
 import numpy as np
@@ -33,6 +34,8 @@ from resgroups.sql.semantics import (
     float_to_int,
     int_literal,
     overflow,
+    shown,
+    value_type,
 )
 
 Array = np.ndarray[Any, Any]
@@ -153,7 +156,18 @@ def _literal(value: object, n: int) -> Array:
         return np.full(n, check_int64(value, "integer literal"), dtype=np.int64)
     if isinstance(value, float):
         return np.full(n, value, dtype=np.float64)
-    raise DatatypeMismatch(f"text literal {value!r} is not supported by the executor")
+    raise DatatypeMismatch(_unsupported_value(value))
+
+
+def _unsupported_value(value: object) -> str:
+    """Why a value the executor's columns cannot hold is refused, naming its SQL
+    type (never a Python repr: a bound parameter is a datetime, a Decimal ...)."""
+    if isinstance(value, datetime):
+        return "a timestamptz value is not supported by the executor (its columns are numbers)"
+    if isinstance(value, str):
+        text = value if len(value) <= 40 else value[:40] + "..."
+        return "text literal '" + text.replace("'", "''") + "' is not supported by the executor"
+    return f"a value of type {shown(value_type(value))} is not supported by the executor"
 
 
 @dataclass
@@ -176,8 +190,8 @@ def supported(expr: ast.Expr) -> None:
             raise DatatypeMismatch(
                 "NULL is not supported by the executor (its columns have no NULLs)"
             )
-        case ast.Literal(value=str() as text):
-            raise DatatypeMismatch(f"text literal {text!r} is not supported by the executor")
+        case ast.Literal(value=str() | datetime() as value):
+            raise DatatypeMismatch(_unsupported_value(value))
         case ast.Binary(op="like"):
             raise DatatypeMismatch("LIKE needs text; the executor's columns are numbers")
         case ast.Cast(type="text", written=written):

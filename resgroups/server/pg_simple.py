@@ -115,7 +115,30 @@ class SimpleQuery(ConnectionBase):
             raise widened from None
 
     def run(self, plan: Plan, portal: Portal, max_rows: int | None, *, describe: bool) -> None:
-        """Execute ``plan`` in ``portal``, sending its rows and its command tag."""
+        """Execute ``plan`` in ``portal``, sending its rows and its command tag. What
+        its set_config() calls changed holds if it succeeds (then ParameterStatus
+        reports it, and the session routes by it) and is undone if it fails, as
+        PostgreSQL rolls it back with the statement's transaction; whichever way
+        it ran (all at once, streamed, a page of a portal, a FETCH)."""
+        try:
+            self._run(plan, portal, max_rows, describe=describe)
+        except BaseException:
+            self._settle_set_config(succeeded=False)
+            raise
+        self._settle_set_config(succeeded=True)
+
+    def _settle_set_config(self, *, succeeded: bool) -> None:
+        before, saved = self.settings_before, self.settings_saved
+        if before is None:
+            return
+        self.settings_before = self.settings_saved = None
+        if succeeded:
+            self.report_changes(before)
+        elif saved is not None:
+            self.settings.clear()
+            self.settings.update(saved)
+
+    def _run(self, plan: Plan, portal: Portal, max_rows: int | None, *, describe: bool) -> None:
         assert self.session is not None
         if plan is None:
             self.send(wire.EMPTY_QUERY)
@@ -146,15 +169,10 @@ class SimpleQuery(ConnectionBase):
                 self.send(wire.command_complete("SELECT 0"))
                 return
             portal.executed = True
-            try:
-                if isinstance(plan, ast.Select) and plan.source is not None:
-                    self.stream(plan, portal, describe)
-                    return
-                result = self.session.run(plan)
-            finally:
-                if self.settings_before is not None:  # set_config() changed a setting
-                    before, self.settings_before = self.settings_before, None
-                    self.report_changes(before)
+            if isinstance(plan, ast.Select) and plan.source is not None:
+                self.stream(plan, portal, describe)
+                return
+            result = self.session.run(plan)
             self._after_engine_statement(plan)
         if result.columns:
             formats = formats_for(portal.formats, len(result.columns))

@@ -230,5 +230,6 @@ class ConnectionSettings:
         values = conn.settings if kept else dict(conn.settings)
         if kept and conn.settings_before is None:
             conn.settings_before = conn.reported()
+            conn.settings_saved = dict(conn.settings)
         commands.apply_setting(values, setting.name, value)
         return values.get(setting.name.lower(), setting.default)

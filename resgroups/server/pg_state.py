@@ -216,8 +216,10 @@ class ConnectionBase:
     session: Session | None
     settings: dict[str, str]
     # the reported settings before a set_config() of the running statement changed
-    # them (None: unchanged): ParameterStatus follows the statement
+    # them (None: unchanged): ParameterStatus follows the statement if it succeeds
     settings_before: dict[commands.Setting, str] | None = None
+    # the settings as they were before that set_config(): restored if it fails
+    settings_saved: dict[str, str] | None = None
     tx: TxStatus
     savepoints: list[str]  # of the transaction block, oldest first
     statements: dict[str, Prepared]

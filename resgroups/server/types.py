@@ -14,9 +14,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
-from zoneinfo import ZoneInfo
 
 from resgroups.errors import Error, NumericOverflow
+from resgroups.sql.semantics import DatetimeOverflow, parse_timestamp, timestamptz_text, to_utc
 
 BOOL: Final = 16
 BYTEA: Final = 17
@@ -68,12 +68,6 @@ _NUMERIC_MAX_TEXT: Final = NUMERIC_MAX_WEIGHT_DIGITS + NUMERIC_MAX_SCALE + 16  #
 _INT_RANGES: Final = {21: ("smallint", 2**15), 23: ("integer", 2**31), 20: ("bigint", 2**63)}
 
 
-class DatetimeOverflow(Error):
-    """A timestamp outside what the server represents (22008)."""
-
-    sqlstate = "22008"
-
-
 def _shown(text: str, limit: int = 40) -> str:
     """A client's value as an error message quotes it: never all of a long one."""
     return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text):,} chars)"
@@ -100,13 +94,6 @@ def _float_text(value: float) -> str:
     return repr(value)
 
 
-def _timestamp_text(value: datetime) -> str:
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    text = value.astimezone(UTC).isoformat(sep=" ")
-    return text[: -len("+00:00")] + "+00"
-
-
 def encode_text(value: Any) -> bytes:
     """A value's text format (what psql prints)."""
     if value is True or value is False:
@@ -114,7 +101,7 @@ def encode_text(value: Any) -> bytes:
     if isinstance(value, float):
         return _float_text(value).encode()
     if isinstance(value, datetime):
-        return _timestamp_text(value).encode()
+        return timestamptz_text(value).encode()
     return str(value).encode("utf-8")
 
 
@@ -241,27 +228,9 @@ def _timestamp_binary(data: bytes) -> datetime:
         raise DatetimeOverflow("timestamp out of range") from None
 
 
-def _timestamp_input(text: str) -> datetime:
-    """A timestamp's or timestamptz's text as PostgreSQL prints it (ISO 8601: date,
-    time, offset); naive without an offset (the caller places it in a zone)."""
-    word = text.strip()
-    if word.lower() in ("infinity", "-infinity", "+infinity"):
-        raise DatetimeOverflow(f"timestamp {word} is not supported (a finite one is)")
-    try:
-        return datetime.fromisoformat(word)
-    except ValueError:
-        raise InvalidTextRepresentation(
-            f"invalid input syntax for type timestamp with time zone: {_shown(text)}",
-            sqlstate="22007",
-        ) from None
-
-
 def local_time(value: datetime, zone: str) -> bytes:
     """A timestamptz's text in the session's TimeZone."""
-    local = value.astimezone(ZoneInfo(zone))
-    offset = local.strftime("%z")
-    text = local.replace(tzinfo=None).isoformat(sep=" ")
-    return f"{text}{offset[:3]}{':' + offset[3:] if offset[3:] != '00' else ''}".encode()
+    return timestamptz_text(value, zone).encode()
 
 
 # ---- parameters -----------------------------------------------------------------------
@@ -304,8 +273,8 @@ _TEXT: Final[dict[int, Callable[[str], Any]]] = {
     FLOAT8: float,
     BOOL: _bool_text,
     NUMERIC: _numeric_text,
-    TIMESTAMPTZ: _timestamp_input,
-    TIMESTAMP: _timestamp_input,
+    TIMESTAMPTZ: parse_timestamp,
+    TIMESTAMP: parse_timestamp,
 }
 
 NAMES: Final = {
@@ -324,12 +293,11 @@ def decode_parameter(data: bytes | None, oid: int, fmt: int, index: int, zone: s
     if isinstance(value, datetime):
         if oid == TIMESTAMP:
             value = value.replace(tzinfo=None)
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=UTC if zone == "UTC" else ZoneInfo(zone))
         try:
-            value = value.astimezone(UTC)
-        except OverflowError:
-            raise DatetimeOverflow(f"parameter ${index}: timestamp out of range") from None
+            value = to_utc(value, zone)
+        except DatetimeOverflow as exc:
+            exc.message = f"parameter ${index}: {exc.message}"
+            raise
     return value
 
 

@@ -411,6 +411,17 @@ def _compile(
         case ast.Binary(op="distinct" | "not distinct" as op, left=left, right=right):
             lhs, rhs, same = sub(left), sub(right), op == "not distinct"
             return lambda row: (lhs(row) == rhs(row)) == same  # NULL is not distinct from NULL
+        case ast.Binary(op="||", left=left, right=right):
+            lhs, rhs, settings = sub(left), sub(right), ctx.settings
+
+            def concat(row: Row) -> Any:  # a timestamptz's text is in the session's zone
+                a, b = lhs(row), rhs(row)
+                if a is None or b is None:
+                    return None
+                zone = session_zone(settings) if datetime in (type(a), type(b)) else "UTC"
+                return f"{cast_value(a, 'text', 'text', zone)}{cast_value(b, 'text', 'text', zone)}"
+
+            return concat
         case ast.Binary(op=op, left=left, right=right):
             fn, lhs, rhs = BINARY[op], sub(left), sub(right)
 
@@ -440,6 +451,18 @@ def _compile(
         ):
             # an object identifier's text is its name, as PostgreSQL's reg* output
             return sub(ast.Call(f"{reg}_name", (expr.operand,)))
+        case ast.Cast(operand=operand, type="timestamptz" | "text" as target, written=written):
+            # a timestamptz is read from text and printed to it in the session's
+            # TimeZone (asked as each row is: set_config() may change it)
+            inner, settings = sub(operand), ctx.settings
+
+            def zoned(row: Row) -> Any:
+                value = inner(row)
+                if target == "text" and not isinstance(value, datetime):
+                    return cast_value(value, target, written)
+                return cast_value(value, target, written, session_zone(settings))
+
+            return zoned
         case ast.Cast(operand=operand, type=target, written=written):
             inner = sub(operand)
             return lambda row: cast_value(inner(row), target, written)
@@ -489,6 +512,11 @@ def _compile(
 
             return apply
     raise TypeError(f"not an expression: {expr!r}")
+
+
+def session_zone(settings: Settings | None) -> str:
+    """The session's TimeZone (UTC without a session's settings)."""
+    return "UTC" if settings is None else settings.get("TimeZone")
 
 
 def _setting_call(settings: Settings | None, function: str, args: list[Any]) -> Any:

@@ -35,14 +35,19 @@ convert to each other (42846), as in PostgreSQL.
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta, tzinfo
+from decimal import Decimal
 from typing import Any, Final
+from zoneinfo import ZoneInfo
 
 from resgroups.errors import (
     DatatypeMismatch,
+    Error,
     FeatureNotSupported,
     GroupingError,
     InvalidTextRepresentation,
@@ -565,23 +570,133 @@ def cast_type(source: str, target: str, written: str) -> str:
     return target
 
 
-def timestamptz_text(value: datetime) -> str:
-    """A timestamptz as PostgreSQL prints it with TimeZone UTC."""
+class DatetimeOverflow(Error):
+    """A timestamp outside what the server represents (22008): Python's years
+    1 to 9999, UTC."""
+
+    sqlstate = "22008"
+
+
+_PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
+_EPOCH_ORDINAL: Final = _PG_EPOCH.toordinal()
+_DAY_US: Final = 86_400_000_000
+_CYCLE_DAYS: Final = 146_097  # 400 Gregorian years: the calendar repeats
+_PROBE: Final = timedelta(days=3)
+
+
+@functools.lru_cache(maxsize=64)
+def time_zone(name: str) -> tzinfo:
+    """The zone a TimeZone setting names (checked when it was set)."""
+    return UTC if name.upper() == "UTC" else ZoneInfo(name)
+
+
+def _utc_offset(value: datetime, zone: tzinfo) -> timedelta:
+    """The zone's UTC offset at the instant ``value`` (aware, UTC). At the ends of
+    the representable range, where the local time itself is past them, the
+    offset a few days inward (zones do not change their offset there)."""
+    try:
+        return value.astimezone(zone).utcoffset() or timedelta(0)
+    except OverflowError:
+        probe = value - _PROBE if value.year > 1 else value + _PROBE
+        return probe.astimezone(zone).utcoffset() or timedelta(0)
+
+
+def _offset_text(offset: timedelta) -> str:
+    """A UTC offset as PostgreSQL prints it: +HH, +HH:MM, +HH:MM:SS (a zone's
+    local mean time has seconds: Tokyo's before 1888 is +09:18:59)."""
+    total = int(offset.total_seconds())
+    sign = "-" if total < 0 else "+"
+    minutes, seconds = divmod(abs(total), 60)
+    hours, minutes = divmod(minutes, 60)
+    text = f"{sign}{hours:02d}"
+    if minutes or seconds:
+        text += f":{minutes:02d}"
+    if seconds:
+        text += f":{seconds:02d}"
+    return text
+
+
+def timestamptz_text(value: datetime, zone: str = "UTC") -> str:
+    """A timestamptz as PostgreSQL prints it (DateStyle ISO) in the session's
+    TimeZone ``zone``: local time, trailing zeros of the fraction dropped, the
+    offset; a local time past year 9999 or before year 1 is printed, not
+    converted (``10000-01-01 08:00:00+09``, ``0001-12-31 19:33:58-04:56:02 BC``)."""
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).isoformat(sep=" ")[: -len("+00:00")] + "+00"
+    offset = _utc_offset(value, time_zone(zone))
+    # microseconds since 2000-01-01 in local time: no datetime, so no overflow
+    local = (value - _PG_EPOCH) // timedelta(microseconds=1) + offset // timedelta(microseconds=1)
+    days, micros = divmod(local, _DAY_US)
+    ordinal, years = _EPOCH_ORDINAL + days, 0
+    while ordinal > date.max.toordinal():
+        ordinal, years = ordinal - _CYCLE_DAYS, years + 400
+    while ordinal < 1:
+        ordinal, years = ordinal + _CYCLE_DAYS, years - 400
+    day = date.fromordinal(ordinal)
+    year = day.year + years
+    seconds, fraction = divmod(micros, 1_000_000)
+    minutes, second = divmod(seconds, 60)
+    hour, minute = divmod(minutes, 60)
+    text = f"{max(year, 1 - year):04d}-{day.month:02d}-{day.day:02d}"
+    text += f" {hour:02d}:{minute:02d}:{second:02d}"
+    if fraction:
+        text += "." + f"{fraction:06d}".rstrip("0")
+    text += _offset_text(offset)
+    return text if year > 0 else text + " BC"
 
 
-def parse_timestamptz(text: str, written: str = "timestamp with time zone") -> datetime:
-    """A timestamptz's text (ISO 8601 as PostgreSQL prints and reads it: a date,
-    then a time, then an offset; without an offset, UTC)."""
+_FRACTION: Final = re.compile(r"(?<=:\d\d)\.(\d{7,})")
+
+
+def to_utc(value: datetime, zone: str = "UTC") -> datetime:
+    """A timestamp as the instant it is: a naive one is local time in ``zone`` (the
+    session's TimeZone), as PostgreSQL reads a timestamp without an offset;
+    DatetimeOverflow (22008) when that instant is outside years 1 to 9999 UTC."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=time_zone(zone))
     try:
-        value = datetime.fromisoformat(text.strip())
-    except ValueError:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise DatetimeOverflow("timestamp out of range") from None
+
+
+def parse_timestamp(text: str, written: str = "timestamp with time zone") -> datetime:
+    """A timestamp's text (ISO 8601 as PostgreSQL prints and reads it: a date, then
+    a time, then an offset), naive without an offset; a fraction past
+    microseconds is rounded, as PostgreSQL rounds it."""
+    word = text.strip()
+    if word.lower() in ("infinity", "-infinity", "+infinity"):
+        raise DatetimeOverflow(f"timestamp {word} is not supported (a finite one is)")
+    extra = timedelta(0)
+    long_fraction = _FRACTION.search(word)
+    if long_fraction is not None:
+        digits = long_fraction.group(1)
+        micros = round(Decimal("0." + digits) * 1_000_000)
+        extra = timedelta(microseconds=micros)
+        word = word[: long_fraction.start()] + word[long_fraction.end() :]
+    try:
+        value = datetime.fromisoformat(word)
+    except ValueError as exc:
+        shown = text if len(text) <= 64 else text[:64] + "..."
+        if "Invalid isoformat" not in str(exc):  # the form is right, a field is not
+            raise DatetimeOverflow(f'date/time field value out of range: "{shown}"') from None
         raise InvalidTextRepresentation(
-            f'invalid input syntax for type {written}: "{text[:64]}"', sqlstate="22007"
+            f'invalid input syntax for type {written}: "{shown}"', sqlstate="22007"
         ) from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    if extra:
+        try:
+            value += extra
+        except OverflowError:
+            raise DatetimeOverflow("timestamp out of range") from None
+    return value
+
+
+def parse_timestamptz(
+    text: str, zone: str = "UTC", written: str = "timestamp with time zone"
+) -> datetime:
+    """A timestamptz's text as the instant (aware, UTC) it names: without an
+    offset, local time in ``zone`` (the session's TimeZone), as PostgreSQL."""
+    return to_utc(parse_timestamp(text, written), zone)
 
 
 _TRUE: Final = frozenset({"t", "true", "y", "yes", "on", "1"})
@@ -619,8 +734,9 @@ def _to_int(value: object, written: str) -> int:
     return value  # type: ignore[return-value]  # an int
 
 
-def cast_value(value: object, target: str, written: str) -> object:
-    """``value::target`` (NULL stays NULL)."""
+def cast_value(value: object, target: str, written: str, zone: str = "UTC") -> object:
+    """``value::target`` (NULL stays NULL); a timestamptz is read from and printed
+    to text in ``zone``, the session's TimeZone."""
     if value is None:
         return None
     if target == ARRAY:
@@ -628,12 +744,12 @@ def cast_value(value: object, target: str, written: str) -> object:
     if target == TIMESTAMPTZ:
         if isinstance(value, datetime):
             return value
-        return parse_timestamptz(str(value))
+        return parse_timestamptz(str(value), zone)
     if target == TEXT:
         if isinstance(value, bool):
             text = "true" if value else "false"
         elif isinstance(value, datetime):
-            text = timestamptz_text(value)
+            text = timestamptz_text(value, zone)
         else:
             text = float_text(value) if isinstance(value, float) else str(value)
         if written.endswith(")"):  # varchar(n): an explicit cast cuts to n characters

@@ -252,16 +252,27 @@ def test_dashboards_get_a_worker_within_two_slices_while_scans_hold_every_worker
         b = np.empty_like(a)
         # beside the dashboards, at the same time: how late a thread that asked to
         # wake in 2 ms wakes now (the machine's own hand-off delay, which a loaded
-        # machine stretches for everyone)
+        # machine stretches for everyone), and how much longer than its CPU time a
+        # short burst of CPU takes in wall time now (other processes' share of the
+        # CPUs, which stretches a scan's slice before it reaches its checkpoint)
         late: list[float] = []
+        stretch: list[float] = []
         probing = threading.Event()
 
         def probe() -> None:
             never = threading.Event()
+            x = np.random.rand(N)
+            y = np.empty_like(x)
             while not probing.is_set():
                 t0 = time.monotonic()
                 never.wait(0.002)
                 late.append(time.monotonic() - t0 - 0.002)
+                t0, c0 = time.monotonic(), time.thread_time()
+                for _ in range(5):
+                    burn_step(x, y)
+                cpu = time.thread_time() - c0
+                if cpu > 0:
+                    stretch.append((time.monotonic() - t0) / cpu)
 
         prober = threading.Thread(target=probe)
         prober.start()
@@ -278,7 +289,10 @@ def test_dashboards_get_a_worker_within_two_slices_while_scans_hold_every_worker
         scans.join(30)
     waits.sort()
     late.sort()
+    stretch.sort()
     p95 = waits[int(len(waits) * 0.95)]
     machine = late[int(len(late) * 0.95)]
-    # two slices of 10 ms, a hand-off, and what the machine adds to any wake-up now
-    assert p95 <= 0.020 + 0.005 + machine, (p95, machine, waits)
+    slowed = max(1.0, stretch[len(stretch) // 2])  # 1 on a machine with a CPU to spare
+    # two slices of 10 ms of CPU (as long in wall time as the machine stretches CPU
+    # work now), a hand-off, and what the machine adds to any wake-up now
+    assert p95 <= 0.020 * slowed + 0.005 + machine, (p95, machine, slowed, waits)

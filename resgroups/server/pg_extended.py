@@ -32,6 +32,7 @@ from resgroups.server.pg_state import (
     Plan,
     Portal,
     Prepared,
+    ResultTyping,
     TxStatus,
     formats_for,
     too_many,
@@ -135,9 +136,10 @@ class Extended(ConnectionBase):
                 "but the prepared statement requires 0"
             )
         plan = self.bound_plan(prepared, values)
+        typing = self.result_typing(prepared)
         if isinstance(plan, commands.Execute):  # EXECUTE of a PREPAREd statement: that statement
-            plan = self.execute_plan(plan)
-        self.add_portal(portal_name, Portal(plan, result_formats))
+            plan, typing = self.execute_plan(plan)
+        self.add_portal(portal_name, Portal(plan, result_formats, typing=typing))
         self.send(wire.BIND_COMPLETE)
 
     def describe_message(self, body: Body) -> None:
@@ -151,7 +153,7 @@ class Extended(ConnectionBase):
             count = max(placeholders(prepared.text), len(prepared.oids))
             self.send(wire.parameter_description(self.parameter_oids(prepared, count)))
             plan = prepared.plan if prepared.planned else self._typed_plan(prepared, count)
-            self._describe_plan(Portal(plan), [])
+            self._describe_plan(Portal(plan, typing=self.result_typing(prepared)), [])
         elif what == b"P":
             portal = self.portals.get(name)
             if portal is None:
@@ -209,9 +211,10 @@ class Extended(ConnectionBase):
 
         return bind_values
 
-    def execute_plan(self, command: commands.Execute) -> Plan:
+    def execute_plan(self, command: commands.Execute) -> tuple[Plan, ResultTyping | None]:
         """``EXECUTE name (values)``: the prepared statement with its values, each read
-        as its parameter's type reads text (``EXECUTE p('42')`` binds 42 to an int)."""
+        as its parameter's type reads text (``EXECUTE p('42')`` binds 42 to an int),
+        and how its result columns are typed."""
         prepared = self.statements.get(command.name)
         if prepared is None:
             raise commands.UndefinedObject(
@@ -236,7 +239,24 @@ class Extended(ConnectionBase):
         plan = self.bound_plan(prepared, values)
         if isinstance(plan, commands.Execute):
             raise FeatureNotSupported("a prepared statement cannot be an EXECUTE")
-        return plan
+        return plan, self.result_typing(prepared)
+
+    def result_typing(self, prepared: Prepared) -> ResultTyping | None:
+        """How the columns of ``prepared`` bound to any values are typed (None: it has
+        no placeholder, so every literal of its plan is written in its text)."""
+        if prepared.planned:
+            return None
+        if prepared.typing is None:
+            count = max(placeholders(prepared.text), len(prepared.oids))
+            kinds = tuple(map(types.parameter_kind, self.parameter_oids(prepared, count)))
+            template = None
+            if commands.recognize(prepared.text) is None:
+                try:
+                    template = self._template(prepared.text)[0]
+                except Error:
+                    self.check_interrupt()  # a cancel during the parse is not a typing failure
+            prepared.typing = ResultTyping(template, kinds)
+        return prepared.typing
 
     def parameter_oids(self, prepared: Prepared, count: int) -> list[int]:
         """The type of each of ``count`` parameters: as the client gave it, else as
@@ -292,7 +312,7 @@ class Extended(ConnectionBase):
         for value in (None, 0):
             try:
                 plan = self.bound_plan(prepared, [value] * count)
-                if isinstance(plan, ast.Select):
+                if isinstance(plan, ast.Select | ast.Union):
                     self.session.describe(plan)  # raises when it cannot be typed
                 return plan
             except Error:
@@ -307,7 +327,7 @@ class Extended(ConnectionBase):
         shape: tuple[object, object] | None = None
         if portal.cursor is not None:
             shape = (portal.cursor.columns, portal.cursor.types)
-        elif isinstance(plan, ast.Select):
+        elif isinstance(plan, ast.Select | ast.Union):
             shape = self.session.describe(plan)
         elif isinstance(plan, ast.Show):  # read-only: its rows are computed now
             portal.cursor = self.session.open_cursor(plan)
@@ -324,10 +344,11 @@ class Extended(ConnectionBase):
             self.send(wire.NO_DATA)
             return
         formats = formats_for(codes, len(columns))
-        described = portal.plan
+        described, typing = portal.plan, portal.typing
         if isinstance(plan, commands.Fetch):
-            described = self.portals[plan.name].plan
-        kinds = wire_kinds(described, shape[1])  # type: ignore[arg-type]
+            target = self.portals[plan.name]
+            described, typing = target.plan, target.typing
+        kinds = wire_kinds(described, shape[1], typing)  # type: ignore[arg-type]
         self.send(self.row_description(columns, kinds, formats))
 
     def execute_message(self, body: Body) -> None:

@@ -54,7 +54,7 @@ class Portals(ConnectionBase):
         self.streaming = getattr(cursor, "query", None)
         try:
             formats = formats_for(portal.formats, len(cursor.columns))
-            kinds = wire_kinds(stmt, cursor.types)
+            kinds = wire_kinds(stmt, cursor.types, portal.typing)
             if describe:
                 self.send(self.row_description(cursor.columns, kinds, formats))
             total = 0
@@ -71,7 +71,7 @@ class Portals(ConnectionBase):
         cursor = portal.cursor
         assert cursor is not None
         formats = formats_for(portal.formats, len(cursor.columns))
-        kinds = wire_kinds(portal.plan, cursor.types)
+        kinds = wire_kinds(portal.plan, cursor.types, portal.typing)
         if describe:
             self.send(self.row_description(cursor.columns, kinds, formats))
         if not cursor.columns and cursor.status:
@@ -125,7 +125,7 @@ class Portals(ConnectionBase):
             if not codes and portal.binary:
                 codes = [types.BINARY_FORMAT]
             formats = formats_for(codes, len(cursor.columns))
-            kinds = wire_kinds(portal.plan, cursor.types)
+            kinds = wire_kinds(portal.plan, cursor.types, portal.typing)
             if describe:
                 self.send(self.row_description(cursor.columns, kinds, formats))
             self.send_rows(rows, kinds, formats)

@@ -31,6 +31,7 @@ from resgroups.server.pg_state import (
     NoSuchSavepoint,
     Plan,
     Portal,
+    ResultTyping,
     TxStatus,
     formats_for,
     too_many,
@@ -154,7 +155,8 @@ class SimpleQuery(ConnectionBase):
             self.fetch(plan, portal.formats, describe)
             return
         if isinstance(plan, commands.Execute):  # the prepared statement runs in this portal
-            plan = portal.plan = self.execute_plan(plan)
+            plan, portal.typing = self.execute_plan(plan)
+            portal.plan = plan
             self.run(plan, portal, max_rows, describe=describe)
             return
         if isinstance(plan, commands.WIRE_COMMANDS):
@@ -176,7 +178,7 @@ class SimpleQuery(ConnectionBase):
             self._after_engine_statement(plan)
         if result.columns:
             formats = formats_for(portal.formats, len(result.columns))
-            kinds = wire_kinds(plan, result.types)
+            kinds = wire_kinds(plan, result.types, portal.typing)
             if describe:
                 self.send(self.row_description(result.columns, kinds, formats))
             self.send_rows(result.rows, kinds, formats)
@@ -319,26 +321,76 @@ class SimpleQuery(ConnectionBase):
             self.send(wire.data_row(values))
 
 
-def wire_kinds(plan: object, kinds: Sequence[str]) -> Sequence[str]:
-    """The result types a SELECT's columns are described in: an integer column is
-    int8 (the executor's integers), but int4 where PostgreSQL says int4 (an
-    integer literal that fits, a cast to ``int``/``int4``/``integer``) and int2
-    for a cast to ``smallint``, so that drivers decode the width they expect."""
-    if (
-        "int" not in kinds
-        or not isinstance(plan, ast.Select)
-        or plan.items is None
-        or len(plan.items) != len(kinds)
-    ):
+def wire_kinds(
+    plan: object, kinds: Sequence[str], typing: ResultTyping | None = None
+) -> Sequence[str]:
+    """The result types a SELECT's (or a UNION's) columns are described and sent
+    in: an integer column is int8 (the executor's integers), but int4 where
+    PostgreSQL says int4 (an integer literal that fits, a cast to
+    ``int``/``int4``/``integer``) and int2 for a cast to ``smallint``, so that
+    drivers decode the width they expect. A statement bound from a prepared
+    one is read through its ``typing``: only the literals written in its text
+    narrow (never a value bound to a placeholder, so every execution is
+    described as its Describe was), and a bare ``$n`` item is a column of
+    ``$n``'s type."""
+    if typing is not None:
+        if typing.template is None:  # no literal is told from a value: none narrows
+            return kinds
+        plan = typing.template
+    if isinstance(plan, ast.Union):
+        return _union_kinds(plan, kinds, typing)
+    if not isinstance(plan, ast.Select):
         return kinds
-    return [
-        narrow if kind == "int" else kind
-        for narrow, kind in zip(_integer_kinds(plan), kinds, strict=True)
-    ]
+    return _select_kinds(plan, kinds, typing)
 
 
-def _integer_kind(expr: ast.Expr) -> str:
+def _select_kinds(
+    plan: ast.Select, kinds: Sequence[str], typing: ResultTyping | None
+) -> Sequence[str]:
+    if plan.items is None or len(plan.items) != len(kinds):
+        return kinds
+    narrowed = _integer_kinds(plan)
+    if typing is None and "int" not in kinds:
+        return kinds
+    out = []
+    for narrow, kind in zip(narrowed, kinds, strict=True):
+        if isinstance(narrow, int):  # a bare $n
+            if typing is not None and narrow <= len(typing.parameters):
+                out.append(typing.parameters[narrow - 1])
+            else:
+                out.append(kind)
+        else:
+            out.append(narrow if kind == "int" else kind)
+    return out
+
+
+_NARROW: Final = ("int2", "int4")
+
+
+def _union_kinds(
+    plan: ast.Union, kinds: Sequence[str], typing: ResultTyping | None
+) -> Sequence[str]:
+    """A UNION's columns have its first branch's types (as it runs them); an
+    integer column is int4 (int2) when every branch's is, as PostgreSQL
+    resolves a union's types, else int8."""
+    branches = [_select_kinds(select, kinds, typing) for select in plan.selects]
+    out = []
+    for column, first in enumerate(branches[0]):
+        every = [branch[column] for branch in branches]
+        if all(kind in _NARROW for kind in every):
+            out.append("int4" if "int4" in every else "int2")
+        elif first in _NARROW:
+            out.append("int")
+        else:
+            out.append(first)
+    return out
+
+
+def _integer_kind(expr: ast.Expr) -> str | int:
+    """A select item's integer type as written (int: the item is a bare ``$n``)."""
     match expr:
+        case ast.Param(number=number):
+            return number
         case ast.Cast(written=written) if written in INT4_SPELLINGS:
             return "int4"
         case ast.Cast(written=written) if written in INT2_SPELLINGS:

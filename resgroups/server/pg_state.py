@@ -100,6 +100,17 @@ def too_many(what: str, limit: int) -> ProgramLimitExceeded:
 Plan = ast.Statement | commands.WireCommand | None  # None: an empty query
 
 
+@dataclass(frozen=True)
+class ResultTyping:
+    """What types a prepared statement's result columns whatever values are bound:
+    the statement as parsed with its placeholders (None: it does not parse so),
+    whose literals are the ones written in its text, and each parameter's type
+    as a result type (``SELECT $1`` is a column of $1's type, as PostgreSQL)."""
+
+    template: ast.Statement | None
+    parameters: tuple[str, ...]
+
+
 @dataclass
 class Prepared:
     """A statement of the extended protocol (Parse)."""
@@ -116,6 +127,7 @@ class Prepared:
     # made at the first Bind; False: values are bound into its text
     binder: Callable[[list[object]], object] | bool | None = None
     last_bound: tuple[tuple[tuple[type, object], ...], Plan] | None = None  # values, tree
+    typing: ResultTyping | None = None  # made at the first Bind or Describe that needs it
 
 
 @dataclass
@@ -128,6 +140,9 @@ class Portal:
     hold: bool = False  # survives the end of its transaction (WITH HOLD)
     executed: bool = False
     binary: bool = False  # DECLARE BINARY: rows in binary format
+    # bound from a prepared statement with placeholders: its columns' types are
+    # read off the statement, never off the values bound (pg_simple.wire_kinds)
+    typing: ResultTyping | None = None
 
     def close(self) -> None:
         if self.cursor is not None:
@@ -289,7 +304,7 @@ class ConnectionBase:
     def prepare(self, name: str, text: str, oids: list[int]) -> None:
         raise NotImplementedError
 
-    def execute_plan(self, command: commands.Execute) -> Plan:
+    def execute_plan(self, command: commands.Execute) -> tuple[Plan, ResultTyping | None]:
         raise NotImplementedError
 
     def row_description(self, columns: Any, kinds: Any, formats: list[int]) -> bytes:

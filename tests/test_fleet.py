@@ -137,6 +137,11 @@ def test_the_store_unreachable_fails_closed_and_admission_resumes(pg_catalog: st
         session = engine.connect()
         session.execute("ALTER RESOURCE GROUP capped SET (queue_timeout = '1s')")
         session.execute("SET RESOURCE GROUP capped")
+        # nothing is valid before the instance's first heartbeat (docs/fleet.md), which
+        # its maintenance thread sends: a query waits for it before the store goes away,
+        # or on a loaded machine the cut can come first and no group could ever run
+        with session.query():
+            pass
         with psycopg.connect(admin_dsn, autocommit=True) as admin:
             admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
             admin.execute(

@@ -196,6 +196,40 @@ def test_tables_ctas_insert_select_drop(engine: resgroups.Engine) -> None:
     session.execute("DROP TABLE IF EXISTS t")
 
 
+def test_a_union_scans_its_executor_branches_within_one_managed_query() -> None:
+    """A UNION whose branches read long_sequence() or a table: the executor scans
+    each branch (its expressions, its checkpoints) within the union's one query."""
+    with resgroups.Engine() as engine:
+        session = engine.connect()
+        session.execute("CREATE TABLE u AS (SELECT x * 10 AS y FROM long_sequence(2))")
+        assert session.execute(
+            "SELECT x FROM long_sequence(3) UNION SELECT 1 UNION ALL SELECT y FROM u ORDER BY 1"
+        ).rows == [(1,), (2,), (3,), (10,), (20,)]
+        assert session.execute(
+            "SELECT sum(x) FROM long_sequence(4) UNION ALL SELECT count(*) FROM u"
+        ).rows == [(10,), (2,)]
+        default = next(r for r in engine.resource_groups() if r["name"] == "DEFAULT")
+        assert default["admitted_total"] == 3  # the CTAS and one query per union
+
+        started, failed = threading.Event(), []
+
+        def huge() -> None:
+            started.set()
+            try:
+                session.execute(f"SELECT 1 UNION ALL SELECT x FROM long_sequence({INT64_MAX})")
+            except resgroups.QueryCancelled as exc:
+                failed.append(exc)
+
+        runner = threading.Thread(target=huge)
+        runner.start()
+        started.wait(10)
+        wait_until(lambda: session.running_ids, timeout=10)
+        session.cancel()
+        runner.join(10)
+        assert not runner.is_alive() and failed  # the branch's scan stopped at a checkpoint
+        wait_until(lambda: not session.running_ids, timeout=10)
+
+
 def test_current_resource_group_reports_the_group_a_query_ran_in() -> None:
     with resgroups.Engine() as engine:
         session = engine.connect("u")

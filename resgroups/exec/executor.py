@@ -305,23 +305,33 @@ def select(session: Session, stmt: ast.Select) -> Result:
     with session.query(
         kind="select", statement=format_sql(stmt), estimate=estimate(stmt, source)
     ) as q:
-        scan = Scan(session, q, stmt, source)
-        types = scan.types
-        if scan.aggregates:
-            names, rows = scan.aggregate()
-        else:
-            arrays = scan.project()
-            names, rows = scan.names, _rows(arrays)
-        order = () if scan.aggregates else stmt.order_by  # an aggregate is one row
-        if order or stmt.limit is not None or stmt.offset:
-            ordered = run_select(
-                ast.Select(None, None, None, order, stmt.limit, stmt.offset),
-                Relation(names, rows, types),
-                session.eval_context(q.group),
-            )
-            rows = ordered.rows
-    result = Result.table(names, rows, types)
+        out, scan = _answer(session, q, stmt, source)
+    result = Result.table(out.columns, out.rows, out.types)
     return replace(result, timings=_timings(q, started, scan), group=q.group)
+
+
+def relation_in(session: Session, q: Query, stmt: ast.Select) -> Relation:
+    """The rows of a SELECT the executor answers, scanned within the managed query
+    ``q`` that a larger statement holds (a branch of a UNION)."""
+    return _answer(session, q, stmt, source_of(session, stmt))[0]
+
+
+def _answer(session: Session, q: Query, stmt: ast.Select, source: Source) -> tuple[Relation, Scan]:
+    scan = Scan(session, q, stmt, source)
+    types = scan.types
+    if scan.aggregates:
+        names, rows = scan.aggregate()
+    else:
+        arrays = scan.project()
+        names, rows = scan.names, _rows(arrays)
+    order = () if scan.aggregates else stmt.order_by  # an aggregate is one row
+    if order or stmt.limit is not None or stmt.offset:
+        rows = run_select(
+            ast.Select(None, None, None, order, stmt.limit, stmt.offset),
+            Relation(names, rows, types),
+            session.eval_context(q.group),
+        ).rows
+    return Relation(names, rows, types), scan
 
 
 class ScanCursor:

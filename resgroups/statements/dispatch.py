@@ -39,6 +39,7 @@ from resgroups.statements.pg_catalog import CatalogRows, catalog_columns, unknow
 from resgroups.statements.table_functions import TABLE_FUNCTIONS, relation, table_function
 
 if TYPE_CHECKING:
+    from resgroups.query import Query
     from resgroups.session import Session
 
 
@@ -242,14 +243,22 @@ def union(session: Session, stmt: ast.Union) -> Result:
             statement=_text(stmt),
             estimate=_row_engine_estimate(session, stmt),
         ) as q:
-            out = _union(session, stmt, session.eval_context(q.group))
+            out = _union(session, stmt, session.eval_context(q.group), q)
         return replace(Result.table(out.columns, out.rows, out.types), group=q.group)
-    out = _union(session, stmt, session.eval_context())
+    out = _union(session, stmt, session.eval_context(), None)
     return Result.table(out.columns, out.rows, out.types)
 
 
-def _union(session: Session, stmt: ast.Union, ctx: EvalContext) -> Relation:
-    parts = [_run(session, s, ctx)[0] for s in stmt.selects]
+def _union(session: Session, stmt: ast.Union, ctx: EvalContext, q: Query | None) -> Relation:
+    """The branches one after the other; a branch the executor answers (a scan of
+    long_sequence() or of one table) is scanned by it within the union's query."""
+
+    def branch(s: ast.Select) -> Relation:
+        if q is not None and _in_executor(session, s):
+            return executor.relation_in(session, q, _unqualified(s))
+        return _run(session, s, ctx)[0]
+
+    parts = [branch(s) for s in stmt.selects]
     first = parts[0]
     rows = list(first.rows)
     for every, part in zip(stmt.all, parts[1:], strict=True):

@@ -5,6 +5,9 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
+
+import resgroups
 from resgroups.sql import ast
 from resgroups.sql.memo import PerStatement, remember_bound
 from resgroups.sql.params import binder
@@ -73,3 +76,36 @@ def test_a_fact_no_value_changes_is_read_off_the_template() -> None:
     (source,) = dispatch._sources(tree)
     assert source.args == (ast.Literal(3),)
     assert dispatch._needs_rows(tree) is dispatch._needs_rows(template) is False
+
+
+def test_a_constant_select_is_folded_once_and_what_depends_on_the_session_is_not() -> None:
+    for text in (
+        "SELECT 1",
+        "SELECT 7::bigint + 2 * 3 AS n, 'a' = 'a', 1.5::text, NOT true WHERE 1 < 2",
+        "SELECT (9223372036854775807)::float, -(-3)",
+    ):
+        folded = dispatch._folded(parse_one(text))
+        assert folded is not None, text
+    for text in (
+        "SELECT current_user",  # the session's
+        "SELECT now()",  # the statement's time
+        "SELECT '2026-01-01 00:00'::timestamptz",  # read in the session's TimeZone
+        "SELECT 'pg_class'::regclass",  # the catalog's
+        "SELECT (SELECT 1)",
+        "SELECT 1 / 0",  # raises: raised at every execution
+        "SELECT x FROM long_sequence(2)",
+    ):
+        assert dispatch._folded(parse_one(text)) is None, text
+    with resgroups.Engine() as engine:
+        session = engine.connect()
+        stmt = parse_one("SELECT 1 + 1 AS two, 'x' = 'y'")
+        first, second = session.run(stmt), session.run(stmt)
+        assert dispatch._folded(stmt) is not None
+        assert first.rows == second.rows == [(2, False)]
+        assert first.rows is not second.rows  # a caller may change its own list
+        assert first.columns == ["two", "?column?"]
+        rows = [r for r in engine.resource_groups() if r["name"] == "DEFAULT"]
+        assert rows[0]["admitted_total"] == 2  # each execution is still a managed query
+        for _ in range(2):
+            with pytest.raises(resgroups.DivisionByZero):
+                session.execute("SELECT 1 / 0")

@@ -18,6 +18,7 @@ from resgroups.catalog.params import INT64_MAX
 from resgroups.catalog.selectors import Estimate
 from resgroups.errors import (
     DatatypeMismatch,
+    Error,
     FeatureNotSupported,
     PermissionDenied,
     UndefinedTable,
@@ -34,6 +35,7 @@ from resgroups.sql.param_types import parameter_types
 from resgroups.sql.params import has_placeholder
 from resgroups.sql.relational import SERIES, run_query
 from resgroups.sql.select import Relation, Shape, run_select, select_shape
+from resgroups.sql.semantics import ARITHMETIC, COMPARISON
 from resgroups.statements import groups, principals, rules, selectors
 from resgroups.statements.pg_catalog import CatalogRows, catalog_columns, unknown_relation
 from resgroups.statements.table_functions import TABLE_FUNCTIONS, relation, table_function
@@ -372,7 +374,11 @@ def _select_simple(session: Session, stmt: ast.Select) -> Result:
             statement=_text(stmt),
             estimate=_row_engine_estimate(session, stmt),
         ) as q:
-            out = run_select(stmt, source, session.eval_context(q.group), shape)
+            folded = _folded(stmt) if shape is not None else None
+            if folded is not None:  # its rows as computed once, a new list of them
+                out = replace(folded, rows=list(folded.rows))
+            else:
+                out = run_select(stmt, source, session.eval_context(q.group), shape)
             group = q.group
     return Result.table(out.columns, out.rows, out.types, group)
 
@@ -414,6 +420,49 @@ def _walk_plain_shape(stmt: ast.Select) -> Shape:
 
 
 _plain_shape: Final = PerStatement(_walk_plain_shape)
+
+
+def _walk_folded(stmt: ast.Select) -> Relation | None:
+    """A SELECT of no source whose every expression is a constant (literals of
+    numbers, text and booleans, their casts to those types, arithmetic,
+    comparisons and logic over them): its rows, computed once, as a planner
+    folds constants. None: something in it depends on the query or the session
+    (a function, a column, a time, a subquery), or it raises, and it is
+    evaluated at each execution."""
+    if stmt.source is not None or stmt.group_by or stmt.items is None:
+        return None
+    exprs = [i.expr for i in stmt.items] + [o.expr for o in stmt.order_by]
+    if stmt.where is not None:
+        exprs.append(stmt.where)
+    if not all(_constant(e) for e in exprs):
+        return None
+    try:
+        return run_select(stmt, Relation((), [()]), EvalContext(), _plain_shape(stmt))
+    except Error:
+        return None
+
+
+def _constant(node: ast.Expr) -> bool:
+    match node:
+        case ast.Literal(value=value):
+            return type(value) in _FOLDED_VALUES
+        case ast.Cast(operand=operand, type=kind, written=written):
+            return kind in _FOLDED_TYPES and written not in _REG_TYPES and _constant(operand)
+        case ast.Unary(operand=operand):
+            return _constant(operand)
+        case ast.Binary(op=op, left=left, right=right):
+            return op in _FOLDED_OPS and _constant(left) and _constant(right)
+        case ast.IsNull(operand=operand):
+            return _constant(operand)
+    return False
+
+
+_FOLDED_VALUES: Final = frozenset({int, float, str, bool, type(None)})
+_FOLDED_TYPES: Final = frozenset({"int", "float", "text", "bool"})
+_REG_TYPES: Final = frozenset({"regclass", "regtype"})
+_FOLDED_OPS: Final = ARITHMETIC | COMPARISON | {"and", "or"}
+# a bound tree's values decide, so each bound tree is folded on its own
+_folded: Final = PerStatement(_walk_folded)
 
 
 def _source_columns(session: Session, source: ast.Source | None) -> Scope | None:

@@ -59,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import operator
 import os
 import select
 import socket
@@ -624,13 +625,19 @@ def internal(exc: BaseException) -> InternalError:
 def _until_terminate(messages: list[Message]) -> tuple[list[Message], bool]:
     """A chunk's messages up to and with a Terminate, nothing after it read (the
     loop's reading and a lingering thread's frame alike); True: it came."""
-    ends = next((i for i, (kind, _) in enumerate(messages) if kind == b"X"), None)
-    return (messages, False) if ends is None else (messages[: ends + 1], True)
+    if b"X" not in map(_KIND, messages):
+        return messages, False
+    ends = [kind for kind, _ in messages].index(b"X")
+    return messages[: ends + 1], True
 
 
 def _wire_size(messages: list[Message]) -> int:
     """The bytes ``messages`` took on the wire (a type byte and a length each)."""
-    return sum(len(body) + 5 for _, body in messages)
+    return sum(map(len, map(_BODY, messages))) + 5 * len(messages)
+
+
+_KIND: Final = operator.itemgetter(0)
+_BODY: Final = operator.itemgetter(1)
 
 
 def _may_hold_bytes(reader: asyncio.StreamReader) -> bool:

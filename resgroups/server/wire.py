@@ -108,16 +108,25 @@ class Body:
         self.at += n
         return chunk
 
+    def _number(self, field: struct.Struct) -> int:
+        at = self.at
+        try:
+            (value,) = field.unpack_from(self.data, at)
+        except struct.error:  # fewer bytes left than the field's
+            raise ProtocolViolation("message body shorter than its fields") from None
+        self.at = at + field.size
+        return int(value)
+
     def int16(self) -> int:
-        return int(_I16.unpack(self._take(2))[0])
+        return self._number(_I16)
 
     def uint16(self) -> int:
         """A count (of parameters, formats, values): unsigned, up to 65535, as
         PostgreSQL reads it."""
-        return int(_U16.unpack(self._take(2))[0])
+        return self._number(_U16)
 
     def int32(self) -> int:
-        return int(_I32.unpack(self._take(4))[0])
+        return self._number(_I32)
 
     def byte(self) -> bytes:
         return self._take(1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -41,9 +41,9 @@ class PerStatement(Generic[T]):
         self._same_when_bound = same_when_bound
 
     def __call__(self, stmt: Any) -> T:
-        hit = _kept(self._seen, stmt)
-        if hit is not None:
-            return cast(T, hit[0])
+        hit = self._seen.get(id(stmt))  # _kept's lookup, inline: the common case
+        if hit is not None and hit[0]() is stmt:
+            return hit[1]
         template = bound_from(stmt) if self._same_when_bound is not None else None
         if template is not None:
             value = self(template)

@@ -376,7 +376,7 @@ def _select_simple(session: Session, stmt: ast.Select) -> Result:
         ) as q:
             folded = _folded(stmt) if shape is not None else None
             if folded is not None:  # its rows as computed once, a new list of them
-                out = replace(folded, rows=list(folded.rows))
+                out = Relation(folded.columns, list(folded.rows), folded.types)
             else:
                 out = run_select(stmt, source, session.eval_context(q.group), shape)
             group = q.group

@@ -73,6 +73,8 @@ class Framer:
 
     def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
         """The messages ``data`` completes, in order."""
+        if not self._buf:  # the common case: whole messages, framed off ``data`` itself
+            return self._whole(data)
         buf = self._buf
         buf += data
         out = []
@@ -91,6 +93,27 @@ class Framer:
             out.append((kind, bytes(buf[at + 5 : end])))
             at = end
         del buf[:at]
+        return out
+
+    def _whole(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        """``feed`` with nothing buffered: each message's body is one slice of
+        ``data``, and only a message's part that has not arrived is kept."""
+        out = []
+        at, size, header, limit = 0, len(data), _HEADER.unpack_from, self._limit
+        while size - at >= 5 and self.violation is None:
+            kind, length = header(data, at)
+            if not 4 <= length <= limit:
+                self.violation = ProtocolViolation(
+                    f"invalid message length {length} for message {kind!r} (allowed 4..{limit})"
+                )
+                break
+            end = at + 1 + length
+            if size < end:
+                break
+            out.append((kind, data[at + 5 : end]))
+            at = end
+        if at < size:
+            self._buf += memoryview(data)[at:]
         return out
 
 

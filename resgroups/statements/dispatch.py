@@ -350,7 +350,10 @@ def _rows_read(session: Session, node: object) -> int:
 
 def _row_engine_estimate(session: Session, stmt: ast.Statement) -> Estimate:
     rows = _rows_read(session, stmt)
-    return Estimate(rows=rows, memory=min(rows * 8, INT64_MAX))
+    return _ONE_ROW if rows == 1 else Estimate(rows=rows, memory=min(rows * 8, INT64_MAX))
+
+
+_ONE_ROW: Final = Estimate(rows=1, memory=8)  # a SELECT of no source (SELECT 1), say
 
 
 def _select_simple(session: Session, stmt: ast.Select) -> Result:

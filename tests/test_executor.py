@@ -210,6 +210,13 @@ def test_a_union_scans_its_executor_branches_within_one_managed_query() -> None:
         ).rows == [(10,), (2,)]
         default = next(r for r in engine.resource_groups() if r["name"] == "DEFAULT")
         assert default["admitted_total"] == 3  # the CTAS and one query per union
+        # a table's branch with what the executor lacks is the row engine's, as before
+        assert session.execute(
+            "SELECT coalesce(y, 0), y::text FROM u UNION ALL SELECT 5, 'five'"
+        ).rows == [(10, "10"), (20, "20"), (5, "five")]
+        # one now() for every branch
+        assert len(session.execute("SELECT now() FROM u UNION SELECT now()").rows) == 1
+        assert len(session.execute("SELECT x FROM long_sequence(1) UNION SELECT 1").rows) == 1
 
         started, failed = threading.Event(), []
 

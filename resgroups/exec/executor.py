@@ -168,13 +168,21 @@ def is_executor_source(stmt: ast.Select) -> bool:
 class Scan:
     """One query's pass over a source: WHERE, then aggregates or a projection."""
 
-    def __init__(self, session: Session, q: Query, stmt: ast.Select, source: Source) -> None:
+    def __init__(
+        self,
+        session: Session,
+        q: Query,
+        stmt: ast.Select,
+        source: Source,
+        ctx: EvalContext | None = None,
+    ) -> None:
         self.session = session
         self.q = q
         self.stmt = stmt
         self.source = source
         self.scope = Scope(source.names, source.types)
-        self.ctx = session.eval_context(q.group)
+        # the statement's context (None: the query's own, made now)
+        self.ctx = session.eval_context(q.group) if ctx is None else ctx
         # typed and checked before the first morsel: an empty source fails and
         # types its columns exactly as a full one does
         shape = select_shape(stmt, self.scope)
@@ -310,14 +318,17 @@ def select(session: Session, stmt: ast.Select) -> Result:
     return replace(result, timings=_timings(q, started, scan), group=q.group)
 
 
-def relation_in(session: Session, q: Query, stmt: ast.Select) -> Relation:
+def relation_in(session: Session, q: Query, stmt: ast.Select, ctx: EvalContext) -> Relation:
     """The rows of a SELECT the executor answers, scanned within the managed query
-    ``q`` that a larger statement holds (a branch of a UNION)."""
-    return _answer(session, q, stmt, source_of(session, stmt))[0]
+    ``q`` that a larger statement holds, in its evaluation context ``ctx`` (a
+    branch of a UNION: every branch sees one now())."""
+    return _answer(session, q, stmt, source_of(session, stmt), ctx)[0]
 
 
-def _answer(session: Session, q: Query, stmt: ast.Select, source: Source) -> tuple[Relation, Scan]:
-    scan = Scan(session, q, stmt, source)
+def _answer(
+    session: Session, q: Query, stmt: ast.Select, source: Source, ctx: EvalContext | None = None
+) -> tuple[Relation, Scan]:
+    scan = Scan(session, q, stmt, source, ctx)
     types = scan.types
     if scan.aggregates:
         names, rows = scan.aggregate()
@@ -329,7 +340,7 @@ def _answer(session: Session, q: Query, stmt: ast.Select, source: Source) -> tup
         rows = run_select(
             ast.Select(None, None, None, order, stmt.limit, stmt.offset),
             Relation(names, rows, types),
-            session.eval_context(q.group),
+            scan.ctx,
         ).rows
     return Relation(names, rows, types), scan
 

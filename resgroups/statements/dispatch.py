@@ -252,12 +252,15 @@ def union(session: Session, stmt: ast.Union) -> Result:
 
 
 def _union(session: Session, stmt: ast.Union, ctx: EvalContext, q: Query | None) -> Relation:
-    """The branches one after the other; a branch the executor answers (a scan of
-    long_sequence() or of one table) is scanned by it within the union's query."""
+    """The branches one after the other, in one evaluation context (one now());
+    a branch over long_sequence(), which only the executor reads, is scanned by
+    it within the union's query; the rest are the row engine's, as a SELECT of
+    its own with what the executor lacks (text, functions) would be."""
 
     def branch(s: ast.Select) -> Relation:
-        if q is not None and _in_executor(session, s):
-            return executor.relation_in(session, q, _unqualified(s))
+        sequence = isinstance(s.source, ast.TableFunction) and s.source.name == "long_sequence"
+        if q is not None and sequence and _in_executor(session, s):
+            return executor.relation_in(session, q, _unqualified(s), ctx)
         return _run(session, s, ctx)[0]
 
     parts = [branch(s) for s in stmt.selects]
@@ -462,7 +465,8 @@ def _constant(node: ast.Expr) -> bool:
 
 _FOLDED_VALUES: Final = frozenset({int, float, str, bool, type(None)})
 _FOLDED_TYPES: Final = frozenset({"int", "float", "text", "bool"})
-_REG_TYPES: Final = frozenset({"regclass", "regtype"})
+# object identifiers name catalog rows: read at each execution
+_REG_TYPES: Final = frozenset({"oid", "regclass", "regtype", "regproc", "regnamespace", "regrole"})
 _FOLDED_OPS: Final = ARITHMETIC | COMPARISON | {"and", "or"}
 # a bound tree's values decide, so each bound tree is folded on its own
 _folded: Final = PerStatement(_walk_folded)

@@ -161,7 +161,20 @@ UNIONS: list[tuple[str, list[Any]]] = [
     ("SELECT 1 AS a UNION ALL SELECT 3000000000", []),
     ("SELECT %s::int8 AS a UNION ALL SELECT 2 ORDER BY 1", [5]),
     ("SELECT 'x' AS a UNION SELECT %s", ["y"]),
+    # an integer branch and a double one make a double column (it crashed binary)
+    ("SELECT %s::int8 AS a UNION ALL SELECT %s::float8 ORDER BY 1", [5, 2.5]),
+    ("SELECT 2.5::float8 AS a UNION ALL SELECT 3 ORDER BY 1", []),
 ]
+
+
+def test_union_types_that_cannot_be_matched_are_refused_as_postgres(
+    server: ServerProcess,
+) -> None:
+    for dsn in (server.dsn(), PG_DSN):
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            for text in ("SELECT 1 UNION SELECT 'a'::text", "SELECT 'a'::text UNION SELECT true"):
+                with pytest.raises(psycopg.errors.DatatypeMismatch, match="cannot be matched"):
+                    conn.execute(text)
 
 
 def _psycopg_unions(dsn: str, binary: bool) -> list[Any]:

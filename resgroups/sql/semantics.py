@@ -221,6 +221,21 @@ def _coalesce(name: str, args: Sequence[str]) -> str:
     return FLOAT if FLOAT in known else known[0]
 
 
+def union_type(column: int, first: str | None, other: str | None) -> str | None:
+    """A UNION column's type from two branches' (PostgreSQL's resolution, for
+    these types): NULL's unknown or an unknown type takes the other; integer
+    and double make double; other pairs cannot be matched (42804)."""
+    if first == other or other in (None, UNKNOWN):
+        return first
+    if first in (None, UNKNOWN):
+        return other
+    if first in NUMERIC and other in NUMERIC:
+        return FLOAT
+    raise DatatypeMismatch(
+        f"UNION types {shown(first)} and {shown(other)} cannot be matched (column {column + 1})"
+    )
+
+
 @dataclass(frozen=True)
 class Function:
     """A scalar function's signature: its arity and its result type."""

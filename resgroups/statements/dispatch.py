@@ -8,7 +8,7 @@ raise FeatureNotSupported without it) and the permission it needs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final
@@ -35,7 +35,7 @@ from resgroups.sql.param_types import parameter_types
 from resgroups.sql.params import has_placeholder
 from resgroups.sql.relational import SERIES, run_query
 from resgroups.sql.select import Relation, Shape, run_select, select_shape
-from resgroups.sql.semantics import ARITHMETIC, COMPARISON
+from resgroups.sql.semantics import ARITHMETIC, COMPARISON, FLOAT, union_type
 from resgroups.statements import groups, principals, rules, selectors
 from resgroups.statements.pg_catalog import CatalogRows, catalog_columns, unknown_relation
 from resgroups.statements.table_functions import TABLE_FUNCTIONS, relation, table_function
@@ -276,6 +276,18 @@ def _union(session: Session, stmt: ast.Union, ctx: EvalContext, q: Query | None)
         rows += part.rows
         if not every:  # UNION: distinct rows, in order of first appearance
             rows = list(dict.fromkeys(rows))
+    resolved: Sequence[str | None] = first.types
+    for part in parts[1:]:
+        resolved = _union_types(resolved, part.types)
+    types = tuple(resolved)
+    # a double column some branch gave integers in: they become doubles
+    doubles = [
+        i
+        for i, t in enumerate(types)
+        if t == FLOAT and any(p.types[i : i + 1] != (FLOAT,) for p in parts)
+    ]
+    if doubles:
+        rows = [_as_doubles(row, doubles) for row in rows]
     tail = ast.Select(None, None, None, stmt.order_by, stmt.limit, stmt.offset)
     # a name the union's columns repeat (NULL, NULL: ?column? twice) is told apart
     # while sorting, so ORDER BY takes its position; the result keeps the names
@@ -284,8 +296,24 @@ def _union(session: Session, stmt: ast.Union, ctx: EvalContext, q: Query | None)
     for name in first.columns:
         seen[name] = seen.get(name, 0) + 1
         inner.append(name if seen[name] == 1 else f"{name}\x00{seen[name]}")
-    out = run_select(tail, Relation(tuple(inner), rows, first.types), ctx)
+    out = run_select(tail, Relation(tuple(inner), rows, types), ctx)
     return replace(out, columns=first.columns)
+
+
+def _union_types(types: Sequence[str | None], other: Sequence[str | None]) -> list[str | None]:
+    if len(types) < len(other):  # a branch's own count is checked as it runs
+        types = [*types, *[None] * (len(other) - len(types))]
+    return [union_type(i, a, b) for i, (a, b) in enumerate(zip(types, other, strict=False))] + list(
+        types[len(other) :]
+    )
+
+
+def _as_doubles(row: tuple[Any, ...], columns: list[int]) -> tuple[Any, ...]:
+    values = list(row)
+    for i in columns:
+        if type(values[i]) is int:
+            values[i] = float(values[i])
+    return tuple(values)
 
 
 def _walk_sources(node: object) -> Iterator[ast.TableName | ast.TableFunction]:
@@ -394,8 +422,16 @@ _NO_COLUMNS: Final = Scope(())
 
 def describe(session: Session, stmt: ast.Statement) -> tuple[list[str], list[str]] | None:
     """The columns and types ``stmt`` returns, without running it (None: not a SELECT)."""
-    if isinstance(stmt, ast.Union):  # its first branch's columns and types, as it runs
-        return describe(session, stmt.selects[0])
+    if isinstance(stmt, ast.Union):  # its first branch's names, its branches' types
+        described = [describe(session, s) for s in stmt.selects]
+        branches = [b for b in described if b is not None]
+        first = described[0]
+        if first is None or any(len(b[0]) != len(first[0]) for b in branches):
+            return first  # the union fails as it runs, and says why
+        types: Sequence[str | None] = first[1]
+        for branch in branches[1:]:
+            types = _union_types(types, branch[1])
+        return first[0], [t or "text" for t in types]
     if not isinstance(stmt, ast.Select):
         return None
     if _in_executor(session, stmt):

@@ -214,6 +214,9 @@ def test_a_union_scans_its_executor_branches_within_one_managed_query() -> None:
         assert session.execute(
             "SELECT coalesce(y, 0), y::text FROM u UNION ALL SELECT 5, 'five'"
         ).rows == [(10, "10"), (20, "20"), (5, "five")]
+        # branches of different widths fail before any runs (not after a long scan)
+        with pytest.raises(resgroups.DatatypeMismatch, match=r"same number of columns \(1 and 2\)"):
+            session.execute(f"SELECT count(*) FROM long_sequence({INT64_MAX}) UNION SELECT 1, 2")
         # one now() for every branch
         assert len(session.execute("SELECT now() FROM u UNION SELECT now()").rows) == 1
         assert len(session.execute("SELECT x FROM long_sequence(1) UNION SELECT 1").rows) == 1

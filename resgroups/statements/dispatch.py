@@ -263,16 +263,15 @@ def _union(session: Session, stmt: ast.Union, ctx: EvalContext, q: Query | None)
             return executor.relation_in(session, q, _unqualified(s), ctx)
         return _run(session, s, ctx)[0]
 
+    listed = [len(s.items) for s in stmt.selects if s.items is not None]
+    if listed and min(listed) != max(listed):  # known before any branch runs
+        raise _union_columns(listed[0], next(n for n in listed if n != listed[0]))
     parts = [branch(s) for s in stmt.selects]
     first = parts[0]
     rows = list(first.rows)
     for every, part in zip(stmt.all, parts[1:], strict=True):
         if len(part.columns) != len(first.columns):
-            raise DatatypeMismatch(
-                f"each UNION query must have the same number of columns "
-                f"({len(first.columns)} and {len(part.columns)})",
-                sqlstate="42601",
-            )
+            raise _union_columns(len(first.columns), len(part.columns))
         rows += part.rows
         if not every:  # UNION: distinct rows, in order of first appearance
             rows = list(dict.fromkeys(rows))
@@ -298,6 +297,13 @@ def _union(session: Session, stmt: ast.Union, ctx: EvalContext, q: Query | None)
         inner.append(name if seen[name] == 1 else f"{name}\x00{seen[name]}")
     out = run_select(tail, Relation(tuple(inner), rows, types), ctx)
     return replace(out, columns=first.columns)
+
+
+def _union_columns(first: int, other: int) -> DatatypeMismatch:
+    return DatatypeMismatch(
+        f"each UNION query must have the same number of columns ({first} and {other})",
+        sqlstate="42601",
+    )
 
 
 def _union_types(types: Sequence[str | None], other: Sequence[str | None]) -> list[str | None]:

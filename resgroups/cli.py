@@ -291,7 +291,7 @@ class _ServedDemo:
         listeners = self._server.start()
         self.url = listeners.page
 
-    def wait(self) -> None:
+    def wait(self, ready: Callable[[], None]) -> None:
         import signal
         import time
 
@@ -300,6 +300,7 @@ class _ServedDemo:
 
         previous = signal.signal(signal.SIGTERM, stop)
         try:
+            ready()  # the user is told only once a SIGTERM is heard
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:

@@ -320,8 +320,9 @@ class Live(Protocol):
 
     url: str  # the live page
 
-    def wait(self) -> None:
-        """Until the user asks to stop (Ctrl-C, SIGTERM)."""
+    def wait(self, ready: Callable[[], None]) -> None:
+        """Until the user asks to stop (Ctrl-C, SIGTERM); ``ready()`` once a stop
+        is heard (a SIGTERM sent when the user is told may come at once)."""
 
     def close(self) -> None:
         """Stop serving and close the engine."""
@@ -778,13 +779,17 @@ def main(
         print(f"chart: {path}", file=out)
     live = runs[-1].live
     if live is not None:
-        print(
-            f"the run with groups stays up at {live.url} (the last 5 minutes); Ctrl-C to stop",
-            file=sys.stderr,
-            flush=True,
-        )
+        url = live.url
+
+        def announce() -> None:
+            print(
+                f"the run with groups stays up at {url} (the last 5 minutes); Ctrl-C to stop",
+                file=sys.stderr,
+                flush=True,
+            )
+
         try:
-            live.wait()
+            live.wait(announce)
         finally:
             live.close()
     return 0

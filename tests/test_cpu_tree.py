@@ -5,6 +5,7 @@ reparent (ALTER SET/RESET parent) moves a group in the core's tree online."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -84,8 +85,13 @@ def test_children_split_a_limited_parent_two_to_one_beside_a_top_level_group() -
     assert load.peak["etl"] == 1  # at most ceil(1 core) = 1 worker for the whole subtree
     # adhoc's share is etl's (equal weights, and etl's limit is exactly its half):
     # the ratio of the two, side by side, whatever the machine gave the process
+    # Within 0.3 where the machine has the CPUs to spare; when other processes keep
+    # more threads runnable than there are CPUs, etl's one worker loses more of its
+    # turns between its two groups' queries to the kernel (1.39 seen at load 5 with
+    # two CPU hogs), so the bound widens in proportion
     beside = load.body_cpu["adhoc"] / load.body_cpu["etl"]
-    assert beside == pytest.approx(1.0, abs=0.3), (load.body_cpu, during)
+    busy = os.getloadavg()[0] / engine.cpus
+    assert beside == pytest.approx(1.0, abs=0.3 * max(1.0, busy)), (busy, load.body_cpu, during)
     # the same on the columns of resource_groups(): an inner group's are its subtree's
     etl, adhoc = during["etl"], during["adhoc"]
     etl_share = min(50.0, one_core)  # its weight's half, or its limit if lower

@@ -55,7 +55,9 @@ class Counts:
                 self.totals["python_calls"] += 1
                 if self.by_function:
                     code = frame.f_code
-                    self.calls[f"{code.co_qualname} ({Path(code.co_filename).name}:{code.co_firstlineno})"] += 1
+                    self.calls[
+                        f"{code.co_qualname} ({Path(code.co_filename).name}:{code.co_firstlineno})"
+                    ] += 1
         elif event == "opcode" and self.on:
             self.totals["bytecodes"] += 1
             if self.by_function:

@@ -226,7 +226,8 @@ def test_a_union_scans_its_executor_branches_within_one_managed_query() -> None:
         wait_until(lambda: session.running_ids, timeout=10)
         session.cancel()
         runner.join(10)
-        assert not runner.is_alive() and failed  # the branch's scan stopped at a checkpoint
+        assert not runner.is_alive()
+        assert failed  # the branch's scan stopped at a checkpoint
         wait_until(lambda: not session.running_ids, timeout=10)
 
 

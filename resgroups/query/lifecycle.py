@@ -48,19 +48,17 @@ from typing import TYPE_CHECKING, Final, TypeVar
 from resgroups import interrupts
 from resgroups.catalog.selectors import Attributes, Estimate
 from resgroups.errors import (
-    AdmissionRejected,
     CoordinationUnavailable,
     Error,
     FeatureNotSupported,
     InternalError,
     InvalidParameter,
-    MemoryLimitExceeded,
     QueryCancelled,
     QueryTimeout,
-    QueueTimeout,
 )
 from resgroups.fleet.modes import seconds_left
 from resgroups.interrupts import MAIN_IDENT, PENDING, Hold
+from resgroups.query import cursors, native
 from resgroups.query.extras import Extras
 from resgroups.query.holdings import Holdings
 from resgroups.query.parallel import Task, run_map
@@ -78,14 +76,13 @@ from resgroups.query.states import (
     Placement,
     QueryState,
 )
+from resgroups.query.waiting import admit_slow, take_lane, ticket_and_runner
 from resgroups.sched.admission import Ticket
 from resgroups.sched.cpu import RUNNER_RUNNING, Runner
 from resgroups.sched.memory import MemoryCounter, QueryMemory
 
 if TYPE_CHECKING:
-    from resgroups.catalog.model import GroupDef, RuleDef
     from resgroups.engine import Engine
-    from resgroups.fleet.modes import AdmissionMode
     from resgroups.sched.runtime import GroupRuntime
     from resgroups.session import Session
 
@@ -378,7 +375,7 @@ class Query:
                 # may park this thread until the scheduler gives it a worker again
                 self._engine.dispatcher.slice_end(runner, used, self._wait_error, self._timeout_at)
                 self._cpu_mark = meter()
-                self._take_lane()  # the competing groups may have changed
+                take_lane(self)  # the competing groups may have changed
             now = self._now()
         if now >= self._rules_at:
             self.check_rules(now)
@@ -406,59 +403,6 @@ class Query:
         check_rules(self, rules, now, can_move=can_move)
         if rules.move_left:  # a MOVE is due: the own thread takes it at its next checkpoint
             self._rules_at = now
-
-    def move(self, rule: RuleDef) -> None:
-        """A rule's MOVE (SPEC §16), on the query's own thread at a checkpoint: its
-        tracked memory goes to the target group's budget (or MemoryLimitExceeded,
-        and it stays), the slot and the worker in its group are given back, and it
-        passes the target's gate at the head of its queue holding no worker (a
-        QueueTimeout there ends it), then takes a worker charged to the target.
-        The target's rules apply to it from here."""
-        engine = self._engine
-        snap = engine.snapshot
-        target = snap.runtime_group(rule.target_id) if rule.target_id is not None else None
-        if target is None:  # the rule changed meanwhile (it cannot be dropped under it)
-            return
-        placement = engine.placement(self.session, target)
-        held = self.held
-        old_runtime, old_group = held.runtime, self.group
-        extra = self._uses()  # a rule acts: its query keeps its rules there
-        acted = extra.rules.acted if extra.rules is not None else frozenset()
-        with Hold(self._interrupted):
-            published = held.published
-            if published is not None:
-                if extra.memory is not None:
-                    extra.memory.flush()
-                try:
-                    published.move_to(
-                        placement.runtime.group_id,
-                        placement.budget,
-                        f"group={target.name}, user={self.user}",
-                    )
-                except MemoryLimitExceeded as exc:  # the query fails, every thread of it
-                    error = MemoryLimitExceeded(
-                        f"{exc.message} (moving there by resource rule {rule.name})"
-                    )
-                    self.fail(error)
-                    raise error from None
-            self._give_back()
-            self._placement = placement
-            held.runtime = placement.runtime
-            held.group = target.name
-            extra.moved_from = old_group
-            extra.fence = None  # fleet mode: the target's, taken as it is admitted
-            extra.rules = rules_for(placement, acted)  # a rule acts once per query
-            if old_runtime is not None and old_runtime.dropped:
-                engine.runtimes.query_ended(old_runtime)
-            try:
-                self._admit(self._now(), front=True)
-            except (AdmissionRejected, QueueTimeout, QueryTimeout) as exc:
-                raise type(exc)(
-                    f"{exc.message} (moved there by resource rule {rule.name} from {old_group})"
-                ) from None
-            self._meter_for_rules()
-            self._rules_at = self._checked_at + engine.slice_s if extra.rules is not None else INF
-            self._arm(self._checked_at)
 
     def _meter_for_rules(self) -> None:
         """Start metering its thread for rules on cpu_time when it is not scheduled
@@ -534,47 +478,16 @@ class Query:
         (QueryCancelled, QueryTimeout, CoordinationUnavailable) at its next
         checkpoint, as always. One timer thread watches every query's
         deadline; a callback that raises is logged, and none runs once
-        ``__exit__`` has returned."""
-        if self.state is DONE:
-            raise InvalidParameter("on_cancel() on a query that has ended")
-        extra = self._uses()
-        extra.on_cancel = (*extra.on_cancel, callback)
-        extra.watched = True
-        self._engine.deadlines.watch(self)
+        ``__exit__`` has returned (resgroups.query.native)."""
+        native.on_cancel(self, callback)
 
     def due_at(self) -> float:
         """When the on_cancel callbacks are due, on the engine clock (the watcher's)."""
-        if self._cancelled or self._failure is not None:
-            return -INF
-        if self.state is SUSPENDED:  # the timeout does not run meanwhile
-            return INF
-        due = self._timeout_at
-        extra = self._extra
-        if extra is None:
-            return due
-        rules = extra.rules
-        if rules is not None and rules.kill_after_ms is not None and self.admitted_at:
-            # a rule that KILLs on elapsed alone interrupts native work at its threshold
-            # (a millisecond past it: the rule needs elapsed > its threshold)
-            kill_at = self.admitted_at + extra.suspended_s + (rules.kill_after_ms + 1) / 1000
-            due = min(due, kill_at)
-        if extra.fence is not None:  # fleet mode: native work stops at the fence too
-            return min(due, self._now() + seconds_left(extra.fence))
-        return due
+        return native.due_at(self)
 
     def fire(self) -> None:
         """The watcher's thread: call each pending callback once."""
-        extra = self._extra
-        if extra is None:  # on_cancel() made it: nothing was ever due
-            return
-        callbacks, extra.on_cancel = extra.on_cancel, ()
-        if extra.rules is not None:  # an interrupted body checks its rules at once
-            self._rules_at = self._check_at = -INF
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:
-                log.exception("%s: an on_cancel callback failed", self)
+        native.fire(self)
 
     # ---- entering and leaving --------------------------------------------------------
 
@@ -759,99 +672,13 @@ class Query:
                     self._arm(now)
                     return
             else:
-                ticket, runner = self._ticket_and_runner(runtime)
+                ticket, runner = ticket_and_runner(self, runtime)
                 if dispatcher.admit_at_once(gate, ticket, runner):
                     self._cpu_mark = engine.cpu_meter() if runner.scheduled else 0
-                    self._take_lane()
+                    take_lane(self)
                     self._arm(self._now())
                     return
-        self._admit_slow(runtime, mode, front)
-
-    def _ticket_and_runner(self, runtime: GroupRuntime) -> tuple[Ticket, Runner]:
-        """What a query that may wait or be sliced holds while it does: made now."""
-        held = self.held
-        ticket = held.ticket = Ticket(self.user, self._timeout_at)
-        runner = held.runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
-        return ticket, runner
-
-    def _admit_slow(self, runtime: GroupRuntime, mode: AdmissionMode, front: bool = False) -> None:
-        """The fleet's fence, the gate's queue, what the admission mode holds after
-        the slot (a fleet lease), then a worker of the pool: each may wait."""
-        held = self.held
-        ticket, runner = held.ticket, held.runner
-        if ticket is None or runner is None:
-            ticket, runner = self._ticket_and_runner(runtime)
-        group = runtime.definition
-        queue_timeout = group.queue_timeout_ms / 1000
-        dispatcher = self._engine.dispatcher
-        meter = self._engine.cpu_meter
-        if mode.fenced:  # fleet mode: nothing is admitted on what may have lapsed
-            fence = self._uses().fence = mode.fence_for(group)
-            if not (seconds_left(fence) > 0 and mode.fresh()):
-                mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))
-            if mode.fast and dispatcher.admit_at_once(runtime.gate.gate, ticket, runner):
-                held.fenced = True  # it runs on the fence from here
-                if seconds_left(fence) <= 0 or not mode.fresh():  # meanwhile
-                    self._hold_fence(group, queue_timeout)
-                self._cpu_mark = meter() if runner.scheduled else 0
-                self._take_lane()
-                self._arm(self._now())
-                return
-        if mode.fast:  # who gives this ticket its slot may hand it a worker too
-            ticket.runner = runner
-        try:
-            runtime.gate.enter(ticket, self._is_cancelled, mode.queued, front=front)
-        finally:
-            ticket.runner = None
-        mode.after_slot(  # the local slot first, then the fleet's (SPEC §11)
-            held,
-            runtime,
-            deadline=self._timeout_at,
-            queue_deadline=self._now() + queue_timeout,
-            cancelled=self._is_cancelled,
-            now=self._now,
-        )
-        if runner.state is not RUNNER_RUNNING:  # not handed a worker with the slot
-            # a worker is asked for once the slot is held: its arrival order counts
-            # from here
-            runner = held.runner = Runner(
-                runtime.cpu, self.pool_name, self.user, self.id, self.kind
-            )
-            dispatcher.acquire(runner, self._wait_error, self._timeout_at)
-        if mode.fenced:
-            self._hold_fence(group, queue_timeout)
-        self._cpu_mark = meter() if runner.scheduled else 0
-        self._take_lane()
-        self._arm(self._now())
-
-    def _take_lane(self) -> None:
-        """Holding a scheduled worker: its own thread runs at its group's priority
-        lane while it holds it, where the process may put it back (its body and
-        the map items it runs itself; sched/lanes.py). ``held.release`` restores it."""
-        dispatcher = self._engine.dispatcher
-        lanes = dispatcher.lanes
-        held = self.held
-        if not lanes.on and held.nice is None:
-            return
-        runner, runtime = held.runner, held.runtime
-        if runner is not None and runner.scheduled and runtime is not None:
-            lane = dispatcher.lane_of(runtime.group_id, self.pool_name)  # 0 once lanes are off
-            held.nice = lanes.enter(lane, held.nice)
-
-    def _hold_fence(self, group: GroupDef, queue_timeout: float) -> None:
-        """Fleet mode, once the slot is held: run on the fence from here. A query
-        that waited in the queue across a lapse waits for the renewal first (the
-        renewal fails the queries that run on the fence, not this one); one that
-        finds the fence passed once it runs on it fails now."""
-        mode = self._engine.admission
-        fence = self._extra.fence if self._extra is not None else None
-        assert fence is not None
-        if seconds_left(fence) <= 0 or not mode.fresh():
-            mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))  # or raise
-            mode.recheck(self.held)  # what it took before the lapse may be gone: or raise
-        self.held.fenced = True
-        if seconds_left(fence) <= 0:
-            self._check_fence()  # raises
+        admit_slow(self, runtime, mode, front)
 
     def _is_cancelled(self) -> bool:
         return self._cancelled
@@ -924,49 +751,13 @@ class Query:
     # ---- cursors -------------------------------------------------------------------
 
     def suspend(self) -> None:
-        """Give the slot and the worker back between pages; memory stays charged."""
-        if self.state is not RUNNING:
-            raise InvalidParameter(f"suspend() on a {self.state.value} query")
-        with Hold():
-            self._give_back()
-            extra = self._uses()  # a cursor: it comes back to its suspension
-            if extra.memory is not None:  # charged while suspended: publish what is pending
-                extra.memory.flush()
-            extra.suspended_at = self._now()
-            runtime = self.held.runtime
-            if runtime is not None:
-                runtime.suspend(+1)
-                self.held.suspended = True
-            self.state = SUSPENDED
+        """Give the slot and the worker back between pages; memory stays charged
+        (resgroups.query.cursors)."""
+        cursors.suspend(self)
 
     def resume(self) -> None:
         """Pass the gate again; a refusal raises and leaves the query suspended."""
-        if self.state is not SUSPENDED:
-            raise InvalidParameter(f"resume() on a {self.state.value} query")
-        if self._cancelled:
-            raise QueryCancelled(f"query cancelled [group={self.group}]")
-        # the query timeout does not run while the cursor is suspended
-        extra = self._uses()  # made as it was suspended
-        now = self._now()
-        self._timeout_at += now - extra.suspended_at
-        extra.suspended_s += now - extra.suspended_at
-        extra.suspended_at = now  # a refused resume may be retried
-        if not self._cancelled and self._failure is None:
-            self._stop_at = self._check_at = self._timeout_at
-        with Hold(self._interrupted):
-            runtime = self.held.runtime
-            if runtime is not None:
-                try:
-                    self._admit(now)
-                except BaseException:
-                    self._give_back()
-                    raise
-                self._meter_for_rules()
-                runtime.suspend(-1)
-                self.held.suspended = False
-            self.state = RUNNING
-        if extra.watched:  # its timeout runs again, later than it was
-            self._engine.deadlines.watch(self)
+        cursors.resume(self)
 
     def _attributes(self) -> Attributes:
         """What selectors route this query on (SPEC §15)."""

@@ -10,6 +10,20 @@ RUNNING, SUSPENDED, DONE); what it holds meanwhile is one record, its
 :class:`~resgroups.query.Holdings`, and every path out of a state gives
 back through :meth:`Holdings.release`.
 
+A query holds only what it uses (issue 29). Its ``__slots__`` are what every
+query has: who and what it is, its holdings, the clock fields below, what
+any thread of it may set (a cancel, a failure, ``q.scanned()``) and its CPU.
+What a feature needs (rules, ``q.memory``, ``map``, ``on_cancel``, a fleet
+fence, a cursor's suspension, a statement's fingerprint and estimate) is in
+one :class:`~resgroups.query.extras.Extras`, made when the query first uses
+one (``_extra is None`` until then), so an uncontended query's ``__exit__``
+reads one field to find nothing to end. Entering writes out the counted
+fast path (``_admit``'s first branch: a counted slot and worker, then the
+checkpoint armed for a query that is never sliced); whatever must wait or be
+sliced goes through :mod:`resgroups.query.waiting`. Per uncontended query
+off the main thread (``perf/count_query_path.py``): 821 bytecodes, 18
+Python calls, 12 C calls.
+
 Time (every field on the engine's clock, ``engine.now``)
     ``_submitted_at``  when ``__enter__`` began;
     ``_timeout_at``    when the query timeout passes (inf: none); moved later by
@@ -570,6 +584,7 @@ class Query:
                         )
                     ):
                         held.counted = True
+                        self.admitted_at = now  # waited_s stays 0.0
                         # _arm(now) for a query never sliced, with no fence and no rules
                         # yet: the probe or the stop time (_checked_at is now)
                         check_at = now + engine.probe_s
@@ -580,10 +595,10 @@ class Query:
                             self._check_at = -INF
                     else:
                         self._admit(now)  # arms the checkpoint as it returns (_checked_at)
-                    self.admitted_at = self._checked_at
+                        self.admitted_at = self._checked_at
+                        self.waited_s = self._checked_at - now
                     if self._extra is not None:
                         self._arm_rules()
-            self.waited_s = self._checked_at - now
             self.state = RUNNING
         except BaseException:
             self._leave()

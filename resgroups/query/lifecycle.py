@@ -71,7 +71,14 @@ from resgroups.errors import (
     QueryTimeout,
 )
 from resgroups.fleet.modes import seconds_left
-from resgroups.interrupts import MAIN_IDENT, PENDING, Hold
+from resgroups.interrupts import (
+    MAIN_IDENT,
+    PENDING,
+    Hold,
+    end_main,
+    hold_main,
+    release_main,
+)
 from resgroups.query import cursors, native
 from resgroups.query.extras import Extras
 from resgroups.query.holdings import Holdings
@@ -519,8 +526,7 @@ class Query:
         if get_ident() != MAIN_IDENT:
             self._enter()  # gives back what it took, if it fails
             return self
-        hold = Hold(self._interrupted)
-        hold.__enter__()  # wraps the handlers (a signal before finds nothing taken)
+        hold_main(self._interrupted)  # wraps the handlers (a signal before finds nothing taken)
         try:
             interrupts.STATE.queries += 1  # the handlers stay wrapped until __exit__
             self.held.on_main_thread = True
@@ -529,9 +535,9 @@ class Query:
             try:
                 self._leave()  # still held: give everything back first (if not already)
             finally:
-                hold.__exit__(None, None, None)  # then deliver what is pending
+                end_main()  # then deliver what is pending
             raise
-        hold.release()
+        release_main()
         while PENDING:  # the last test: no eval-breaker check between it and the return
             self._deliver_entered()
         return self
@@ -646,8 +652,11 @@ class Query:
         if get_ident() != MAIN_IDENT:
             self._leave()
             return
-        with Hold():  # and a signal's handler runs once everything is back
+        hold_main()
+        try:
             self._leave()
+        finally:
+            end_main()  # and a signal's handler runs once everything is back
 
     def _interrupted(self, signum: int) -> None:
         """A signal arrived while a hold of this query was in force (signal handler

@@ -25,7 +25,11 @@ main thread:
   ``__enter__`` and ``__exit__`` a handler runs at once.
 * **Holds.** ``with Hold(on_signal):`` defers handlers for the block, for code
   that runs in the body (``map``, a checkpoint's slice end, publishing memory,
-  appending a catalog record). ``STATE.depth`` counts the holds in force.
+  appending a catalog record). ``STATE.depth`` counts the holds in force. A
+  query's ``__enter__``/``__exit__``, which know they run on the main thread,
+  hold with :func:`hold_main` and end with :func:`release_main` or
+  :func:`end_main` (protected too), what ``Hold`` itself is built on, with no
+  object and no second thread test on every main-thread query's path.
 
 A deferred signal is recorded once per signal number (as CPython itself
 coalesces a signal that arrives again before its handler ran), the callbacks

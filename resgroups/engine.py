@@ -202,7 +202,7 @@ class Engine:
         # (a handle lost without __exit__ dies), for the reconcile loop to give back
         self._queries: dict[int, Holdings] = {}
         self.zombies_reclaimed = 0
-        self._query_ids = itertools.count(1)
+        self.query_ids = itertools.count(1)  # next(): a new query's id (the query path)
         writer = c.role == "primary"
         self._log: CatalogLog = open_log(c.catalog, lock=writer)
         try:
@@ -373,9 +373,6 @@ class Engine:
         if self._closed:
             self._check_open()  # raises
         self._queries[query.id] = query.held
-
-    def next_query_id(self) -> int:
-        return next(self._query_ids)
 
     def stalled_workers(self) -> dict[str, int]:
         """Per pool: the workers held by queries that have run past the stall

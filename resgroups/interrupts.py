@@ -25,7 +25,11 @@ main thread:
   ``__enter__`` and ``__exit__`` a handler runs at once.
 * **Holds.** ``with Hold(on_signal):`` defers handlers for the block, for code
   that runs in the body (``map``, a checkpoint's slice end, publishing memory,
-  appending a catalog record). ``STATE.depth`` counts the holds in force.
+  appending a catalog record). ``STATE.depth`` counts the holds in force. A
+  query's ``__enter__``/``__exit__``, which know they run on the main thread,
+  hold with :func:`hold_main` and end with :func:`release_main` or
+  :func:`end_main` (protected too), what ``Hold`` itself is built on, with no
+  object and no second thread test on every main-thread query's path.
 
 A deferred signal is recorded once per signal number (as CPython itself
 coalesces a signal that arrives again before its handler ran), the callbacks
@@ -68,6 +72,7 @@ from __future__ import annotations
 import _signal  # type: ignore[import-not-found]  # no stubs: the C half of signal
 import signal
 import threading
+from _thread import get_ident
 from collections.abc import Callable
 from types import CodeType, FrameType, TracebackType
 from typing import Any, Final, TypeVar
@@ -232,6 +237,50 @@ def deliver() -> None:
         handler(signum, frame)
 
 
+@protect
+def hold_main(on_signal: Callable[[int], None] | None = None) -> None:
+    """Begin a hold on the main thread: ``Hold(on_signal).__enter__()`` without the
+    object or the thread test, for a caller that knows it runs on the main
+    thread and ends the hold itself, with :func:`release_main` or
+    :func:`end_main` (a query's ``__enter__`` and ``__exit__``: every
+    main-thread query's path, so it makes nothing it can do without)."""
+    if STATE.depth == 0:
+        _wrap_handlers()
+    _callbacks.append(on_signal)
+    STATE.depth += 1
+    if PENDING and on_signal is not None:  # deferred before the hold began
+        for entry in list(PENDING):
+            on_signal(entry[1])
+
+
+def release_main() -> None:
+    """End a hold of :func:`hold_main` without running what is pending
+    (``Hold.release``)."""
+    STATE.depth -= 1
+    _callbacks.pop()
+
+
+@protect
+def end_main() -> None:
+    """End a hold of :func:`hold_main` (``Hold.__exit__``): the outermost hold runs
+    what is pending, and puts the program's handlers back unless a main-thread
+    query is in flight."""
+    STATE.depth -= 1
+    _callbacks.pop()
+    if STATE.depth == 0:  # the outermost hold: run what is pending (this frame is
+        while _LOST:  # queries lost without __exit__ are not in flight
+            _LOST.pop()
+            STATE.queries = max(0, STATE.queries - 1)
+        try:  # protected: what arrives meanwhile is deferred and run by the loop)
+            if PENDING:
+                deliver()
+        finally:  # the program's handlers back unless a main-thread query is in
+            if not STATE.queries and _installed:  # flight, and what came meanwhile
+                _restore_handlers()
+                if PENDING:
+                    deliver()
+
+
 class Hold:
     """``with Hold(on_signal):``: the block runs to its end before any Python
     signal handler; deferred handlers run as the outermost hold ends."""
@@ -244,17 +293,10 @@ class Hold:
 
     @protect
     def __enter__(self) -> Hold:
-        if threading.get_ident() != MAIN_IDENT:
+        if get_ident() != MAIN_IDENT:
             return self
-        if STATE.depth == 0:
-            _wrap_handlers()
-        on_signal = self.on_signal
-        _callbacks.append(on_signal)
-        STATE.depth += 1
-        self.active = True
-        if PENDING and on_signal is not None:  # deferred before the hold began
-            for entry in list(PENDING):
-                on_signal(entry[1])
+        hold_main(self.on_signal)
+        self.active = True  # a signal from here on is deferred: the hold is in force
         return self
 
     @property
@@ -276,8 +318,7 @@ class Hold:
         back first). The handlers stay wrapped while a query is in flight."""
         if self.active:
             self.active = False
-            STATE.depth -= 1
-            _callbacks.pop()
+            release_main()
 
     @protect
     def __exit__(
@@ -289,17 +330,4 @@ class Hold:
         if not self.active:
             return
         self.active = False
-        STATE.depth -= 1
-        _callbacks.pop()
-        if STATE.depth == 0:  # the outermost hold: run what is pending (this frame is
-            while _LOST:  # queries lost without __exit__ are not in flight
-                _LOST.pop()
-                STATE.queries = max(0, STATE.queries - 1)
-            try:  # protected: what arrives meanwhile is deferred and run by the loop)
-                if PENDING:
-                    deliver()
-            finally:  # the program's handlers back unless a main-thread query is in
-                if not STATE.queries and _installed:  # flight, and what came meanwhile
-                    _restore_handlers()
-                    if PENDING:
-                        deliver()
+        end_main()

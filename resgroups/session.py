@@ -59,8 +59,10 @@ class Session:
         self._chosen: int | None = None  # the chosen group's id (a rename keeps it)
         self._cancel_requested = False  # cancel() during a script stops what is left
         self.work_cpu_ns = 0  # CPU the built-in executor spent on this session's queries
-        # the last placement, with the snapshot, identity and choice it was resolved for
-        self._placed: tuple[object, Identity, int | None, Placement] | None = None
+        # the last placement, with the snapshot and the export flag it was resolved
+        # for under the current identity and choice (assume() and choose() forget
+        # it), and whether selectors route first
+        self._placed: tuple[object, bool, Placement, bool] | None = None
         # placements of the groups selectors routed to, for one snapshot and identity
         self._selected: tuple[object, Identity, dict[int, Placement]] | None = None
         self._cpu_lock = threading.Lock()
@@ -129,6 +131,7 @@ class Session:
     def choose(self, group_id: int | None) -> None:
         """SET RESOURCE GROUP (by identity, so a rename keeps the choice) or RESET."""
         self._chosen = group_id
+        self._placed = None
 
     def running_queries(self) -> list[Query]:
         """This session's queries in flight, from the engine's registry of open
@@ -155,6 +158,7 @@ class Session:
 
     def assume(self, account_id: int | None) -> None:
         self._identity = replace(self._identity, assumed_id=account_id)
+        self._placed = None
 
     def _refresh_identity(self) -> None:
         """Before each statement and managed query: the login must still exist,
@@ -184,33 +188,38 @@ class Session:
         )
 
     def placement(
-        self, *, export: bool = False, attributes: Callable[[], Attributes] | None = None
+        self, export: bool = False, attributes: Callable[[], Attributes] | None = None
     ) -> Placement | None:
         """Where a managed query starting now runs (None: unmanaged). Resolution
         depends only on the catalog snapshot, this session's identity and its
-        choice, so while those are the same objects the last answer is reused:
-        the per-query path then resolves nothing. When selectors exist and no
-        group is chosen, the query's ``attributes()`` are matched first, through
-        the snapshot's index (SPEC §15)."""
+        choice, so the last answer is kept with the snapshot it was resolved for
+        (``assume()`` and ``choose()`` forget it) and reused: the per-query path
+        then resolves nothing. When selectors exist and no group is chosen, the
+        query's ``attributes()`` are matched first, through the snapshot's
+        index (SPEC §15)."""
         snap = self.engine.snapshot
-        chosen = None if export else self._chosen
-        if chosen is None and attributes is not None and snap.selectors:
+        placed = self._placed
+        if placed is not None and placed[0] is snap and placed[1] is export and not placed[3]:
+            return placed[2]
+        return self._place(snap, export, attributes)
+
+    def _place(
+        self, snap: Snapshot, export: bool, attributes: Callable[[], Attributes] | None
+    ) -> Placement | None:
+        """:meth:`placement` when selectors may route the query, or nothing is kept."""
+        routed = (export or self._chosen is None) and bool(snap.selectors)  # no choice
+        if routed and attributes is not None:
             selected = self._selected_placement(snap, attributes())
             if selected is not None:
                 return selected
         placed = self._placed
-        if (
-            placed is not None
-            and placed[0] is snap
-            and placed[1] is self._identity
-            and placed[2] == chosen
-        ):
-            return placed[3]
+        if placed is not None and placed[0] is snap and placed[1] is export:
+            return placed[2]
         group = self.managed_group_def(export=export)
         if group is None:
             return None
         placement = self.engine.placement(self, group)
-        self._placed = (snap, self._identity, chosen, placement)
+        self._placed = (snap, export, placement, routed)
         return placement
 
     def _selected_placement(self, snap: Snapshot, attributes: Attributes) -> Placement | None:

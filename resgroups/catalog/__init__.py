@@ -81,14 +81,16 @@ class Catalog:
         self._subscribers: list[Callable[[Snapshot], None]] = []
         self.writer = writer
         try:
-            self._snapshot = replay(log.read_all())
+            # the current snapshot: replaced whole under the write lock, never changed
+            # in place; read it as an attribute (every managed query reads it)
+            self.snapshot: Snapshot = replay(log.read_all())
         except CatalogError as exc:
             raise CatalogError(f"cannot open {log.name}: {exc}", sqlstate=exc.sqlstate) from None
         # a follower's view of the log: the newest version it has seen, and since
         # when it has seen a version it has not applied (for the lag)
-        self.seen_version = self._snapshot.version
+        self.seen_version = self.snapshot.version
         self._behind_since: float | None = None
-        if writer and not self._snapshot.has_catalog:
+        if writer and not self.snapshot.has_catalog:
             self._write_genesis()
 
     @property
@@ -107,20 +109,20 @@ class Catalog:
                 return len(self._catch_up_locked())
             except CatalogError as exc:
                 if exc.sqlstate == CORRUPT:  # a record is there that cannot be applied:
-                    self.note_seen(self._snapshot.version + 1)  # the lag shows it
+                    self.note_seen(self.snapshot.version + 1)  # the lag shows it
                 raise
 
     def note_seen(self, version: int) -> None:
         """A version exists in the log (read, or announced by a notification)."""
         if version > self.seen_version:
             self.seen_version = version
-        if version > self._snapshot.version and self._behind_since is None:
+        if version > self.snapshot.version and self._behind_since is None:
             self._behind_since = time.monotonic()
 
     @property
     def lag(self) -> CatalogLag:
         """How far behind the newest version seen this catalog is."""
-        records = max(0, self.seen_version - self._snapshot.version)
+        records = max(0, self.seen_version - self.snapshot.version)
         since = self._behind_since
         seconds = time.monotonic() - since if records and since is not None else 0.0
         return CatalogLag(records, seconds)
@@ -138,43 +140,39 @@ class Catalog:
         """Become a writer: take the log's writer lock, apply what is left, and
         write the genesis record onto a log that never had one; the records applied."""
         with self._lock:
-            records = self._apply_read(self._log.promote(self._snapshot.version))
+            records = self._apply_read(self._log.promote(self.snapshot.version))
             self.writer = True
-        if not self._snapshot.has_catalog:
+        if not self.snapshot.has_catalog:
             self._write_genesis()
         return len(records)
 
     def _publish(self, new: Snapshot) -> None:
         with Hold():  # published and applied to the live runtimes together
-            self._snapshot = new
+            self.snapshot = new
             for fn in self._subscribers:
                 fn(new)
 
     @property
-    def snapshot(self) -> Snapshot:
-        return self._snapshot
-
-    @property
     def version(self) -> int:
-        return self._snapshot.version
+        return self.snapshot.version
 
     def subscribe(self, fn: Callable[[Snapshot], None]) -> None:
         """Call ``fn(snapshot)`` now and after every change, under the write lock."""
         with self._lock:
             self._subscribers.append(fn)
-            fn(self._snapshot)
+            fn(self.snapshot)
 
     def _catch_up_locked(self) -> list[Record]:
         # where to read from is the snapshot's version: what this engine has applied
-        return self._apply_read(self._log.read_after(self._snapshot.version))
+        return self._apply_read(self._log.read_after(self.snapshot.version))
 
     def _apply_read(self, records: list[Record]) -> list[Record]:
         """Lock held: apply records read from the log, in order, each published."""
         if records:
             self.note_seen(records[-1].version)
         for record in records:
-            self._publish(apply(self._snapshot, record))
-        if self.seen_version <= self._snapshot.version:
+            self._publish(apply(self.snapshot, record))
+        if self.seen_version <= self.snapshot.version:
             self._behind_since = None
         return records
 
@@ -198,12 +196,12 @@ class Catalog:
             try:
                 with self._log.writing():
                     self._catch_up_locked()
-                    change = build(self._snapshot)
+                    change = build(self.snapshot)
                     if change is None:
-                        return self._snapshot
+                        return self.snapshot
                     op, args = change
-                    record = Record(self._snapshot.version + 1, op, dict(args))
-                    new = apply(self._snapshot, record)
+                    record = Record(self.snapshot.version + 1, op, dict(args))
+                    new = apply(self.snapshot, record)
                     self._log.append(record)
             except CatalogWriteError as exc:
                 raise self._read_back(exc, record) from exc

@@ -28,9 +28,10 @@ Invariants (what :meth:`Holdings.release` relies on)
        RUNNING, DONE), and only this record names it;
     H3 ``lease_id`` is set from the moment a lease is sought until the mode
        has handed it to the release batcher;
-    H4 ``counted`` excludes a ticket, a runner and a lease: a counted query
-       holds one slot of ``runtime``'s gate and one worker of ``pool``, by
-       count, in ``runtime``'s group and for ``user``.
+    H4 ``counted`` excludes a ticket, a runner, a lease and a lane (``nice``
+       is None: only a scheduled worker's thread takes its group's lane): a
+       counted query holds one slot of ``runtime``'s gate and one worker of
+       ``pool``, by count, in ``runtime``'s group and for ``user``.
 """
 
 from __future__ import annotations
@@ -109,14 +110,14 @@ class Holdings:
         lease), whatever state each is in, and its thread's own nice after its
         lane. Idempotent: what it gives back leaves the record first. O(1) when
         the slot goes to nobody waiting."""
-        nice, self.nice = self.nice, None
-        if nice is not None:  # its thread took its group's lane
-            Lanes.leave(nice)
         runtime = self.runtime
-        if self.counted and runtime is not None:  # by count (H4)
+        if self.counted and runtime is not None:  # by count, and never in a lane (H4)
             self.counted = False
             dispatcher.leave_counted(runtime.gate.gate, runtime.cpu, self.pool, self.user)
             return
+        nice, self.nice = self.nice, None
+        if nice is not None:  # its thread took its group's lane
+            Lanes.leave(nice)
         runner, self.runner = self.runner, None
         ticket, self.ticket = self.ticket, None
         self.fenced = False

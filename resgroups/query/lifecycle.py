@@ -10,6 +10,20 @@ RUNNING, SUSPENDED, DONE); what it holds meanwhile is one record, its
 :class:`~resgroups.query.Holdings`, and every path out of a state gives
 back through :meth:`Holdings.release`.
 
+A query holds only what it uses (issue 29). Its ``__slots__`` are what every
+query has: who and what it is, its holdings, the clock fields below, what
+any thread of it may set (a cancel, a failure, ``q.scanned()``) and its CPU.
+What a feature needs (rules, ``q.memory``, ``map``, ``on_cancel``, a fleet
+fence, a cursor's suspension, a statement's fingerprint and estimate) is in
+one :class:`~resgroups.query.extras.Extras`, made when the query first uses
+one (``_extra is None`` until then), so an uncontended query's ``__exit__``
+reads one field to find nothing to end. Entering writes out the counted
+fast path (``_admit``'s first branch: a counted slot and worker, then the
+checkpoint armed for a query that is never sliced); whatever must wait or be
+sliced goes through :mod:`resgroups.query.waiting`. Per uncontended query
+off the main thread (``perf/count_query_path.py``): 821 bytecodes, 18
+Python calls, 12 C calls.
+
 Time (every field on the engine's clock, ``engine.now``)
     ``_submitted_at``  when ``__enter__`` began;
     ``_timeout_at``    when the query timeout passes (inf: none); moved later by
@@ -37,33 +51,38 @@ worker but still observe cancellation and the timeout.
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import time
 from _thread import get_ident
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from resgroups import interrupts
 from resgroups.catalog.selectors import Attributes, Estimate
 from resgroups.errors import (
-    AdmissionRejected,
     CoordinationUnavailable,
     Error,
     FeatureNotSupported,
     InternalError,
     InvalidParameter,
-    MemoryLimitExceeded,
     QueryCancelled,
     QueryTimeout,
-    QueueTimeout,
 )
 from resgroups.fleet.modes import seconds_left
-from resgroups.interrupts import MAIN_IDENT, PENDING, Hold
+from resgroups.interrupts import (
+    MAIN_IDENT,
+    PENDING,
+    Hold,
+    end_main,
+    hold_main,
+    release_main,
+)
+from resgroups.query import cursors, native
+from resgroups.query.extras import Extras
 from resgroups.query.holdings import Holdings
-from resgroups.query.parallel import MapBatch, Task, run_map
+from resgroups.query.parallel import Task, run_map
 from resgroups.query.progress import QueryProgress, progress_of
 from resgroups.query.rules import check_rules, current, log_at_end, rules_for, watched
 from resgroups.query.states import (
@@ -76,21 +95,20 @@ from resgroups.query.states import (
     RUNNING,
     SUSPENDED,
     Placement,
+    QueryState,
 )
+from resgroups.query.waiting import admit_slow, take_lane, ticket_and_runner
 from resgroups.sched.admission import Ticket
 from resgroups.sched.cpu import RUNNER_RUNNING, Runner
 from resgroups.sched.memory import MemoryCounter, QueryMemory
-from resgroups.sched.rules import QueryRules
 
 if TYPE_CHECKING:
-    from resgroups.catalog.model import GroupDef, RuleDef
     from resgroups.engine import Engine
-    from resgroups.fleet.modes import AdmissionMode, Fenced
-    from resgroups.sched.pool import Dispatcher
     from resgroups.sched.runtime import GroupRuntime
     from resgroups.session import Session
 
 log = logging.getLogger("resgroups.query")
+INF: Final = float("inf")  # read as one global on every query's path
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -101,48 +119,33 @@ class Query:
 
     __slots__ = (
         "__weakref__",
-        "_batch",
         "_cancelled",
         "_check_at",
         "_checked_at",
         "_cpu_mark",
-        "_dispatcher",
         "_engine",
-        "_estimate",
+        "_extra",
         "_failure",
-        "_fence",
         "_fence_at",
-        "_fingerprint",
-        "_memory",
-        "_meter",
-        "_mode",
         "_now",
-        "_on_cancel",
         "_placement",
-        "_rules",
         "_rules_at",
         "_slice_end",
         "_started_wall",
         "_stop_at",
         "_submitted_at",
-        "_suspended_at",
         "_timeout_at",
-        "_watched",
         "admitted_at",
         "bytes_scanned",
         "cpu_ns",
         "held",
         "id",
         "kind",
-        "leaked_bytes",
-        "moved_from",
         "pool_name",
         "rows_scanned",
-        "rule",
         "session",
         "state",
         "statement",
-        "suspended_s",
         "user",
         "waited_s",
     )
@@ -165,43 +168,39 @@ class Query:
         self.kind = kind
         self.pool_name = pool
         self.user = session.user
-        self.id = engine.next_query_id()  # resource_group_queries().query_id
+        self.id = next(engine.query_ids)  # resource_group_queries().query_id
         self.state = NEW
-        self.waited_s = 0.0  # from submission to holding a slot and a worker
-        self.cpu_ns = 0  # CPU charged to the group for this query (while scheduled)
-        self.leaked_bytes = 0  # tracked bytes it had not released when it ended
-        self.held = Holdings(self)  # what it holds; the engine's registry keeps it too
-        # what it is, and what rules see of it (SPEC §16; resgroups.query.rules)
         self.statement = statement  # the text the executor gave, if any
-        self._fingerprint = fingerprint  # the statement's, for watches (made on first use)
-        self._estimate = estimate  # what the executor expects it to read (selectors)
-        self.rows_scanned = self.bytes_scanned = 0  # what q.scanned() reported
-        self.rule: str | None = None  # the last rule that acted on it
-        self.moved_from: str | None = None  # the group a rule moved it from
-        self.admitted_at = 0.0  # the engine clock at its first admission (0: not yet)
-        self.suspended_s = 0.0  # time spent suspended since (elapsed leaves it out)
-        self._rules: QueryRules | None = None  # its group's rules (None: there are none)
-        self._rules_at = math.inf  # when they are checked next (at most once a slice)
-        # what it uses of its engine, read once
+        self.held = Holdings(self)  # what it holds; the engine's registry keeps it too
         self._engine: Engine = engine
-        self._now = engine.now
-        self._meter = engine.cpu_meter
-        self._dispatcher: Dispatcher = engine.dispatcher
-        self._mode: AdmissionMode = engine.admission
+        self._now = engine.now  # the engine clock, for checkpoint()
         self._placement: Placement | None = None  # managed: where it runs
-        # the clock fields (the module's docstring)
-        self._submitted_at = self._suspended_at = self._checked_at = 0.0
-        self._started_wall = 0.0  # time.time() at submission (started_at)
-        self._timeout_at = self._stop_at = self._check_at = math.inf
-        self._slice_end = self._fence_at = math.inf
-        self._cpu_mark = 0  # the thread's CPU clock when its worker was granted
+        # what only a query that uses a feature keeps (resgroups.query.extras)
+        self._extra: Extras | None = (
+            None if estimate is None and fingerprint is None else Extras(estimate, fingerprint)
+        )
+        # what any thread of it may set: why every thread stops (memory, fence, a
+        # rule), and what the body read (q.scanned(), SPEC §16)
         self._cancelled = False
-        self._failure: Error | None = None  # why every thread of it stops (memory, fence)
-        self._memory: MemoryCounter | None = None  # q.memory, created on first use
-        self._batch: MapBatch[Any, Any] | None = None  # the map running now, if any
-        self._watched = False  # on_cancel was called: the deadline watcher knows it
-        self._on_cancel: tuple[Callable[[], object], ...] = ()  # not yet called
-        self._fence: Fenced | None = None  # fleet mode: what it runs on
+        self._failure: Error | None = None
+        self.rows_scanned = self.bytes_scanned = 0
+        # what it used: CPU charged to its group (while scheduled or metered), and
+        # the thread's CPU clock when its worker was granted (0: not metered)
+        self.cpu_ns = self._cpu_mark = 0
+        # the clock fields (the module's docstring); admitted_at stays 0 until its
+        # first admission, waited_s is from submission to holding a slot and a worker
+        self._submitted_at = self._checked_at = self._started_wall = 0.0
+        self.admitted_at = self.waited_s = 0.0
+        self._timeout_at = self._stop_at = self._check_at = INF
+        self._slice_end = self._fence_at = self._rules_at = INF
+
+    def _uses(self) -> Extras:
+        """Its :class:`Extras`, made the first time a feature needs it: on the
+        query's own thread, or before the query is shared (the module's memo)."""
+        extra = self._extra
+        if extra is None:
+            extra = self._extra = Extras()
+        return extra
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -214,10 +213,48 @@ class Query:
     @property
     def fingerprint(self) -> str | None:
         """The statement's fingerprint (SPEC §16), computed the first time a watch
-        needs it (None: no statement)."""
-        if self._fingerprint is None and self.statement is not None:
-            self._fingerprint = self._engine.fingerprint(self.statement)
-        return self._fingerprint
+        needs it, and kept once the query keeps :class:`Extras` (None: no statement)."""
+        extra = self._extra
+        if extra is not None and extra.fingerprint is not None:
+            return extra.fingerprint
+        if self.statement is None:
+            return None
+        fingerprint = self._engine.fingerprint(self.statement)
+        if extra is not None:
+            extra.fingerprint = fingerprint
+        return fingerprint
+
+    @property
+    def rule(self) -> str | None:
+        """The last runaway-query rule that acted on it (None: none)."""
+        extra = self._extra
+        return extra.rule if extra is not None else None
+
+    @rule.setter
+    def rule(self, name: str) -> None:
+        self._uses().rule = name
+
+    @property
+    def moved_from(self) -> str | None:
+        """The group a rule's MOVE took it from (None: not moved)."""
+        extra = self._extra
+        return extra.moved_from if extra is not None else None
+
+    @moved_from.setter
+    def moved_from(self, group: str) -> None:
+        self._uses().moved_from = group
+
+    @property
+    def suspended_s(self) -> float:
+        """Time it spent suspended (a cursor between pages): elapsed leaves it out."""
+        extra = self._extra
+        return extra.suspended_s if extra is not None else 0.0
+
+    @property
+    def leaked_bytes(self) -> int:
+        """The tracked bytes it had not released when it ended."""
+        extra = self._extra
+        return extra.leaked_bytes if extra is not None else 0
 
     @property
     def group(self) -> str | None:
@@ -278,7 +315,7 @@ class Query:
 
     def task_workers(self) -> int:
         """The workers the tasks of its running ``map`` hold now."""
-        batch = self._batch
+        batch = self._extra.batch if self._extra is not None else None
         return sum(r.state is RUNNER_RUNNING for r in batch.runners) if batch else 0
 
     def stalled(self, now: float) -> bool:
@@ -290,9 +327,10 @@ class Query:
     @property
     def memory(self) -> MemoryCounter:
         """The accountant of this query's own thread (``allocate``/``release``)."""
-        counter = self._memory
+        extra = self._uses()
+        counter = extra.memory
         if counter is None:
-            counter = self._memory = MemoryCounter(self._memory_state())
+            counter = extra.memory = MemoryCounter(self._memory_state())
         return counter
 
     def _memory_state(self) -> QueryMemory | None:
@@ -316,15 +354,16 @@ class Query:
     def _end_memory(self) -> None:
         """Publish what is pending and return every byte the query still holds."""
         held = self.held
+        extra = self._extra
         try:
-            if self._memory is not None:
-                self._memory.flush()
+            if extra is not None and extra.memory is not None:
+                extra.memory.flush()
         except InvalidParameter as exc:  # released more than it allocated: do not mask
             log.warning("%s: memory accounting error at the end of the query: %s", self, exc)
         finally:
             published, held.published = held.published, None
             if published is not None:
-                self.leaked_bytes = published.finish()
+                self._uses().leaked_bytes = published.finish()
 
     # ---- checkpoints -------------------------------------------------------------------
 
@@ -338,7 +377,8 @@ class Query:
             raise type(self._failure)(self._failure.message)
         if self._cancelled:
             raise QueryCancelled(f"query cancelled [group={self.group}, user={self.user}]")
-        if self._fence is not None:
+        extra = self._extra
+        if extra is not None and extra.fence is not None:
             self._check_fence()
         now = self._now()
         if now >= self._timeout_at:
@@ -349,15 +389,16 @@ class Query:
         runner = self.held.runner
         if runner is not None and runner.scheduled and now >= self._slice_end:
             with Hold(self._interrupted):
-                mark = self._meter()
+                meter = self._engine.cpu_meter
+                mark = meter()
                 used = mark - self._cpu_mark
                 self.cpu_ns += used
                 # may park this thread until the scheduler gives it a worker again
-                self._dispatcher.slice_end(runner, used, self._wait_error, self._timeout_at)
-                self._cpu_mark = self._meter()
-                self._take_lane()  # the competing groups may have changed
+                self._engine.dispatcher.slice_end(runner, used, self._wait_error, self._timeout_at)
+                self._cpu_mark = meter()
+                take_lane(self)  # the competing groups may have changed
             now = self._now()
-        if self._rules is not None and now >= self._rules_at:
+        if now >= self._rules_at:
             self.check_rules(now)
         self._arm(now)
 
@@ -365,91 +406,40 @@ class Query:
         """Act on the rules of its group that are due (any thread of the query, at
         most once a slice; resgroups.query.rules). While the query's own thread is
         not scheduled, its CPU is metered here for rules on cpu_time."""
-        rules = self._rules
-        if rules is not None:
-            rules = self._rules = current(self, rules)  # a dropped rule stops acting
-        if rules is None:  # no rule left, or moved to a group without rules
-            self._rules_at = math.inf
+        extra = self._extra
+        rules = extra.rules if extra is not None else None
+        if extra is not None and rules is not None:
+            rules = extra.rules = current(self, rules)  # a dropped rule stops acting
+        if extra is None or rules is None:  # no rule left, or moved to a group without rules
+            self._rules_at = INF
             return
         self._rules_at = now + self._engine.slice_s
         runner = self.held.runner
         scheduled = runner is not None and runner.scheduled
         if own_thread and not scheduled and self._cpu_mark and "cpu_time" in rules.metrics:
-            mark = self._meter()
+            mark = self._engine.cpu_meter()
             self.cpu_ns += mark - self._cpu_mark
             self._cpu_mark = mark
-        can_move = own_thread and self.state is RUNNING and self._batch is None
+        can_move = own_thread and self.state is RUNNING and extra.batch is None
         check_rules(self, rules, now, can_move=can_move)
         if rules.move_left:  # a MOVE is due: the own thread takes it at its next checkpoint
             self._rules_at = now
 
-    def move(self, rule: RuleDef) -> None:
-        """A rule's MOVE (SPEC §16), on the query's own thread at a checkpoint: its
-        tracked memory goes to the target group's budget (or MemoryLimitExceeded,
-        and it stays), the slot and the worker in its group are given back, and it
-        passes the target's gate at the head of its queue holding no worker (a
-        QueueTimeout there ends it), then takes a worker charged to the target.
-        The target's rules apply to it from here."""
-        engine = self._engine
-        snap = engine.snapshot
-        target = snap.runtime_group(rule.target_id) if rule.target_id is not None else None
-        if target is None:  # the rule changed meanwhile (it cannot be dropped under it)
-            return
-        placement = engine.placement(self.session, target)
-        held = self.held
-        old_runtime, old_group = held.runtime, self.group
-        acted = self._rules.acted if self._rules is not None else frozenset()
-        with Hold(self._interrupted):
-            published = held.published
-            if published is not None:
-                if self._memory is not None:
-                    self._memory.flush()
-                try:
-                    published.move_to(
-                        placement.runtime.group_id,
-                        placement.budget,
-                        f"group={target.name}, user={self.user}",
-                    )
-                except MemoryLimitExceeded as exc:  # the query fails, every thread of it
-                    error = MemoryLimitExceeded(
-                        f"{exc.message} (moving there by resource rule {rule.name})"
-                    )
-                    self.fail(error)
-                    raise error from None
-            self._give_back()
-            self._placement = placement
-            held.runtime = placement.runtime
-            held.group = target.name
-            self.moved_from = old_group
-            self._fence = None  # fleet mode: the target's, taken as it is admitted
-            self._rules = rules_for(placement, acted)  # a rule acts once per query
-            if old_runtime is not None and old_runtime.dropped:
-                engine.runtimes.query_ended(old_runtime)
-            try:
-                self._admit(self._now(), front=True)
-            except (AdmissionRejected, QueueTimeout, QueryTimeout) as exc:
-                raise type(exc)(
-                    f"{exc.message} (moved there by resource rule {rule.name} from {old_group})"
-                ) from None
-            self._meter_for_rules()
-            self._rules_at = (
-                self._checked_at + engine.slice_s if self._rules is not None else math.inf
-            )
-            self._arm(self._checked_at)
-
     def _meter_for_rules(self) -> None:
         """Start metering its thread for rules on cpu_time when it is not scheduled
         (the scheduler meters a scheduled one)."""
-        rules = self._rules
+        extra = self._extra
+        rules = extra.rules if extra is not None else None
         if rules is not None and "cpu_time" in rules.metrics and not self._cpu_mark:
-            self._cpu_mark = self._meter()
+            self._cpu_mark = self._engine.cpu_meter()
 
     def _check_fence(self) -> None:
         """Fleet mode: fail (for good, every thread of the query) once the
         instance's fence has passed: what it held may have been given to others;
         else note when to look again (any thread of the query may call this)."""
-        assert self._fence is not None
-        left = seconds_left(self._fence)
+        fence = self._extra.fence if self._extra is not None else None
+        assert fence is not None
+        left = seconds_left(fence)
         if left <= 0:
             error = CoordinationUnavailable(
                 f"this instance could not renew what it holds in the fleet in time "
@@ -467,23 +457,27 @@ class Query:
         threshold, and the slow path notes when it ran (``_checked_at``), so the
         fast path stays one compare."""
         self._checked_at = now
+        engine = self._engine
+        check_at = now + engine.probe_s
         runner = self.held.runner
-        slice_end = self._slice_end = (
-            now + self._engine.slice_s if runner is not None and runner.scheduled else math.inf
-        )
-        check_at = now + self._engine.probe_s
-        if slice_end < check_at:
-            check_at = slice_end
+        if runner is not None and runner.scheduled:
+            slice_end = self._slice_end = now + engine.slice_s
+            if slice_end < check_at:
+                check_at = slice_end
+        else:
+            self._slice_end = INF
         if self._stop_at < check_at:
             check_at = self._stop_at
         if self._rules_at < check_at:  # runaway-query rules, once a slice
             check_at = self._rules_at
-        if self._fence is not None:  # fleet mode: a checkpoint at the fence
-            fence_at = self._fence_at = now + seconds_left(self._fence)
-            check_at = min(check_at, fence_at)
+        extra = self._extra
+        if extra is not None and extra.fence is not None:  # fleet mode: at the fence
+            fence_at = self._fence_at = now + seconds_left(extra.fence)
+            if fence_at < check_at:
+                check_at = fence_at
         self._check_at = check_at
         if self._cancelled or self._failure is not None:  # cancel() or fail() ran meanwhile
-            self._check_at = -math.inf
+            self._check_at = -INF
 
     # ---- failing and interrupting native work (on_cancel) ---------------------------------
 
@@ -491,8 +485,9 @@ class Query:
         """A task or thread of this query failed for good (memory limit): every
         other thread of the query raises it at its next checkpoint."""
         self._failure = error
-        self._stop_at = self._check_at = -math.inf
-        if self._watched:
+        self._stop_at = self._check_at = -INF
+        extra = self._extra
+        if extra is not None and extra.watched:
             self._engine.deadlines.wake(self)
 
     def on_cancel(self, callback: Callable[[], object]) -> None:
@@ -504,40 +499,16 @@ class Query:
         (QueryCancelled, QueryTimeout, CoordinationUnavailable) at its next
         checkpoint, as always. One timer thread watches every query's
         deadline; a callback that raises is logged, and none runs once
-        ``__exit__`` has returned."""
-        if self.state is DONE:
-            raise InvalidParameter("on_cancel() on a query that has ended")
-        self._on_cancel = (*self._on_cancel, callback)
-        self._watched = True
-        self._engine.deadlines.watch(self)
+        ``__exit__`` has returned (resgroups.query.native)."""
+        native.on_cancel(self, callback)
 
     def due_at(self) -> float:
         """When the on_cancel callbacks are due, on the engine clock (the watcher's)."""
-        if self._cancelled or self._failure is not None:
-            return -math.inf
-        if self.state is SUSPENDED:  # the timeout does not run meanwhile
-            return math.inf
-        due = self._timeout_at
-        rules = self._rules
-        if rules is not None and rules.kill_after_ms is not None and self.admitted_at:
-            # a rule that KILLs on elapsed alone interrupts native work at its threshold
-            # (a millisecond past it: the rule needs elapsed > its threshold)
-            kill_at = self.admitted_at + self.suspended_s + (rules.kill_after_ms + 1) / 1000
-            due = min(due, kill_at)
-        if self._fence is not None:  # fleet mode: native work stops at the fence too
-            return min(due, self._now() + seconds_left(self._fence))
-        return due
+        return native.due_at(self)
 
     def fire(self) -> None:
         """The watcher's thread: call each pending callback once."""
-        callbacks, self._on_cancel = self._on_cancel, ()
-        if self._rules is not None:  # an interrupted body checks its rules at once
-            self._rules_at = self._check_at = -math.inf
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:
-                log.exception("%s: an on_cancel callback failed", self)
+        native.fire(self)
 
     # ---- entering and leaving --------------------------------------------------------
 
@@ -555,8 +526,7 @@ class Query:
         if get_ident() != MAIN_IDENT:
             self._enter()  # gives back what it took, if it fails
             return self
-        hold = Hold(self._interrupted)
-        hold.__enter__()  # wraps the handlers (a signal before finds nothing taken)
+        hold_main(self._interrupted)  # wraps the handlers (a signal before finds nothing taken)
         try:
             interrupts.STATE.queries += 1  # the handlers stay wrapped until __exit__
             self.held.on_main_thread = True
@@ -565,9 +535,9 @@ class Query:
             try:
                 self._leave()  # still held: give everything back first (if not already)
             finally:
-                hold.__exit__(None, None, None)  # then deliver what is pending
+                end_main()  # then deliver what is pending
             raise
-        hold.release()
+        release_main()
         while PENDING:  # the last test: no eval-breaker check between it and the return
             self._deliver_entered()
         return self
@@ -583,48 +553,90 @@ class Query:
             raise
 
     def _enter(self) -> None:
-        session = self.session
         if self._cancelled:  # cancelled before it started: honoured for every kind
             self.state = DONE
             raise QueryCancelled(f"query cancelled before it started [user={self.user}]")
         self.state = ADMITTING
+        engine = self._engine
         now = self._submitted_at = self._checked_at = self._now()
         self._started_wall = time.time()
-        timeout = self._engine.query_timeout
+        timeout = engine.query_timeout
         if timeout is not None:
             self._timeout_at = self._stop_at = self._check_at = now + timeout
         try:
-            self._engine.open_query(self)
+            engine.open_query(self)
             # an unmanaged query resolves nothing: a dropped or forbidden choice
             # cannot fail what consumes nothing
-            if self.kind in MANAGED_KINDS:
-                placement = session.placement(
-                    export=self.kind == "export", attributes=self._attributes
-                )
-                if placement is not None and self.statement is not None:
-                    target = watched(self, placement.group)  # or refused (RunawayQuery)
-                    if target is not None:  # watched after a MOVE: admitted there at once
-                        placement = self._engine.placement(session, target)
+            kind = self.kind
+            if kind in MANAGED_KINDS:
+                placement = self.session.placement(kind == "export", self._attributes)
                 if placement is not None:
+                    if self.statement is not None or placement.rules or self._extra is not None:
+                        placement = self._place(placement)  # a watch, rules, q.memory
                     self._placement = placement
                     held = self.held
                     held.group = placement.group.name
-                    held.runtime = placement.runtime
-                    if self._memory is not None:  # q.memory was read before entry
-                        self._memory = MemoryCounter(self._memory_state())
-                    # most groups have no rules: then nothing is looked up
-                    rules = self._rules = rules_for(placement) if placement.rules else None
-                    self._admit(now)  # arms the checkpoint as it returns (_checked_at)
-                    self.admitted_at = self._checked_at
-                    if rules is not None:
-                        self._rules_at = self._checked_at + self._engine.slice_s
-                        self._meter_for_rules()
-                        self._arm(self._checked_at)
-            self.waited_s = self._checked_at - now
+                    runtime = held.runtime = placement.runtime
+                    gate = runtime.gate.gate
+                    dispatcher = engine.dispatcher
+                    # _admit's fast path, written out (every query's path): nobody
+                    # queued, nothing scheduled, a counted slot and worker free
+                    if (
+                        not gate.waiting
+                        and not dispatcher.core.engaged
+                        and not engine.admission.fenced
+                        and dispatcher.admit_counted(
+                            gate, runtime.cpu, self.pool_name, self.user, now
+                        )
+                    ):
+                        held.counted = True
+                        self.admitted_at = now  # waited_s stays 0.0
+                        # _arm(now) for a query never sliced, with no fence and no rules
+                        # yet: the probe or the stop time (_checked_at is now)
+                        check_at = now + engine.probe_s
+                        if self._stop_at < check_at:
+                            check_at = self._stop_at
+                        self._check_at = check_at
+                        if self._cancelled or self._failure is not None:  # meanwhile
+                            self._check_at = -INF
+                    else:
+                        self._admit(now)  # arms the checkpoint as it returns (_checked_at)
+                        self.admitted_at = self._checked_at
+                        self.waited_s = self._checked_at - now
+                    if self._extra is not None:
+                        self._arm_rules()
             self.state = RUNNING
         except BaseException:
             self._leave()
             raise
+
+    def _place(self, placement: Placement) -> Placement:
+        """Where a query with a statement, a group with rules, or a feature used
+        before entry runs: ``placement``, or where a rule's watch on its
+        statement moves it (or a refusal, RunawayQuery); its group's rules are
+        looked up, and ``q.memory`` read before entry counts there."""
+        if self.statement is not None:
+            target = watched(self, placement.group)  # or refused (RunawayQuery)
+            if target is not None:  # watched after a MOVE: admitted there at once
+                placement = self._engine.placement(self.session, target)
+        self._placement = placement
+        held = self.held
+        held.group = placement.group.name
+        held.runtime = placement.runtime
+        extra = self._extra
+        if extra is not None and extra.memory is not None:  # q.memory read before entry
+            extra.memory = MemoryCounter(self._memory_state())
+        if placement.rules:  # most groups have no rules: then nothing is looked up
+            self._uses().rules = rules_for(placement)
+        return placement
+
+    def _arm_rules(self) -> None:
+        """Admitted with rules: check them at the end of its first slice."""
+        extra = self._extra
+        if extra is not None and extra.rules is not None:
+            self._rules_at = self._checked_at + self._engine.slice_s
+            self._meter_for_rules()
+            self._arm(self._checked_at)
 
     @interrupts.protect
     def __exit__(
@@ -640,8 +652,11 @@ class Query:
         if get_ident() != MAIN_IDENT:
             self._leave()
             return
-        with Hold():  # and a signal's handler runs once everything is back
+        hold_main()
+        try:
             self._leave()
+        finally:
+            end_main()  # and a signal's handler runs once everything is back
 
     def _interrupted(self, signum: int) -> None:
         """A signal arrived while a hold of this query was in force (signal handler
@@ -649,7 +664,7 @@ class Query:
         poll and the KeyboardInterrupt follows once everything is given back."""
         if signum == signal.SIGINT:
             self._cancelled = True
-            self._stop_at = self._check_at = -math.inf
+            self._stop_at = self._check_at = -INF
 
     # ---- admission ---------------------------------------------------------------------
 
@@ -668,109 +683,26 @@ class Query:
         runtime = held.runtime
         if runtime is None:
             raise InternalError("an unmanaged query has no gate to pass")
-        mode = self._mode
-        dispatcher = self._dispatcher
+        engine = self._engine
+        mode = engine.admission
+        dispatcher = engine.dispatcher
+        gate = runtime.gate.gate
         # read without the lock, as hints: somebody queued means no fast path (FIFO)
-        if not mode.fenced and not runtime.gate.gate.waiting:
+        if not mode.fenced and not gate.waiting:
             if not dispatcher.core.engaged:
-                if dispatcher.admit_counted(
-                    runtime.gate.gate, runtime.cpu, self.pool_name, self.user, now
-                ):
+                if dispatcher.admit_counted(gate, runtime.cpu, self.pool_name, self.user, now):
                     held.counted = True
                     self._cpu_mark = 0
                     self._arm(now)
                     return
             else:
-                ticket, runner = self._ticket_and_runner(runtime)
-                if dispatcher.admit_at_once(runtime.gate.gate, ticket, runner):
-                    self._cpu_mark = self._meter() if runner.scheduled else 0
-                    self._take_lane()
+                ticket, runner = ticket_and_runner(self, runtime)
+                if dispatcher.admit_at_once(gate, ticket, runner):
+                    self._cpu_mark = engine.cpu_meter() if runner.scheduled else 0
+                    take_lane(self)
                     self._arm(self._now())
                     return
-        self._admit_slow(runtime, mode, front)
-
-    def _ticket_and_runner(self, runtime: GroupRuntime) -> tuple[Ticket, Runner]:
-        """What a query that may wait or be sliced holds while it does: made now."""
-        held = self.held
-        ticket = held.ticket = Ticket(self.user, self._timeout_at)
-        runner = held.runner = Runner(runtime.cpu, self.pool_name, self.user, self.id, self.kind)
-        return ticket, runner
-
-    def _admit_slow(self, runtime: GroupRuntime, mode: AdmissionMode, front: bool = False) -> None:
-        """The fleet's fence, the gate's queue, what the admission mode holds after
-        the slot (a fleet lease), then a worker of the pool: each may wait."""
-        held = self.held
-        ticket, runner = held.ticket, held.runner
-        if ticket is None or runner is None:
-            ticket, runner = self._ticket_and_runner(runtime)
-        group = runtime.definition
-        queue_timeout = group.queue_timeout_ms / 1000
-        if mode.fenced:  # fleet mode: nothing is admitted on what may have lapsed
-            fence = self._fence = mode.fence_for(group)
-            if not (seconds_left(fence) > 0 and mode.fresh()):
-                mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))
-            if mode.fast and self._dispatcher.admit_at_once(runtime.gate.gate, ticket, runner):
-                held.fenced = True  # it runs on the fence from here
-                if seconds_left(fence) <= 0 or not mode.fresh():  # meanwhile
-                    self._hold_fence(group, queue_timeout)
-                self._cpu_mark = self._meter() if runner.scheduled else 0
-                self._take_lane()
-                self._arm(self._now())
-                return
-        if mode.fast:  # who gives this ticket its slot may hand it a worker too
-            ticket.runner = runner
-        try:
-            runtime.gate.enter(ticket, self._is_cancelled, mode.queued, front=front)
-        finally:
-            ticket.runner = None
-        mode.after_slot(  # the local slot first, then the fleet's (SPEC §11)
-            held,
-            runtime,
-            deadline=self._timeout_at,
-            queue_deadline=self._now() + queue_timeout,
-            cancelled=self._is_cancelled,
-            now=self._now,
-        )
-        if runner.state is not RUNNER_RUNNING:  # not handed a worker with the slot
-            # a worker is asked for once the slot is held: its arrival order counts
-            # from here
-            runner = held.runner = Runner(
-                runtime.cpu, self.pool_name, self.user, self.id, self.kind
-            )
-            self._dispatcher.acquire(runner, self._wait_error, self._timeout_at)
-        if mode.fenced:
-            self._hold_fence(group, queue_timeout)
-        self._cpu_mark = self._meter() if runner.scheduled else 0
-        self._take_lane()
-        self._arm(self._now())
-
-    def _take_lane(self) -> None:
-        """Holding a scheduled worker: its own thread runs at its group's priority
-        lane while it holds it, where the process may put it back (its body and
-        the map items it runs itself; sched/lanes.py). ``held.release`` restores it."""
-        dispatcher = self._dispatcher
-        lanes = dispatcher.lanes
-        held = self.held
-        if not lanes.on and held.nice is None:
-            return
-        runner, runtime = held.runner, held.runtime
-        if runner is not None and runner.scheduled and runtime is not None:
-            lane = dispatcher.lane_of(runtime.group_id, self.pool_name)  # 0 once lanes are off
-            held.nice = lanes.enter(lane, held.nice)
-
-    def _hold_fence(self, group: GroupDef, queue_timeout: float) -> None:
-        """Fleet mode, once the slot is held: run on the fence from here. A query
-        that waited in the queue across a lapse waits for the renewal first (the
-        renewal fails the queries that run on the fence, not this one); one that
-        finds the fence passed once it runs on it fails now."""
-        mode = self._mode
-        assert self._fence is not None
-        if seconds_left(self._fence) <= 0 or not mode.fresh():
-            mode.prepare(group, min(self._timeout_at - self._now(), queue_timeout))  # or raise
-            mode.recheck(self.held)  # what it took before the lapse may be gone: or raise
-        self.held.fenced = True
-        if seconds_left(self._fence) <= 0:
-            self._check_fence()  # raises
+        admit_slow(self, runtime, mode, front)
 
     def _is_cancelled(self) -> bool:
         return self._cancelled
@@ -792,14 +724,15 @@ class Query:
         own thread: exit, suspend, a failed resume). A fault of the CPU meter
         does not keep the worker."""
         held = self.held
+        engine = self._engine
         cpu_ns = 0
         try:
             runner = held.runner
             if runner is not None and runner.scheduled and runner.state is RUNNER_RUNNING:
-                cpu_ns = self._meter() - self._cpu_mark
+                cpu_ns = engine.cpu_meter() - self._cpu_mark
                 self.cpu_ns += cpu_ns
         finally:
-            held.release(self._dispatcher, self._mode, cpu_ns)
+            held.release(engine.dispatcher, engine.admission, cpu_ns)
 
     def _leave(self) -> None:
         held = self.held
@@ -809,76 +742,52 @@ class Query:
         state = self.state
         if state is DONE:
             return
-        if self._rules is not None and state in (RUNNING, SUSPENDED):
-            try:
-                log_at_end(self, self._rules, self._now())
-            except Exception:  # a fault here must not keep what the query holds
-                log.exception("%s: checking its rules at its end failed", self)
+        extra = self._extra
+        engine = self._engine
         try:
-            if self._watched:  # nothing interrupts the query once it has ended
-                self._on_cancel = ()
-                self._engine.deadlines.unwatch(self)  # waits for a firing
+            if extra is not None:  # it used a feature: end it first (rules, on_cancel)
+                self._end_uses(extra, state)
             if held.counted:  # nothing to charge: back by count
-                held.release(self._dispatcher, self._mode, 0)
+                held.release(engine.dispatcher, engine.admission, 0)
             elif held.ticket is not None or held.runner is not None or held.lease_id is not None:
                 self._give_back()
         finally:
-            if self._memory is not None or held.published is not None:
+            if extra is not None or held.published is not None:
                 self._end_memory()
             self.state = DONE
             if state is SUSPENDED and held.runtime is not None:
                 held.runtime.suspend(-1)
                 held.suspended = False
-            self._engine.close_query(self)
+            engine.close_query(self)
+
+    def _end_uses(self, extra: Extras, state: QueryState) -> None:
+        """Before it gives back what it holds: a last look by its rules (a fault
+        there must not keep what it holds), and nothing interrupts it any more."""
+        if extra.rules is not None and state in (RUNNING, SUSPENDED):
+            try:
+                log_at_end(self, extra.rules, self._now())
+            except Exception:
+                log.exception("%s: checking its rules at its end failed", self)
+        if extra.watched:  # nothing interrupts the query once it has ended
+            extra.on_cancel = ()
+            self._engine.deadlines.unwatch(self)  # waits for a firing
 
     # ---- cursors -------------------------------------------------------------------
 
     def suspend(self) -> None:
-        """Give the slot and the worker back between pages; memory stays charged."""
-        if self.state is not RUNNING:
-            raise InvalidParameter(f"suspend() on a {self.state.value} query")
-        with Hold():
-            self._give_back()
-            if self._memory is not None:  # charged while suspended: publish what is pending
-                self._memory.flush()
-            self._suspended_at = self._now()
-            runtime = self.held.runtime
-            if runtime is not None:
-                runtime.suspend(+1)
-                self.held.suspended = True
-            self.state = SUSPENDED
+        """Give the slot and the worker back between pages; memory stays charged
+        (resgroups.query.cursors)."""
+        cursors.suspend(self)
 
     def resume(self) -> None:
         """Pass the gate again; a refusal raises and leaves the query suspended."""
-        if self.state is not SUSPENDED:
-            raise InvalidParameter(f"resume() on a {self.state.value} query")
-        if self._cancelled:
-            raise QueryCancelled(f"query cancelled [group={self.group}]")
-        # the query timeout does not run while the cursor is suspended
-        now = self._now()
-        self._timeout_at += now - self._suspended_at
-        self.suspended_s += now - self._suspended_at
-        self._suspended_at = now  # a refused resume may be retried
-        if not self._cancelled and self._failure is None:
-            self._stop_at = self._check_at = self._timeout_at
-        with Hold(self._interrupted):
-            runtime = self.held.runtime
-            if runtime is not None:
-                try:
-                    self._admit(now)
-                except BaseException:
-                    self._give_back()
-                    raise
-                self._meter_for_rules()
-                runtime.suspend(-1)
-                self.held.suspended = False
-            self.state = RUNNING
-        if self._watched:  # its timeout runs again, later than it was
-            self._engine.deadlines.watch(self)
+        cursors.resume(self)
 
     def _attributes(self) -> Attributes:
         """What selectors route this query on (SPEC §15)."""
-        return self.session.attributes(self.kind, self.statement, self._estimate)
+        extra = self._extra
+        estimate = extra.estimate if extra is not None else None
+        return self.session.attributes(self.kind, self.statement, estimate)
 
     # ---- progress the body reports --------------------------------------------------
 
@@ -917,15 +826,16 @@ class Query:
         """Cancel from any thread: the query raises QueryCancelled at its next
         checkpoint, or at once if it waits in a queue or for a worker."""
         self._cancelled = True
-        self._stop_at = self._check_at = -math.inf
+        self._stop_at = self._check_at = -INF
         held = self.held
         ticket, runtime = held.ticket, held.runtime
         if ticket is not None and runtime is not None:
             runtime.gate.wake_queued(ticket)
-        self._dispatcher.wake_parked(held.runner)
+        self._engine.dispatcher.wake_parked(held.runner)
         if held.seeking:
-            self._mode.wake_lease_waiters()  # a wait for a fleet lease notices at once
-        if self._watched:
+            self._engine.admission.wake_lease_waiters()  # a wait for a lease notices at once
+        extra = self._extra
+        if extra is not None and extra.watched:
             self._engine.deadlines.wake(self)  # interrupt native work now
 
     def map(self, fn: Callable[[Task, T], R], items: Iterable[T]) -> list[R]:

@@ -49,7 +49,7 @@ class Task:
         self._runner = runner  # None: running on the query's own thread
         # each task has its own accumulator, published when the task ends
         self.memory = MemoryCounter(query.held.published)  # map() created it for its tasks
-        self.cpu_mark = query._meter() if runner is not None and runner.scheduled else 0
+        self.cpu_mark = query._engine.cpu_meter() if runner is not None and runner.scheduled else 0
         # the end of this task's CPU slice, on the engine clock (inf: unscheduled)
         self._slice_end = query._now() + query._engine.slice_s if self.cpu_mark else math.inf
 
@@ -75,7 +75,7 @@ class Task:
         runner = self._runner
         assert runner is not None
         query = self.query
-        mark = query._meter()
+        mark = query._engine.cpu_meter()
         query.cpu_ns += mark - self.cpu_mark
         query._engine.dispatcher.slice_end(
             runner, mark - self.cpu_mark, query._wait_error, query._timeout_at
@@ -87,7 +87,7 @@ class Task:
         """The CPU used since the last charge (0 when unscheduled)."""
         if not self.cpu_mark:
             return 0
-        used = self.query._meter() - self.cpu_mark
+        used = self.query._engine.cpu_meter() - self.cpu_mark
         self.query.cpu_ns += used
         return used
 
@@ -212,7 +212,8 @@ def run_map(query: Query, fn: Callable[[Task, T], R], items: Iterable[T]) -> lis
     # back; SIGINT cancels the query meanwhile, so tasks stop at a checkpoint
     with Hold(query._interrupted):
         runners = batch.runners = task_runners(query, len(batch.items) - 1)
-        query._batch = batch
+        extra = query._uses()  # its running map is kept there
+        extra.batch = batch
         try:
             if runners:
                 dispatcher.submit_tasks(runners, batch)
@@ -221,7 +222,7 @@ def run_map(query: Query, fn: Callable[[Task, T], R], items: Iterable[T]) -> lis
             dispatcher.withdraw_tasks(runners)
             batch.wait()
         finally:
-            query._batch = None
+            extra.batch = None
     if batch.error is not None:
         raise batch.error
     return list(batch.results)

@@ -1,8 +1,9 @@
 """Runaway-query rules acting on a running query (SPEC §16).
 
 A query of a group with rules carries a :class:`~resgroups.sched.rules.QueryRules`
-(None otherwise: a query of a group without rules pays one ``is None`` test
-per slow checkpoint, nothing on the fast path). The rules are checked on the
+in its :class:`~resgroups.query.extras.Extras` (a query of a group without
+rules has none: its next rules check is never due, one compare per slow
+checkpoint, nothing on the fast path). The rules are checked on the
 slow path of a checkpoint, at most once a slice (``slice_ms``) by whichever
 thread of the query reaches a checkpoint first, against the query's readings:
 
@@ -29,7 +30,14 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from resgroups.catalog.rules import KILL, LOG, MOVE
-from resgroups.errors import RunawayQuery
+from resgroups.errors import (
+    AdmissionRejected,
+    MemoryLimitExceeded,
+    QueryTimeout,
+    QueueTimeout,
+    RunawayQuery,
+)
+from resgroups.interrupts import Hold
 from resgroups.sched.rules import QueryRules, describe_hit
 
 if TYPE_CHECKING:
@@ -170,7 +178,63 @@ def check_rules(query: Query, rules: QueryRules, now: float, *, can_move: bool) 
             target,
             hit,
         )
-        query.move(rule)
+        move(query, rule)
+
+
+def move(query: Query, rule: RuleDef) -> None:
+    """A rule's MOVE (SPEC §16), on the query's own thread at a checkpoint: its
+    tracked memory goes to the target group's budget (or MemoryLimitExceeded,
+    and it stays), the slot and the worker in its group are given back, and it
+    passes the target's gate at the head of its queue holding no worker (a
+    QueueTimeout there ends it), then takes a worker charged to the target.
+    The target's rules apply to it from here."""
+    engine = query._engine
+    snap = engine.snapshot
+    target = snap.runtime_group(rule.target_id) if rule.target_id is not None else None
+    if target is None:  # the rule changed meanwhile (it cannot be dropped under it)
+        return
+    placement = engine.placement(query.session, target)
+    held = query.held
+    old_runtime, old_group = held.runtime, query.group
+    extra = query._uses()  # a rule acts: its query keeps its rules there
+    acted = extra.rules.acted if extra.rules is not None else frozenset()
+    with Hold(query._interrupted):
+        published = held.published
+        if published is not None:
+            if extra.memory is not None:
+                extra.memory.flush()
+            try:
+                published.move_to(
+                    placement.runtime.group_id,
+                    placement.budget,
+                    f"group={target.name}, user={query.user}",
+                )
+            except MemoryLimitExceeded as exc:  # the query fails, every thread of it
+                error = MemoryLimitExceeded(
+                    f"{exc.message} (moving there by resource rule {rule.name})"
+                )
+                query.fail(error)
+                raise error from None
+        query._give_back()
+        query._placement = placement
+        held.runtime = placement.runtime
+        held.group = target.name
+        extra.moved_from = old_group
+        extra.fence = None  # fleet mode: the target's, taken as it is admitted
+        extra.rules = rules_for(placement, acted)  # a rule acts once per query
+        if old_runtime is not None and old_runtime.dropped:
+            engine.runtimes.query_ended(old_runtime)
+        try:
+            query._admit(query._now(), front=True)
+        except (AdmissionRejected, QueueTimeout, QueryTimeout) as exc:
+            raise type(exc)(
+                f"{exc.message} (moved there by resource rule {rule.name} from {old_group})"
+            ) from None
+        query._meter_for_rules()
+        query._rules_at = (
+            query._checked_at + engine.slice_s if extra.rules is not None else math.inf
+        )
+        query._arm(query._checked_at)
 
 
 def _watch(query: Query, rule: RuleDef) -> None:

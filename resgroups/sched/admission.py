@@ -395,17 +395,18 @@ class Gate:
 
     def count_out(self, user: str, now: float) -> list[Ticket]:
         """A counted slot of ``user`` comes back; the tickets admitted in its place."""
-        if not self.counted or not self._held.get(user):
+        held = self._held
+        n = held.get(user, 0)
+        if not n or not self.counted:
             raise InternalError(f"a counted slot of {user} given back, but none is held")
         self.counted -= 1
-        held = self._held
-        if held[user] == 1:
+        if n == 1:
             del held[user]
         else:
-            held[user] -= 1
+            held[user] = n - 1
         if self.nested:
             return self._gave(user, now)
-        if self._grandfathered > len(self._active) + self.counted:
+        if self._grandfathered and self._grandfathered > len(self._active) + self.counted:
             self._grandfathered = len(self._active) + self.counted
         return self._admit_waiting(now) if self.waiting else []
 

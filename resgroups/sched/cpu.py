@@ -714,7 +714,11 @@ class CpuScheduler:
             raise InternalError(f"a counted worker of {g.name} in {pool} given back, none held")
         g.counted -= 1
         self.counted[pool] -= 1
-        self._returned(pool)
+        if self.owed[pool]:  # _returned(pool), written out: every counted query's path
+            self.owed[pool] -= 1
+            self.sizes[pool] -= 1
+        else:
+            self.free[pool] += 1
         if self.engaged and not g.counted:  # disengaged, busy may keep it (I6)
             self._maybe_idle(g, now)
         if self.waiting_in[pool] or g.path_limited:

@@ -34,7 +34,7 @@ Priority lanes (``lanes.py``): while scheduling is engaged, a pool whose
 workers outnumber the CPUs runs each group's tasks on threads of its lane
 (a fixed nice for life; threads per pool and lane start on demand from one
 spawner thread and are kept), and a query's own thread runs at its lane
-where the nice can come back (``Query._take_lane``, ``Holdings.release``).
+where the nice can come back (``query.waiting.take_lane``, ``Holdings.release``).
 ``Engine(oversubscribe=f)`` resizes each pool to ceil(f x workers) while
 lanes are on (``CpuScheduler.resize``); the core's accounting is unchanged.
 

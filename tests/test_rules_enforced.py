@@ -581,10 +581,16 @@ def test_a_move_takes_the_targets_fleet_slot_like_any_admission(pg_catalog: str,
         session_b.execute("SET RESOURCE GROUP g")
         mover = Spinner(session_b, lambda q: (q.scanned(11), in_slow(q)), out_of_slow)
         assert mover.entered.wait(20)
-        wait_until(lambda: any(r["moved_from"] == "g" for r in _queries(b.connect())), 20)
+        # its fleet slot is A's: it waits (shown parked for a moment first, between
+        # taking its local slot and waiting for the fleet's)
+        wait_until(
+            lambda: any(
+                r["moved_from"] == "g" and r["state"] == "queued" for r in _queries(b.connect())
+            ),
+            20,
+        )
         (row,) = [r for r in _queries(b.connect()) if r["moved_from"] == "g"]
         assert row["resource_group"] == "slow"
-        assert row["state"] == "queued"  # its fleet slot is A's: it waits
         assert running[0] == 1
         holder.join()
         wait_until(lambda: mover.query.group == "slow" and running[0] == 1, timeout=30)

@@ -291,7 +291,7 @@ def test_a_query_entered_on_either_path_gives_everything_back(fast: bool) -> Non
 
 def _handoff_setup(workers: int) -> tuple[Any, Any, Any, Any]:
     """A dispatcher, a gate of one slot held by a first query, and a second query
-    queued behind it with its runner, as ``Query._admit_slow`` leaves them."""
+    queued behind it with its runner, as ``resgroups.query.waiting.admit_slow`` leaves them."""
     from resgroups.sched.admission import Gate, GateConfig, Ticket
     from resgroups.sched.cpu import Runner
     from resgroups.sched.pool import Dispatcher

@@ -72,32 +72,22 @@ class Framer:
         self.violation: ProtocolViolation | None = None
 
     def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
-        """The messages ``data`` completes, in order."""
-        if not self._buf:  # the common case: whole messages, framed off ``data`` itself
-            return self._whole(data)
+        """The messages ``data`` completes, in order. With nothing buffered (the
+        common case) they are framed off ``data`` itself and only a message's
+        part that has not arrived is kept."""
         buf = self._buf
+        if not buf:
+            out, at = self._frame(data)
+            if at < len(data):
+                buf += memoryview(data)[at:]
+            return out
         buf += data
-        out = []
-        at = 0
-        while len(buf) - at >= 5 and self.violation is None:
-            kind, length = _HEADER.unpack_from(buf, at)
-            if not 4 <= length <= self._limit:
-                self.violation = ProtocolViolation(
-                    f"invalid message length {length} for message {kind!r} "
-                    f"(allowed 4..{self._limit})"
-                )
-                break
-            end = at + 1 + length
-            if len(buf) < end:
-                break
-            out.append((kind, bytes(buf[at + 5 : end])))
-            at = end
+        out, at = self._frame(buf)
         del buf[:at]
         return out
 
-    def _whole(self, data: bytes) -> list[tuple[bytes, bytes]]:
-        """``feed`` with nothing buffered: each message's body is one slice of
-        ``data``, and only a message's part that has not arrived is kept."""
+    def _frame(self, data: bytes | bytearray) -> tuple[list[tuple[bytes, bytes]], int]:
+        """The whole messages at the start of ``data``, and where they end."""
         out = []
         at, size, header, limit = 0, len(data), _HEADER.unpack_from, self._limit
         while size - at >= 5 and self.violation is None:
@@ -110,11 +100,9 @@ class Framer:
             end = at + 1 + length
             if size < end:
                 break
-            out.append((kind, data[at + 5 : end]))
+            out.append((kind, bytes(data[at + 5 : end])))  # a slice of bytes is not copied again
             at = end
-        if at < size:
-            self._buf += memoryview(data)[at:]
-        return out
+        return out, at
 
 
 class Body:

@@ -44,6 +44,9 @@ import numpy as np
 import resgroups
 
 N = 100_000
+# work conservation at two step sizes: ~40 us steps, where the GIL between two
+# ufunc calls already keeps plain threads below the CPUs, and ~0.4 ms steps
+CONSERVATION_N = (100_000, 1_000_000)
 DASHBOARDS = 4
 REPORTS = 2
 THINK_S = 0.020
@@ -184,13 +187,14 @@ def pct(values: list[float], q: float) -> float:
 # ---- 2. work conservation ------------------------------------------------------------
 
 
-def run_free(seconds: float, count: int) -> float:
-    """The baseline beside it: CPUs ``count`` plain threads get now (no resgroups)."""
+def run_free(seconds: float, count: int, n: int = N) -> float:
+    """The baseline beside it: CPUs ``count`` plain threads of ``n``-element steps get
+    now (no resgroups)."""
     stop = threading.Event()
     ready = threading.Barrier(count + 1)
 
     def burn() -> None:
-        a, b = np.random.rand(N), np.empty(N)
+        a, b = np.random.rand(n), np.empty(n)
         ready.wait()
         while not stop.is_set():
             _step(a, b)
@@ -208,7 +212,7 @@ def run_free(seconds: float, count: int) -> float:
     return used
 
 
-def run_conservation(lanes: bool, seconds: float) -> dict[str, float]:
+def run_conservation(lanes: bool, seconds: float, n: int = N) -> dict[str, float]:
     engine = resgroups.Engine(
         workers=2, priority_lanes=lanes, oversubscribe=OVER if lanes else 1, cpu_share_window=60.0
     )
@@ -222,7 +226,7 @@ def run_conservation(lanes: bool, seconds: float) -> dict[str, float]:
     def cpu_bound(group: str) -> None:
         session = engine.connect()
         session.execute(f"SET RESOURCE GROUP {group}")
-        a, b = np.random.rand(N), np.empty(N)
+        a, b = np.random.rand(n), np.empty(n)
         ready.wait()
         with session.query() as q:
             while not stop.is_set():
@@ -246,6 +250,36 @@ def run_conservation(lanes: bool, seconds: float) -> dict[str, float]:
         out[f"{name}_used"] = rows[name]["cpu_used_pct"]
         out[f"{name}_entitled"] = rows[name]["cpu_entitled_pct"]
     return out
+
+
+def conservation(n: int, seconds: float, rounds: int) -> None:
+    """Section 2 for steps of ``n`` elements: lanes off and on, interleaved, with plain
+    threads' CPU beside them (what the machine and the GIL give now)."""
+    runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    free_cpus: dict[int, list[float]] = {2: [], 4: []}
+    for r in range(rounds):
+        for lanes in (False, True) if r % 2 == 0 else (True, False):
+            runs[lanes].append(run_conservation(lanes, seconds, n))
+        for count in (2, 4):
+            free_cpus[count].append(run_free(seconds, count, n))
+    two, four = (statistics.mean(free_cpus[c]) / (os.cpu_count() or 1) * 100 for c in (2, 4))
+    print(
+        f"steps of {n:,} elements: plain threads beside it get {two:.1f} % (2 threads) and "
+        f"{four:.1f} % (4 threads) of the CPUs"
+    )
+    print(
+        f"{'lanes':6} {'busy %':>7} {'of 2':>5} {'of 4':>5} {'lim used':>8} {'lim ent':>8} "
+        f"{'free used':>9} {'free ent':>8} {'free err':>8}"
+    )
+    for lanes in (False, True):
+        m = {k: statistics.mean(x[k] for x in runs[lanes]) for k in runs[lanes][0]}
+        print(
+            f"{'on' if lanes else 'off':6} {m['busy_pct']:7.1f} "
+            f"{m['busy_pct'] / two:5.2f} {m['busy_pct'] / four:5.2f} "
+            f"{m['limited_used']:8.1f} {m['limited_entitled']:8.1f} {m['free_used']:9.1f} "
+            f"{m['free_entitled']:8.1f} "
+            f"{m['free_used'] - m['free_entitled']:8.1f}"
+        )
 
 
 # ---- 3. the cost of a grant ----------------------------------------------------------
@@ -338,32 +372,9 @@ def main() -> None:
             )
 
     if args.only in (None, "conservation"):
-        runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
-        free_cpus: dict[int, list[float]] = {2: [], 4: []}
-        for r in range(rounds):
-            for lanes in (False, True) if r % 2 == 0 else (True, False):
-                runs[lanes].append(run_conservation(lanes, seconds))
-            for count in (2, 4):
-                free_cpus[count].append(run_free(seconds, count))
-        two, four = (statistics.mean(free_cpus[n]) / (os.cpu_count() or 1) * 100 for n in (2, 4))
         print("\n2. work conservation: half-core limited + unlimited, 2 queries each, workers=2")
-        print(
-            f"plain threads beside it get {two:.1f} % (2 threads) and {four:.1f} % (4 threads) "
-            "of the CPUs: the machine's load"
-        )
-        print(
-            f"{'lanes':6} {'busy %':>7} {'of 2':>5} {'of 4':>5} {'lim used':>8} {'lim ent':>8} "
-            f"{'free used':>9} {'free ent':>8} {'free err':>8}"
-        )
-        for lanes in (False, True):
-            m = {k: statistics.mean(x[k] for x in runs[lanes]) for k in runs[lanes][0]}
-            print(
-                f"{'on' if lanes else 'off':6} {m['busy_pct']:7.1f} "
-                f"{m['busy_pct'] / two:5.2f} {m['busy_pct'] / four:5.2f} "
-                f"{m['limited_used']:8.1f} {m['limited_entitled']:8.1f} {m['free_used']:9.1f} "
-                f"{m['free_entitled']:8.1f} "
-                f"{m['free_used'] - m['free_entitled']:8.1f}"
-            )
+        for n in CONSERVATION_N:
+            conservation(n, seconds, rounds)
 
     if args.only in (None, "grant"):
         loops = 2000 if args.fast else 20000

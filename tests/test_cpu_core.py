@@ -234,6 +234,24 @@ def test_fractional_limit_budget_burst_and_refill() -> None:
     sim.check()
 
 
+def test_a_runner_behind_the_cap_with_budget_left_is_not_woken_by_the_clock() -> None:
+    """It waits for the capped worker, not for budget: the worker's return wakes it
+    (dispatch), so the wait has no timed wake-up (a timed one polled every 0.5 ms
+    and burned a tenth of a core per waiting query)."""
+    sim = Sim()
+    sim.group("half", 100, limit=0.5)
+    sim.group("other", 100)
+    r = sim.query("half")
+    other = sim.query("half")
+    assert other.state is RunnerState.WAITING  # behind the one worker of the cap
+    sim.tick(ms=10, cpu_ms=10)  # 10 ms of the 50 ms burst spent: budget left
+    assert sim.groups["half"].budget_ns > 0 and r.state is RunnerState.RUNNING
+    assert math.isinf(sim.s.next_wakeup(sim.now))
+    sim.tick(ms=60, cpu_ms=60)  # spent: both now wait for the refill
+    assert r.state is RunnerState.WAITING
+    assert sim.s.next_wakeup(sim.now) > sim.now
+
+
 def test_fractional_limit_holds_on_average() -> None:
     sim = Sim()
     sim.group("half", 100, limit=0.5)

@@ -192,6 +192,49 @@ def test_fractional_limit_of_half_a_core_holds_with_the_rest_idle() -> None:
         assert row["cpu_wait_nanos_total"] > 0  # waited for budget and for the worker
 
 
+def test_a_query_waiting_behind_its_groups_capped_worker_uses_no_cpu() -> None:
+    """A half-core group runs one query at a time (its cap is one worker); the
+    queries behind it wait for that worker's return, not on a clock: their
+    threads stay off the CPU (they polled every 0.5 ms while the budget was
+    positive, a tenth of a core each, taken from the other groups)."""
+    with resgroups.Engine(workers=2) as engine:
+        pct = round(0.5 / engine.cpus * 100, 2)
+        engine.connect().execute_script(
+            f"CREATE RESOURCE GROUP half WITH (cpu_limit = '{pct}%');CREATE RESOURCE GROUP other;"
+        )
+        load = Load()
+        waited: list[tuple[float, float]] = []  # (thread CPU, wall) of each wait
+        running = threading.Event()
+        stop = time.monotonic() + 2.0
+
+        def first() -> None:
+            session = engine.connect("u")
+            session.execute("SET RESOURCE GROUP half")
+            with session.query() as q:
+                running.set()
+                scan(q, stop, load, "half", "u")
+
+        def behind() -> None:
+            session = engine.connect("v")
+            session.execute("SET RESOURCE GROUP half")
+            cpu, wall = time.thread_time(), time.monotonic()
+            with session.query():
+                waited.append((time.thread_time() - cpu, time.monotonic() - wall))
+
+        holder = threading.Thread(target=first)
+        holder.start()
+        assert running.wait(10)
+        waiters = [threading.Thread(target=behind) for _ in range(2)]
+        for t in waiters:
+            t.start()
+        for t in [holder, *waiters]:
+            t.join(30)
+        assert len(waited) == 2
+        for cpu, wall in waited:
+            assert wall > 1.0, waited  # they did wait for the first query's worker
+            assert cpu < 0.02 * wall, waited
+
+
 def test_a_whole_core_limit_never_holds_more_workers_than_its_cores() -> None:
     with resgroups.Engine(workers=2) as engine:
         pct = round(1 / engine.cpus * 100, 2)

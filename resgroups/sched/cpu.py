@@ -1128,12 +1128,16 @@ class CpuScheduler:
         return min(g.burst, g.budget_ns + (now - g.budget_at) * g.rate)
 
     def next_wakeup(self, now: float) -> float:
-        """When a waiting runner may next be able to run (a budget refills); inf if never."""
+        """When a waiting runner may next be able to run because a budget refills; inf
+        if none is spent. A runner held back by a cap or by no free worker is woken
+        by the worker's return (``dispatch``), not by the clock: a group's queries
+        waiting for its one capped worker while its budget is positive do not poll."""
         times = [
-            g.refill_time(now)
+            t
             for g in self.busy
             if g.fractional
-            and (any(g.waiting.values()) or (g.active_children and g.refill_time(now) > now))
+            and (g.active_children or any(g.waiting.values()))
+            and (t := g.refill_time(now)) > now
         ]
         return min(times, default=math.inf)
 

@@ -31,7 +31,7 @@ import resgroups
 from resgroups.cpus import available_cpus
 from resgroups.query.parallel import Task
 from resgroups.sched.cpu import CpuScheduler, Runner, RunnerState
-from resgroups.sched.lanes import NICE_WEIGHTS, Lanes, Privilege, lane_for, probe
+from resgroups.sched.lanes import NICE_WEIGHTS, Lanes, Privilege, lane_for, limit_lane, probe
 
 LINUX = sys.platform.startswith("linux")
 # two workers oversubscribed beyond the CPUs of whatever machine runs this
@@ -73,27 +73,46 @@ def test_each_step_of_the_table_is_its_own_lane() -> None:
 def test_lanes_are_relative_to_the_heaviest_group_with_recent_work() -> None:
     lanes = Lanes(True, Privilege.RAISE)
     lanes.set_weights([(1, 400), (2, 25), (3, 100)])
-    lanes.refresh(0.0, [1, 2])
+    lanes.refresh(0.0, [(1, 1), (2, 1)])
     assert lanes.lane(2) == 0  # not engaged: everything at lane 0
     lanes.engage(True)
     assert [lanes.lane(g) for g in (1, 2, 3)] == [0, 12, 6]
     assert lanes.lane(-1) == 0  # the pseudo-group of uncharged tasks
-    lanes.refresh(0.005, [2])  # within REFRESH_S: nothing recomputed
-    lanes.refresh(0.5, [2])  # 1 is idle now, but had work within RECENT_S
+    lanes.refresh(0.005, [(2, 1)])  # within REFRESH_S: nothing recomputed
+    lanes.refresh(0.5, [(2, 1)])  # 1 is idle now, but had work within RECENT_S
     assert lanes.lane(2) == 12
-    lanes.refresh(1.2, [2])  # 1 idle for longer: 2 competes with nobody heavier
+    lanes.refresh(1.2, [(2, 1)])  # 1 idle for longer: 2 competes with nobody heavier
     assert [lanes.lane(g) for g in (1, 2, 3)] == [0, 0, 0]
-    lanes.refresh(1.3, [2, 3])
+    lanes.refresh(1.3, [(2, 1), (3, 1)])
     assert [lanes.lane(g) for g in (2, 3)] == [6, 0]
     lanes.set_weights([(2, 25)])  # 3 dropped: forgotten at once
-    lanes.refresh(1.3, [2])
+    lanes.refresh(1.3, [(2, 1)])
     assert lanes.lane(2) == 0
     assert lanes.nice(30) == 19  # never beyond the weakest nice
     off = Lanes(True, Privilege.NONE)
     off.set_weights([(1, 400), (2, 25)])
-    off.refresh(0.0, [1, 2])
+    off.refresh(0.0, [(1, 1), (2, 1)])
     off.engage(True)
     assert (off.on, off.lane(2)) == (False, 0)  # collapsed to one lane
+
+
+def test_a_limited_groups_lane_lets_the_kernel_share_near_its_limit() -> None:
+    """Half a core for one thread among three on 2 CPUs: at nice 0 it would get 2/3;
+    weight 2/3 of the others' (about 2 nice steps) gives it 0.5."""
+    assert limit_lane(0.5, 1, 3, 2.0) == 2
+    assert limit_lane(0.5, 1, 2, 2.0) == 0  # no more threads than CPUs: nice changes nothing
+    assert limit_lane(0.5, 1, 1, 2.0) == 0  # nobody else to give the CPU to
+    assert limit_lane(1.0, 1, 3, 2.0) == 0  # 2/3 of a CPU at nice 0 is within its limit
+    assert limit_lane(0.1, 1, 3, 2.0) == 10  # x = 0.1 * 2 / 1.9, about 1/9.5: 1024 / 110
+    lanes = Lanes(True, Privilege.RAISE, cpus=2.0)
+    lanes.set_weights([(1, 100), (2, 100), (3, 400)], limits=[(1, 0.5)])
+    lanes.engage(True)
+    lanes.refresh(0.0, [(1, 1), (2, 2)])
+    assert [lanes.lane(g) for g in (1, 2)] == [2, 0]
+    lanes.refresh(0.1, [(1, 1), (2, 0)])  # alone now: its budget alone holds it
+    assert lanes.lane(1) == 0
+    lanes.refresh(0.2, [(1, 1), (2, 2), (3, 1)])  # by weight (400 / 100: 6) is lower still
+    assert [lanes.lane(g) for g in (1, 2, 3)] == [6, 6, 0]
 
 
 # ---- the core: a pool's size changes online -----------------------------------------

@@ -99,9 +99,34 @@ REFRESH_S: Final = 0.01  # W and the lanes are recomputed at most this often
 
 
 def lane_for(weight: int, heaviest: int) -> int:
-    """The nice offset whose CFS weight ratio to nice 0 is nearest ``heaviest /
+    """The lane of a group of ``weight`` among groups as heavy as ``heaviest``: the
+    nice offset whose CFS weight ratio to nice 0 is nearest ``heaviest /
     weight`` (0 for the heaviest group). O(20)."""
-    target = math.log(max(1.0, heaviest / weight))
+    return _nearest(max(1.0, heaviest / weight))
+
+
+def limit_lane(cores: float, held: int, threads: int, cpus: float) -> int:
+    """The lane at which a limited group's ``held`` threads, among ``threads``
+    threads holding workers on ``cpus`` CPUs (the others at nice 0), get about
+    ``cores`` of CPU from the kernel; 0 when they would get no more than that at
+    nice 0, or when there are no more threads than CPUs (nice then changes
+    nothing). Its budget still holds the limit exactly; at this lane the kernel
+    already shares near it, so the budget seldom parks the group's thread (a
+    parked thread's CPU idles until the kernel moves another thread to it).
+
+    At nice 0 each of T threads on C CPUs gets C / T of one, so the group's h
+    get h C / T. At weight x relative to the others' 1 they get C h x / (h x +
+    T - h), which is L for x = L (T - h) / (h (C - L)), below 1 exactly when L
+    < h C / T."""
+    if threads <= cpus or held >= threads or cores >= held * cpus / threads:
+        return 0
+    relative = cores * (threads - held) / (held * (cpus - cores))
+    return _nearest(1 / relative)
+
+
+def _nearest(ratio: float) -> int:
+    """The nice offset whose CFS weight ratio to nice 0 is nearest ``ratio`` (>= 1)."""
+    target = math.log(ratio)
     return min(
         range(len(NICE_WEIGHTS)),
         key=lambda n: abs(math.log(NICE_WEIGHTS[0] / NICE_WEIGHTS[n]) - target),
@@ -154,14 +179,19 @@ class Lanes:
     """Each group's lane, and the nice values threads run at. Changed under the
     dispatcher's lock; a lookup is a dict read."""
 
-    def __init__(self, enabled: bool, privilege: Privilege | None = None) -> None:
+    def __init__(
+        self, enabled: bool, privilege: Privilege | None = None, cpus: float | None = None
+    ) -> None:
         self.privilege = (privilege or probe()) if enabled else Privilege.NONE
         self.base = _get_nice() if self.privilege is not Privilege.NONE else 0
         self.on = False  # engaged, permitted, and some pool has more workers than CPUs
+        self.cpus = cpus or float(os.cpu_count() or 1)  # C
         self._weights: dict[int, int] = {}  # group id -> cpu_weight, every group
+        self._limits: dict[int, float] = {}  # group id -> cpu_limit in cores, limited ones
         self._seen: dict[int, float] = {}  # group id -> when it last had work
         self._heaviest = 0  # W: the heaviest weight among the competing groups
-        self._lanes: dict[int, int] = {}  # group id -> lane, relative to W
+        self._by_weight: dict[int, int] = {}  # group id -> lane by weight, relative to W
+        self._lanes: dict[int, int] = {}  # group id -> lane: by weight, or lower by limit
         self._refresh_at = -math.inf
 
     @property
@@ -171,29 +201,49 @@ class Lanes:
     def engage(self, engaged: bool) -> None:
         self.on = engaged and self.supported
 
-    def set_weights(self, weights: Iterable[tuple[int, int]]) -> None:
-        """(group id, cpu_weight) of every group the engine has (an ALTER, a DROP)."""
+    def set_weights(
+        self, weights: Iterable[tuple[int, int]], limits: Iterable[tuple[int, float]] = ()
+    ) -> None:
+        """(group id, cpu_weight) of every group the engine has (an ALTER, a DROP), and
+        (group id, cpu_limit in cores) of those with a limit."""
         self._weights = dict(weights)
+        self._limits = {gid: cores for gid, cores in limits if gid in self._weights}
         self._seen = {gid: t for gid, t in self._seen.items() if gid in self._weights}
+        self._heaviest = 0  # recomputed at the next refresh
         self._refresh_at = -math.inf
 
-    def refresh(self, now: float, busy: Iterable[int]) -> None:
-        """At most once a ``REFRESH_S``: the groups with work now (``busy``) are
-        seen; W is the heaviest group seen within ``RECENT_S``, and each lane is
-        relative to it. O(groups) when W changes, else O(busy)."""
+    def refresh(self, now: float, busy: Iterable[tuple[int, int]]) -> None:
+        """At most once a ``REFRESH_S``: the groups with work now (``busy``: group id
+        and the threads of it holding workers) are seen; W is the heaviest group
+        seen within ``RECENT_S``, and each lane is relative to it, lowered for a
+        limited group to what its limit allows (:func:`limit_lane`). O(groups)
+        when W changes, else O(busy)."""
         if now < self._refresh_at:
             return
         self._refresh_at = now + REFRESH_S
         seen = self._seen
-        for gid in busy:
+        limits = self._limits
+        threads: dict[int, int] = {}
+        for gid, held in busy:
             seen[gid] = now
+            if held:
+                threads[gid] = held
         weights = self._weights
         heaviest = max(
             (weights.get(gid, 1) for gid, t in seen.items() if now - t <= RECENT_S), default=1
         )
         if heaviest != self._heaviest:
             self._heaviest = heaviest
-            self._lanes = {gid: lane_for(w, heaviest) for gid, w in weights.items()}
+            self._by_weight = {gid: lane_for(w, heaviest) for gid, w in weights.items()}
+            self._lanes = self._by_weight
+        if limits:
+            total = sum(threads.values())
+            lanes = dict(self._by_weight)
+            for gid, cores in limits.items():
+                held = threads.get(gid, 0)
+                if held and gid in lanes:
+                    lanes[gid] = max(lanes[gid], limit_lane(cores, held, total, self.cpus))
+            self._lanes = lanes
 
     def note(self, group_id: int, now: float) -> None:
         """``group_id`` has work now (it asks for its lane): it competes; a group

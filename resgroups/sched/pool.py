@@ -50,7 +50,7 @@ import math
 import os
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import NamedTuple, Protocol, TypeVar
 
@@ -145,7 +145,7 @@ class Dispatcher:
         self._closed = False
         # priority lanes (lanes.py): pool threads per (pool, lane), lane 0 made now,
         # the others (and lane 0's beyond the configured size) on demand
-        self.lanes = Lanes(lanes, privilege)
+        self.lanes = Lanes(lanes, privilege, cpus)
         self._sizes = dict(pools)  # as configured; oversubscribed while lanes are on
         self._oversubscribe = oversubscribe
         # lanes act where the kernel has more of its threads than CPUs to choose among
@@ -436,8 +436,21 @@ class Dispatcher:
             return 0
         now = self.now()
         lanes.note(group_id, now)
-        lanes.refresh(now, (g.group_id for g in self.core.busy))
+        lanes.refresh(now, self._busy_threads())
         return lanes.lane(group_id) if pool in self._laned else 0
+
+    def _busy_threads(self) -> Iterator[tuple[int, int]]:
+        """Lock held: each group with work, and its threads holding workers."""
+        return ((g.group_id, len(g.running) + g.counted) for g in self.core.busy)
+
+    def _set_lane_weights(self) -> None:
+        """Lock held: every group's weight, and each limited group's own limit, to the
+        lanes (an ALTER, a DROP, engagement)."""
+        groups = self.core.groups.items()
+        self.lanes.set_weights(
+            ((gid, g.weight) for gid, g in groups),
+            ((gid, g.limit_cores) for gid, g in groups if g.limit_cores is not None),
+        )
 
     def lane_of(self, group_id: int, pool: str) -> int:
         """The lane a query of ``group_id`` runs at in ``pool`` now (0: lanes off)."""
@@ -452,7 +465,7 @@ class Dispatcher:
             lanes = self.lanes
             if not lanes.on:
                 return None
-            lanes.refresh(self.now(), (g.group_id for g in self.core.busy))
+            lanes.refresh(self.now(), self._busy_threads())
             return {gid: lanes.lane(gid) for gid in self.core.groups}
 
     def _lane(self, pool: str, lane: int) -> deque[tuple[Runner, TaskWork]]:
@@ -540,7 +553,7 @@ class Dispatcher:
         lanes.engage(engaged and not self.core.degraded and bool(self._laned))
         if not lanes.supported:
             return
-        lanes.set_weights((gid, g.weight) for gid, g in self.core.groups.items())
+        self._set_lane_weights()
         if self._oversubscribe == 1:
             return
         for pool, size in self._sizes.items():
@@ -567,7 +580,7 @@ class Dispatcher:
             )
             self._wake(granted)
             if self.lanes.supported:  # a weight changed: every group's lane may have
-                self.lanes.set_weights((gid, g.weight) for gid, g in self.core.groups.items())
+                self._set_lane_weights()
 
     def check_invariants(self) -> None:
         with self.lock:

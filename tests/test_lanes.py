@@ -299,12 +299,14 @@ def test_tasks_run_on_threads_of_their_groups_lane() -> None:
 
 
 @needs_lanes
-def test_oversubscribed_lanes_split_cpu_by_the_kernels_nice_shares() -> None:
+def test_oversubscribed_lanes_still_split_cpu_by_the_weights() -> None:
     """Oversubscribed, both groups hold their worker count at once and the kernel
     splits the CPUs by nice (2:1 weights are CFS weights 1024:526) as its per-CPU
-    balancing allows, not by resgroups' virtual time (docs/cpu.md): the heavier
-    group gets more, 1.4-1.6 on a quiet 2-CPU machine and about 1.9 on a loaded
-    one, and every nanosecond is charged to the group that used it."""
+    balancing allows (1.4-1.6 on a quiet 2-CPU machine); at slice ends the
+    lagging group is handed a worker of the leading one past the configured
+    count (docs/cpu.md), so the split follows the weights as without lanes
+    (test_cpu_real's tolerance), and every nanosecond is charged to the group
+    that used it."""
     with resgroups.Engine(workers=2, oversubscribe=OVER) as engine:
         engine.connect().execute_script(
             "CREATE RESOURCE GROUP a WITH (cpu_weight = 100);"
@@ -315,7 +317,7 @@ def test_oversubscribed_lanes_split_cpu_by_the_kernels_nice_shares() -> None:
         run(engine, [("a", "u")] * 3 + [("b", "u")] * 3, 4.0, load)
         measured = load.body_cpu["a"] / load.body_cpu["b"]
         charged = cpu_of(engine, "a") / cpu_of(engine, "b")
-        assert 1.25 <= measured <= 2.3, (measured, charged)
+        assert measured == pytest.approx(2.0, abs=0.3), (measured, charged)
         assert charged == pytest.approx(measured, rel=0.05), (measured, charged)
         total_body = load.body_cpu["a"] + load.body_cpu["b"]
         assert cpu_of(engine, "a") + cpu_of(engine, "b") == pytest.approx(total_body, rel=0.1)
@@ -450,19 +452,27 @@ class ResizingMachine(CoreMachine):
     @invariant()
     def oversized_pools_are_room_for_others(self) -> None:
         """A runner granted in this step, in a pool oversized after it, leaves its
-        group holding at most the configured size there."""
+        group holding at most the configured size there, unless it was handed the
+        worker of another group's runner that yielded to it in this step (a hand-
+        over adds no thread: docs/cpu.md)."""
         s = self.s
         before = getattr(self, "_before", None)
-        running = {id(r) for r in self.runners if r.state is RunnerState.RUNNING}
+        running = {id(r): r for r in self.runners if r.state is RunnerState.RUNNING}
         if before is not None and s.engaged and not s.degraded:
-            was_running = before
             for pool, size in s.sizes.items():
                 if size <= POOLS[pool]:
                     continue
                 for g in s.groups.values():
                     mine = [r for r in g.running if r.pool == pool and r.scheduled]
-                    if any(id(r) not in was_running for r in mine):
-                        assert len(mine) <= POOLS[pool], (g, pool, mine, s.sizes)
+                    if any(id(r) not in before for r in mine) and len(mine) > POOLS[pool]:
+                        yielded = [
+                            r
+                            for r in before.values()
+                            if r.pool == pool
+                            and r.group is not g
+                            and r.state is RunnerState.WAITING
+                        ]
+                        assert yielded, (g, pool, mine, s.sizes)
         self._before = running
 
     def teardown(self) -> None:

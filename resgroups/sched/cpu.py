@@ -87,7 +87,10 @@ Rules
     for that level's budget). A limit at any level so caps its subtree, the
     worker cap and the budget alike. In a pool oversubscribed beyond its
     configured size (priority lanes, ``resize``), g also holds fewer than that
-    size there: the extra workers are room for the other groups.
+    size there: the extra workers are room for the other groups. Except for
+    a hand-over: a runner of another group yielding to r at its slice end
+    gives r its worker even past that size (it adds no thread), so weights
+    still split the CPU where each group holds its count.
 
     Pick (a worker is free in pool p): walk down from the root; at each node
     n take, among the entries of E(n) with a runner waiting in p that may
@@ -844,45 +847,62 @@ class CpuScheduler:
             runner.granted_at = now
             return Decision(True, "unscheduled")
         self._charge(runner, cpu_ns, now)
-        reason = self._yield_reason(runner, now)
-        if reason is None:
+        found = self._yield_reason(runner, now)
+        if found is None:
             runner.granted_at = now
             runner.fresh = False
             return Decision(True, "renew")
+        reason, owed_to = found
         self._unhold(runner, now)
         self._enqueue(runner, now, fresh=False)  # still runnable: no placement
-        granted = self.dispatch(now, pools=self._freed(runner))
+        granted = []
+        if (
+            owed_to is not None
+            and self.free[owed_to.pool]
+            and self.sizes[owed_to.pool] > self.configured[owed_to.pool]
+            and not self._may_run(owed_to, now)
+        ):
+            # oversubscribed: the group it yields to holds the configured count, which a
+            # free worker would not pass; the worker handed over adds no thread
+            self._grant(owed_to, now)
+            granted.append(owed_to)
+        granted += self.dispatch(now, pools=self._freed(runner))
         if runner in granted:  # it was the one the rules picked after all
             granted.remove(runner)
             return Decision(True, "renew", granted)
         return Decision(False, reason, granted)
 
-    def _yield_reason(self, runner: Runner, now: float) -> str | None:
+    def _yield_reason(self, runner: Runner, now: float) -> tuple[str, Runner | None] | None:
+        """Why ``runner`` yields at its slice end, and the waiting runner of another
+        group owed its worker (None: its own group's, or the budget); None: it renews."""
         g = runner.group
         if runner.is_task or runner.kind == "ctas":
             return None  # tasks are short and a CTAS cannot give up its worker
         path = g.path() if self.nested else None
         for n in path or (g,):
             if n.fractional and not n.budget_ok(now):
-                return "budget"
+                return "budget", None
         # nested: a cap shared with the waiting runner counts r's worker as free
         freed = set(path) if path is not None else None
         for h in self._groups_waiting(runner.pool):
             if h is g:
                 continue
-            candidates = [q for q in h.waiting.get(runner.pool, []) if self._may_run(q, now, freed)]
+            candidates = [
+                q
+                for q in h.waiting.get(runner.pool, [])
+                if self._may_run(q, now, freed, replacing=runner)
+            ]
             if not candidates:
                 continue
             if path is None:
                 mine, theirs, weight = g.vtime, h.vtime, h.weight
             else:
                 mine, theirs, weight = _parting(path, h)
-            if theirs <= mine and any(
-                q.fresh and q.runnable_since > runner.granted_at for q in candidates
-            ):
-                return f"fresh work of {h.name}"
+            fresh = [q for q in candidates if q.fresh and q.runnable_since > runner.granted_at]
+            if theirs <= mine and fresh:
+                return f"fresh work of {h.name}", self._pick_in_group(h, fresh)
             if (mine - theirs) * weight / 100 > self.granularity_ns:
-                return f"{h.name} lags"
+                return f"{h.name} lags", self._pick_in_group(h, candidates)
         if g.policy == "fair":
             overdue = runner.cpu_since_grant_ns > self.granularity_ns
             for q in g.waiting.get(runner.pool, []):
@@ -892,7 +912,7 @@ class CpuScheduler:
                     and self._holds_fewer(q, runner)
                     and self._may_run(q, now, replacing=runner)
                 ):
-                    return f"fair: {q.user} holds fewer"
+                    return f"fair: {q.user} holds fewer", None
         return None
 
     def _fair_key(self, r: Runner) -> tuple[int, int]:
@@ -953,13 +973,17 @@ class CpuScheduler:
     ) -> bool:
         """May ``r`` take a worker now (the cap and budget of every level of its
         path), if one is free? ``freed``: the path of a runner whose worker counts
-        as given back (a slice end deciding whether to yield); ``replacing``: in an
-        oversubscribed pool, the runner of its group whose worker it would take."""
+        as given back (a slice end deciding whether to yield); ``replacing``: the
+        runner whose worker it would take at that slice end (in an oversubscribed
+        pool: one of r's group leaves r's count as it is; one of another group's
+        hands over a worker, which the room of the extra workers does not limit)."""
         g = r.group
         if not self.engaged or self.degraded or not g.charged:
             return True
         room = self.configured[r.pool]
-        if self.sizes[r.pool] > room:
+        if self.sizes[r.pool] > room and not (
+            replacing is not None and replacing.pool == r.pool and replacing.group is not g
+        ):  # (a worker another group's runner hands over adds no thread: no room needed)
             swap = replacing is not None and replacing.group is g and replacing.pool == r.pool
             if self._held_in(g, r.pool) - swap >= room:
                 return False  # oversubscribed: the extra workers are for other groups

@@ -44,9 +44,11 @@ What runs where
       and only tasks use lanes.
     - Oversubscription (``Engine(oversubscribe=f)``): while lanes are on, a
       pool has ceil(f x workers) workers (``CpuScheduler.resize``, online),
-      and the extra ones are room for other groups: one group holds no more
-      than the configured count there (``CpuScheduler._may_run``); caps,
-      budgets and CPU charged per thread are unchanged.
+      and the extra ones are room for other groups: one group takes no more
+      than the configured count there from free workers
+      (``CpuScheduler._may_run``), though a lagging group may be handed a
+      leading one's worker past it at a slice end; caps, budgets and CPU
+      charged per thread are unchanged.
 
 Engagement
     Lanes are on while scheduling is engaged (and not degraded), the kernel

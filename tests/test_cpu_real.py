@@ -129,9 +129,21 @@ def cpu_of(engine: resgroups.Engine, group: str) -> int:
     return value
 
 
-@pytest.mark.parametrize(("heavy", "light"), [(100, 50), (2, 1)])
-def test_weights_split_cpu_two_to_one(heavy: int, light: int) -> None:
-    with resgroups.Engine(workers=2) as engine:
+# The rules hold with priority lanes on too (sched/lanes.py): oversubscribed, a
+# pool has more workers than the CPUs, so lanes act (where the kernel lets this
+# process raise a thread's nice; elsewhere the run repeats the one without)
+LANES = {"oversubscribe": 2.0}
+WITH_AND_WITHOUT_LANES = pytest.mark.parametrize(
+    "options", [pytest.param({}, id="lanes-off"), pytest.param(LANES, id="lanes-on")]
+)
+
+
+@pytest.mark.parametrize(
+    ("heavy", "light", "options"),
+    [(100, 50, {}), (2, 1, {}), pytest.param(100, 50, LANES, id="100-50-lanes-on")],
+)
+def test_weights_split_cpu_two_to_one(heavy: int, light: int, options: dict[str, float]) -> None:
+    with resgroups.Engine(workers=2, **options) as engine:
         engine.connect().execute_script(
             f"CREATE RESOURCE GROUP a WITH (cpu_weight = {heavy});"
             f"CREATE RESOURCE GROUP b WITH (cpu_weight = {light});"
@@ -171,8 +183,11 @@ def test_a_lone_group_with_a_tiny_weight_uses_what_default_alone_would() -> None
     assert tiny.body_cpu["tiny"] == pytest.approx(alone.body_cpu["default"], rel=0.2)
 
 
-def test_fractional_limit_of_half_a_core_holds_with_the_rest_idle() -> None:
-    with resgroups.Engine(workers=2) as engine:
+@WITH_AND_WITHOUT_LANES
+def test_fractional_limit_of_half_a_core_holds_with_the_rest_idle(
+    options: dict[str, float],
+) -> None:
+    with resgroups.Engine(workers=2, **options) as engine:
         pct = round(0.5 / engine.cpus * 100, 2)
         engine.connect().execute(f"CREATE RESOURCE GROUP half WITH (cpu_limit = '{pct}%')")
         assert engine.resource_groups()[1]["cpu_limit_cores"] == pytest.approx(0.5, abs=0.01)
@@ -235,8 +250,11 @@ def test_a_query_waiting_behind_its_groups_capped_worker_uses_no_cpu() -> None:
             assert cpu < 0.02 * wall, waited
 
 
-def test_a_whole_core_limit_never_holds_more_workers_than_its_cores() -> None:
-    with resgroups.Engine(workers=2) as engine:
+@WITH_AND_WITHOUT_LANES
+def test_a_whole_core_limit_never_holds_more_workers_than_its_cores(
+    options: dict[str, float],
+) -> None:
+    with resgroups.Engine(workers=2, **options) as engine:
         pct = round(1 / engine.cpus * 100, 2)
         engine.connect().execute_script(
             f"CREATE RESOURCE GROUP one WITH (cpu_limit = '{pct}%');CREATE RESOURCE GROUP idle;"
@@ -252,8 +270,9 @@ def test_a_whole_core_limit_never_holds_more_workers_than_its_cores() -> None:
         assert used >= 0.6 * min(1.0, free[0]), (used, free)
 
 
-def test_fair_splits_a_group_evenly_between_busy_users() -> None:
-    with resgroups.Engine(workers=2) as engine:
+@WITH_AND_WITHOUT_LANES
+def test_fair_splits_a_group_evenly_between_busy_users(options: dict[str, float]) -> None:
+    with resgroups.Engine(workers=2, **options) as engine:
         engine.connect().execute("CREATE RESOURCE GROUP research WITH (scheduling_policy = 'fair')")
         load = Load()
         run(engine, [("research", "ann")] * 6 + [("research", "bob")], 4.0, load)

@@ -271,6 +271,14 @@ def _parser() -> argparse.ArgumentParser:
         help="serve the run with groups (the live page at /, the wire protocol) "
         "and keep its engine up after the runs, until Ctrl-C",
     )
+    demo.add_argument(
+        "--oversubscribe",
+        type=float,
+        default=1.0,
+        metavar="FACTOR",
+        help="the engine's oversubscribe (1 to 16; default 1): with 2, each pool runs twice "
+        "its workers while scheduling is engaged, so priority lanes act (docs/cpu.md)",
+    )
     demo.add_argument("--host", default="127.0.0.1", help="with --serve: the address (127.0.0.1)")
     demo.add_argument("--http-port", type=int, default=9000, help="with --serve: HTTP (9000)")
     demo.add_argument(
@@ -323,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             chart_path=args.chart,
             scenario_name=args.scenario,
             out=sys.stdout,
+            oversubscribe=args.oversubscribe,
             serve=(lambda engine: _ServedDemo(engine, args)) if args.serve else None,
         )
     if args.command == "serve":

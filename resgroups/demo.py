@@ -34,6 +34,7 @@ from typing import Any, Final, Protocol, TextIO
 
 import resgroups
 from resgroups import demo_engines
+from resgroups.config import EngineConfig
 from resgroups.cpus import available_cpus
 
 
@@ -230,6 +231,7 @@ class RunResult:
     cpus: float = field(default_factory=available_cpus)  # the CPUs a share is a share of
     limits: dict[str, float] = field(default_factory=dict)  # workload -> its cpu_limit_pct
     process_cpu_ns: int | None = None  # the whole process's CPU over the run
+    lanes: dict[str, int] | None = None  # group -> priority lane at the end (None: lanes off)
 
     def cpu_pct(self, cpu_ns: float, seconds: float) -> float:
         """``cpu_ns`` over ``seconds`` as a percentage of the CPUs this process may use."""
@@ -336,11 +338,12 @@ def run_once(
     with_groups: bool,
     progress: Callable[[float], None],
     serve: Callable[[resgroups.Engine], Live] | None = None,
+    oversubscribe: float = 1.0,
 ) -> RunResult:
     """One timed run on a fresh engine; the statistics of every workload. With
     ``serve``, the engine is served from the start and stays up after the run
     (its queries cancelled), in the result's ``live``."""
-    engine = resgroups.Engine(access_control=True)
+    engine = resgroups.Engine(access_control=True, oversubscribe=oversubscribe)
     live: Live | None = None
     try:
         admin = engine.connect()
@@ -425,6 +428,8 @@ def run_once(
                 break
             time.sleep(min(0.25, max(0.0, stop - now)))
         process_cpu_ns = at_stop.pop(PROCESS)
+        shown = {str(r["name"]): r["cpu_lane"] for r in engine.resource_groups()}
+        lanes = {name: int(lane) for name, lane in shown.items() if isinstance(lane, int)} or None
         for name, cpu in at_stop.items():
             stats[name].cpu_ns = cpu
         # long scans still running are cancelled; their latency is not counted
@@ -444,7 +449,9 @@ def run_once(
         for t in threads:
             t.join(10)
         label = "with groups" if with_groups else "without groups"
-        return RunResult(label, seconds, stats, timeline, live, engine.cpus, limits, process_cpu_ns)
+        return RunResult(
+            label, seconds, stats, timeline, live, engine.cpus, limits, process_cpu_ns, lanes
+        )
     except BaseException:  # nothing stays up after a failed run, served or not
         if live is not None:
             live.close()
@@ -698,6 +705,7 @@ def main(
     scenario_name: str,
     out: TextIO,
     serve: Callable[[resgroups.Engine], Live] | None = None,
+    oversubscribe: float = 1.0,
 ) -> int:
     """The demo; with ``serve`` (``--serve``), the run with groups is served live
     and its engine stays up after the runs until the user stops it."""
@@ -710,6 +718,11 @@ def main(
         return 2
     if duration <= 0:
         print("resgroups demo: --duration must be positive", file=sys.stderr)
+        return 2
+    try:  # the engine's own check, before the calibration's minute
+        EngineConfig(oversubscribe=oversubscribe)
+    except resgroups.Error as exc:
+        print(f"resgroups demo: --oversubscribe: {exc}", file=sys.stderr)
         return 2
     engine = demo_engines.ENGINES.get(scenario.engine)
     missing = engine.missing() if engine is not None else []
@@ -742,6 +755,7 @@ def main(
                 with_groups=with_groups,
                 progress=partial(progress.update, label),
                 serve=serve if with_groups else None,
+                oversubscribe=oversubscribe,
             )
             progress.finish_run(per_run)
             runs.append(run)
@@ -769,12 +783,20 @@ def main(
                 r.label.replace(" ", "_"): r.outside_queries_pct() for r in runs
             },
             "cpu_idle_pct": {r.label.replace(" ", "_"): r.idle_pct() for r in runs},
+            # Engine(oversubscribe=...), and each group's priority lane at the end of a
+            # run (null: lanes off, as with no more workers than CPUs: docs/cpu.md)
+            "oversubscribe": oversubscribe,
+            "priority_lanes": {r.label.replace(" ", "_"): r.lanes for r in runs},
             "chart": path,
         }
         json.dump(document, out, indent=2)
         out.write("\n")
     else:
         print(side_by_side(runs), file=out)
+        for r in runs:
+            if r.lanes:
+                shown = ", ".join(f"{name} {lane}" for name, lane in sorted(r.lanes.items()))
+                print(f"priority lanes {r.label} (nice steps): {shown}", file=out)
         print(verdict(runs), file=out)
         print(f"chart: {path}", file=out)
     live = runs[-1].live

@@ -207,6 +207,39 @@ def test_demo_refuses_an_unknown_scenario() -> None:
     assert "scenarios: dashboards" in result.stderr
 
 
+@pytest.mark.parametrize("factor", ["0.5", "17", "x"])
+def test_demo_refuses_a_bad_oversubscribe(factor: str) -> None:
+    result = subprocess.run(
+        [resgroups_command(), "demo", "--oversubscribe", factor, "--duration", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "oversubscribe" in result.stderr
+
+
+def test_demo_oversubscribed_runs_its_groups_in_priority_lanes(tmp_path: Path) -> None:
+    """``--oversubscribe 2``: more workers than CPUs while the groups exist, so the
+    lanes act in the run with groups (by weight: the dashboards above the report)
+    and not in the one without (a single group: nothing engaged)."""
+    result = subprocess.run(
+        [resgroups_command(), "demo", "--oversubscribe", "2", "--duration", "6", "--json",
+         "--chart", str(tmp_path / "c.png")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["oversubscribe"] == 2
+    lanes = doc["priority_lanes"]
+    assert lanes["without_groups"] is None
+    if lanes["with_groups"] is not None:  # None where the kernel refuses per-thread nice
+        assert lanes["with_groups"]["dashboards"] < lanes["with_groups"]["reporting"]
+    _dashboards_win_within_the_run_with_groups(doc)
+
+
 @pytest.mark.parametrize("duration", ["0", "-3"])
 def test_demo_refuses_a_bad_duration(duration: str) -> None:
     result = subprocess.run(

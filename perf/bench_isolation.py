@@ -127,10 +127,15 @@ def run_isolation(
         a, b = np.random.rand(N), np.empty(N)
         in_query = query("dash")
         mine = []
+
+        def body(checkpoint: Callable[[], None]) -> None:
+            checkpoint()
+            work(dash_steps, a, b)
+
         ready.wait()
         while not stop.is_set():
             t0 = time.perf_counter()
-            in_query(lambda checkpoint: (checkpoint(), work(dash_steps, a, b)))
+            in_query(body)
             mine.append(time.perf_counter() - t0)
             stop.wait(THINK_S)
         with lock:
@@ -269,17 +274,29 @@ def conservation(n: int, seconds: float, rounds: int) -> None:
     )
     print(
         f"{'lanes':6} {'busy %':>7} {'of 2':>5} {'of 4':>5} {'lim used':>8} {'lim ent':>8} "
-        f"{'free used':>9} {'free ent':>8} {'free err':>8}"
+        f"{'lim err':>7} {'free used':>9} {'free ent':>8} {'free err':>8}"
     )
     for lanes in (False, True):
         m = {k: statistics.mean(x[k] for x in runs[lanes]) for k in runs[lanes][0]}
+        errors = (
+            m["limited_used"] - m["limited_entitled"],
+            m["free_used"] - m["free_entitled"],
+        )
         print(
             f"{'on' if lanes else 'off':6} {m['busy_pct']:7.1f} "
             f"{m['busy_pct'] / two:5.2f} {m['busy_pct'] / four:5.2f} "
-            f"{m['limited_used']:8.1f} {m['limited_entitled']:8.1f} {m['free_used']:9.1f} "
-            f"{m['free_entitled']:8.1f} "
-            f"{m['free_used'] - m['free_entitled']:8.1f}"
+            f"{m['limited_used']:8.1f} {m['limited_entitled']:8.1f} {errors[0]:7.1f} "
+            f"{m['free_used']:9.1f} {m['free_entitled']:8.1f} {errors[1]:8.1f}"
         )
+    print(
+        f"  target (lanes on): >= 95 % busy {_met(m['busy_pct'] >= 95)}, "
+        f">= 0.95 of 2 plain threads {_met(m['busy_pct'] / two >= 0.95)}, "
+        f"each group within 5 points {_met(all(abs(e) <= 5 for e in errors))}"
+    )
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
 
 
 # ---- 3. the cost of a grant ----------------------------------------------------------
@@ -370,6 +387,26 @@ def main() -> None:
                     else f"{'-':>8} {'-':>8} {'-':>6}"
                 )
             )
+
+        lat = [x for p in loaded["lanes"] for x in p.latencies]
+        ratio = {m: pct([x for p in loaded[m] for x in p.latencies], 99) / pct(alone[m], 99)
+                 for m in ("nice", "lanes")}  # fmt: skip
+        report = [
+            (p.report_used, p.report_entitled, p.report_limit)
+            for p in loaded["lanes"]
+            if p.report_used is not None
+            and p.report_entitled is not None
+            and p.report_limit is not None
+        ]
+        print(
+            f"  target (lanes): p99 x <= 1.5 {_met(ratio['lanes'] <= 1.5)}, "
+            f"<= nice's p99 x {_met(ratio['lanes'] <= ratio['nice'])}, "
+            f"p99 under the report <= nice's "
+            f"{_met(pct(lat, 99) <= pct([x for p in loaded['nice'] for x in p.latencies], 99))}, "
+            f"report within 10 points of its entitled share "
+            f"{_met(all(abs(u - e) <= 10 for u, e, _ in report))} and under its limit "
+            f"{_met(all(u <= lim for u, _, lim in report))}"
+        )
 
     if args.only in (None, "conservation"):
         print("\n2. work conservation: half-core limited + unlimited, 2 queries each, workers=2")

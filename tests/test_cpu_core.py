@@ -253,6 +253,44 @@ def test_a_runner_behind_the_cap_with_budget_left_is_not_woken_by_the_clock() ->
     assert sim.s.next_wakeup(sim.now) > sim.now
 
 
+def test_a_hand_over_in_an_oversubscribed_pool_adds_no_thread() -> None:
+    """Oversubscribed (configured 2, 5 workers), a and b each hold the configured
+    count and one worker is free. b lags, but a's yield would not make room: the
+    free worker is there already, and b may not take it past its count. So a
+    renews and nobody is handed a worker past the count: the threads holding
+    workers stay 4 (a hand-over is for a pool with no worker free)."""
+    sim = Sim(workers=2)
+    a, b = sim.group("a"), sim.group("b")
+    sim.s.resize("default", 5, sim.now)
+    for name in ("a", "a", "a", "b", "b", "b"):
+        sim.query(name)
+    assert (len(a.running), len(b.running), sim.s.free["default"]) == (2, 2, 1)
+    sim.now += 0.2
+    first = min(a.running, key=lambda r: r.seq)
+    decision = sim.s.slice_end(first, 200 * MS, sim.now)  # a leads by 200 ms: b lags
+    sim.check()
+    assert decision.renew
+    assert (len(a.running), len(b.running), sim.s.free["default"]) == (2, 2, 1)
+
+
+def test_a_hand_over_goes_to_the_group_a_pick_would_choose() -> None:
+    """Oversubscribed (configured 1, 3 workers, each group at its count): a leads,
+    b lags by more than the granularity, c by far more. The worker a yields goes
+    to c, the least virtual time, as a free worker's pick would give it."""
+    sim = Sim(workers=1)
+    a, b, c = sim.group("a"), sim.group("b"), sim.group("c")
+    sim.s.resize("default", 3, sim.now)
+    for name in ("a", "a", "b", "b", "c", "c"):
+        sim.query(name)
+    a.vtime, b.vtime, c.vtime = 1000 * MS, 940 * MS, 500 * MS
+    holder = next(iter(a.running))
+    decision = sim.s.slice_end(holder, 0, sim.now + 0.01)
+    sim.check()
+    assert not decision.renew
+    assert [r.group.name for r in decision.granted] == ["c"]
+    assert len(c.running) == 2  # past its configured count: handed a's worker
+
+
 def test_fractional_limit_holds_on_average() -> None:
     sim = Sim()
     sim.group("half", 100, limit=0.5)

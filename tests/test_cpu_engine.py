@@ -94,6 +94,57 @@ def test_a_scheduler_fault_degrades_cpu_but_not_admission() -> None:
         engine.dispatcher.check_invariants()
 
 
+def test_a_query_behind_a_cap_runs_as_soon_as_a_fault_lifts_the_caps() -> None:
+    """A half-core group's second query waits for the group's one worker (its
+    budget positive: no clock wakes it). A fault at the first query's slice end
+    degrades the scheduler, which lifts caps: the waiter is granted a free
+    worker in the same step, not at its wait's 0.25 s fallback."""
+    with resgroups.Engine(workers=2) as engine:
+        pct = round(0.5 / engine.cpus * 100, 2)
+        engine.connect().execute_script(
+            f"CREATE RESOURCE GROUP half WITH (cpu_limit = '{pct}%');CREATE RESOURCE GROUP other;"
+        )
+        running, release = threading.Event(), threading.Event()
+        granted = threading.Event()
+
+        def first() -> None:
+            session = engine.connect("u")
+            session.execute("SET RESOURCE GROUP half")
+            with session.query() as q:
+                running.set()
+                while not release.is_set():  # a light body: the budget stays positive
+                    q.checkpoint()
+                    release.wait(0.001)
+
+        def behind() -> None:
+            session = engine.connect("v")
+            session.execute("SET RESOURCE GROUP half")
+            with session.query():
+                granted.set()
+                release.wait(30)  # it holds its worker until the test has looked
+
+        holder = threading.Thread(target=first)
+        holder.start()
+        assert running.wait(10)
+        waiter = threading.Thread(target=behind)
+        waiter.start()
+        group = next(g for g in engine.dispatcher.core.groups.values() if g.name == "half")
+        deadline = time.monotonic() + 10
+        while not sum(len(q) for q in group.waiting.values()) and time.monotonic() < deadline:
+            time.sleep(0.001)  # until the second query waits for the worker
+        assert not granted.is_set()
+        engine._inject_scheduler_fault()
+        while not engine.dispatcher.degraded and time.monotonic() < deadline:
+            time.sleep(0.0005)  # the first query's next slice end raises it
+        with engine.dispatcher.lock:  # the degrading step has ended
+            assert engine.dispatcher.degraded
+            assert len(group.running) == 2  # the waiter holds a worker already
+        release.set()
+        for t in (holder, waiter):
+            t.join(30)
+        assert granted.is_set()
+
+
 @pytest.mark.parametrize(("limit", "single"), [("'1%'", True), (None, False)])
 def test_map_runs_on_the_query_thread_in_a_group_limited_to_one_core(
     limit: str | None, single: bool

@@ -473,6 +473,10 @@ class ResizingMachine(CoreMachine):
                             and r.state is RunnerState.WAITING
                         ]
                         assert yielded, (g, pool, mine, s.sizes)
+                        # and the pool's threads holding workers did not grow
+                        now_held = sum(1 for r in running.values() if r.pool == pool)
+                        was_held = sum(1 for r in before.values() if r.pool == pool)
+                        assert now_held <= was_held, (g, pool, now_held, was_held)
         self._before = running
 
     def teardown(self) -> None:

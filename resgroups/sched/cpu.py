@@ -88,9 +88,10 @@ Rules
     worker cap and the budget alike. In a pool oversubscribed beyond its
     configured size (priority lanes, ``resize``), g also holds fewer than that
     size there: the extra workers are room for the other groups. Except for
-    a hand-over: a runner of another group yielding to r at its slice end
-    gives r its worker even past that size (it adds no thread), so weights
-    still split the CPU where each group holds its count.
+    a hand-over: a runner of another group yielding to r at its slice end,
+    with no other worker of the pool free, gives r its worker even past that
+    size (it adds no thread), so weights still split the CPU where each group
+    holds its count.
 
     Pick (a worker is free in pool p): walk down from the root; at each node
     n take, among the entries of E(n) with a runner waiting in p that may
@@ -853,17 +854,20 @@ class CpuScheduler:
             runner.fresh = False
             return Decision(True, "renew")
         reason, owed_to = found
+        none_free = not self.free[runner.pool]  # then the worker r frees is the only one
         self._unhold(runner, now)
         self._enqueue(runner, now, fresh=False)  # still runnable: no placement
         granted = []
         if (
             owed_to is not None
+            and none_free
             and self.free[owed_to.pool]
             and self.sizes[owed_to.pool] > self.configured[owed_to.pool]
             and not self._may_run(owed_to, now)
         ):
             # oversubscribed: the group it yields to holds the configured count, which a
-            # free worker would not pass; the worker handed over adds no thread
+            # free worker would not pass; the worker handed over is the pool's only free
+            # one, so the threads holding workers stay as many as before
             self._grant(owed_to, now)
             granted.append(owed_to)
         granted += self.dispatch(now, pools=self._freed(runner))
@@ -884,6 +888,8 @@ class CpuScheduler:
                 return "budget", None
         # nested: a cap shared with the waiting runner counts r's worker as free
         freed = set(path) if path is not None else None
+        reason: str | None = None
+        owed: tuple[float, int, GroupCpu, list[Runner]] | None = None  # pick order: least v
         for h in self._groups_waiting(runner.pool):
             if h is g:
                 continue
@@ -900,9 +906,17 @@ class CpuScheduler:
                 mine, theirs, weight = _parting(path, h)
             fresh = [q for q in candidates if q.fresh and q.runnable_since > runner.granted_at]
             if theirs <= mine and fresh:
-                return f"fresh work of {h.name}", self._pick_in_group(h, fresh)
-            if (mine - theirs) * weight / 100 > self.granularity_ns:
-                return f"{h.name} lags", self._pick_in_group(h, candidates)
+                why, entitled = f"fresh work of {h.name}", fresh
+            elif (mine - theirs) * weight / 100 > self.granularity_ns:
+                why, entitled = f"{h.name} lags", candidates
+            else:
+                continue
+            reason = reason or why
+            key = (theirs if h.charged else -math.inf, h.group_id)
+            if owed is None or key < owed[:2]:
+                owed = (*key, h, entitled)
+        if reason is not None and owed is not None:  # the worker goes as a pick would
+            return reason, self._pick_in_group(owed[2], owed[3])
         if g.policy == "fair":
             overdue = runner.cpu_since_grant_ns > self.granularity_ns
             for q in g.waiting.get(runner.pool, []):

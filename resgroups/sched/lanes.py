@@ -119,7 +119,14 @@ def limit_lane(cores: float, held: int, threads: int, cpus: float) -> int:
     At nice 0 each of T threads on C CPUs gets C / T of one, so the group's h
     get h C / T. At weight x relative to the others' 1 they get C h x / (h x +
     T - h), which is L for x = L (T - h) / (h (C - L)), below 1 exactly when L
-    < h C / T."""
+    < h C / T.
+
+    It assumes the other threads run at nice 0 and can use what the group
+    gives up. Where they are at lower lanes by weight (a limited group heavier
+    than the others), or the group holds more threads than its cap (an ALTER
+    lowered the limit while they ran), it gets more than L from the kernel:
+    the budget then holds the limit as without lanes, only the gain in
+    conservation is lost."""
     if threads <= cpus or held >= threads or cores >= held * cpus / threads:
         return 0
     relative = cores * (threads - held) / (held * (cpus - cores))

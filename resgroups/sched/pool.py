@@ -197,7 +197,11 @@ class Dispatcher:
             self._set_lanes(False)
         except Exception as lanes_exc:
             log.error("turning priority lanes off after the fault failed: %r", lanes_exc)
-        return retry()
+        result = retry()
+        # caps and budgets no longer apply: a runner waiting behind one takes a free
+        # worker now (no clock wakes a wait behind a cap, only a worker's return)
+        self._wake(self.core.dispatch(self.now()))
+        return result
 
     def _wake(self, granted: list[Runner]) -> None:
         """Lock held: hand each granted runner its worker (a task: to a pool thread of

@@ -143,6 +143,7 @@ _SEQ: Final = itertools.count()
 # at the head of a queue take numbers below every other, in their own order.
 _ARRIVALS: Final = itertools.count()
 _FRONTS: Final = itertools.count(-(2**62))
+_POLL_S: Final = 0.25  # a queued query looks at its cancellation at least this often
 
 
 class Ticket:
@@ -893,33 +894,44 @@ class GateRuntime:
         """Block until ``ticket`` holds a slot; raise why not otherwise. ``queued``
         is called once the ticket waits in the queue (fleet quota mode asks for
         more quota then); ``front`` queues it at the head."""
-        with self.lock:
-            if self.gate.submit(ticket, self.now(), front=front):
+        lock, gate = self.lock, self.gate
+        with lock:
+            now = self.now()
+            if gate.submit(ticket, now, front=front):
                 return
             wake = ticket.wake = Wakeup()
+        # queued: a cancel() from now on finds the wake-up set above, so one that
+        # came earlier is the only one to look for before the first wait; nothing
+        # is due yet (the ticket's own deadlines were checked as it queued, and
+        # every other waiter expires what is due when its own wait ends)
         if queued is not None:
             queued()
+        timeout = min(ticket.queue_deadline, ticket.query_deadline) - now
+        if cancelled is not None and cancelled():
+            timeout = 0.0  # cancelled before its wake-up was set: look at once
         while True:
-            with self.lock:
-                if ticket.state is TICKET_ACTIVE:
+            wake.wait(_POLL_S if timeout > _POLL_S else timeout if timeout > 0 else 0.0)
+            with lock:
+                state = ticket.state
+                if state is TICKET_ACTIVE:
                     return
-                if ticket.state is TICKET_QUEUED:
+                if state is TICKET_QUEUED:
                     if cancelled is not None and cancelled():
-                        self.gate.withdraw(
+                        gate.withdraw(
                             ticket,
                             QueryCancelled(
                                 f"query cancelled while queued for Resource Group admission "
-                                f"[group={self.gate.config.name}]"
+                                f"[group={gate.config.name}]"
                             ),
                         )
                     else:
                         now = self.now()
-                        self._wake(self.gate.expire(now))
-                if ticket.state not in (TICKET_QUEUED, TICKET_ACTIVE):
+                        self._wake(gate.expire(now))
+                        timeout = min(ticket.queue_deadline, ticket.query_deadline) - now
+                    state = ticket.state
+                if state is not TICKET_QUEUED:
                     assert ticket.error is not None
                     raise ticket.error
-                timeout = min(ticket.queue_deadline, ticket.query_deadline) - self.now()
-            wake.wait(max(0.0, min(timeout, 0.25)) if timeout != math.inf else 0.25)
 
     def leave(self, ticket: Ticket) -> None:
         """Give the slot back and wake whoever it admits."""

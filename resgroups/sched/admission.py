@@ -223,7 +223,9 @@ class Gate:
         self._queue: deque[Ticket] = deque()  # arrival order, with tickets that left
         # the same per user, in arrival order (with tickets that left, dropped from
         # the fronts): the fair order and the per-user caps look at each user's
-        # first ticket, O(users) rather than O(queue)
+        # first ticket, O(users) rather than O(queue). Kept only while they are
+        # used (``_per_user``: a fair or nested gate); a flat fifo gate admits
+        # its head and keeps it empty
         self._by_user: dict[str, deque[Ticket]] = {}
         self._deadlines: list[tuple[float, int, Ticket]] = []  # a heap, likewise
         self._positions: dict[Ticket, int] | None = None  # position(), until a change
@@ -241,6 +243,7 @@ class Gate:
         self.waiting_below = 0  # the tickets queued at descendants
         self._held_below: dict[str, int] = {}  # user -> slots held at descendants
         self.nested = config.max_per_user is not None  # admission looks past this gate
+        self._per_user = self.nested or config.policy == "fair"  # _by_user is kept
         self.admitted_total = 0
         self.admission_rejections = 0
         self.admission_timeouts = 0
@@ -305,12 +308,16 @@ class Gate:
         return _first_deadline(first) if first is not None else math.inf
 
     def _enqueue(self, ticket: Ticket, *, front: bool = False) -> None:
-        mine = self._by_user.get(ticket.user)
-        if mine is None:
-            mine = self._by_user[ticket.user] = deque()
+        mine = None
+        if self._per_user:
+            mine = self._by_user.get(ticket.user)
+            if mine is None:
+                mine = self._by_user[ticket.user] = deque()
         if front:  # before every other arrival, after the earlier tickets put at the head
             ticket.arrival = arrival = next(_FRONTS)
             for queue in (self._queue, mine):
+                if queue is None:
+                    continue
                 place = 0
                 while place < len(queue) and queue[place].arrival < 0:
                     place += 1  # O(tickets put at the head and still in the view)
@@ -318,8 +325,12 @@ class Gate:
         else:
             ticket.arrival = arrival = next(_ARRIVALS)
             self._queue.append(ticket)
-            mine.append(ticket)
-        heapq.heappush(self._deadlines, (_first_deadline(ticket), arrival, ticket))
+            if mine is not None:
+                mine.append(ticket)
+        deadline = ticket.query_deadline
+        if ticket.queue_deadline < deadline:
+            deadline = ticket.queue_deadline
+        heapq.heappush(self._deadlines, (deadline, arrival, ticket))
         self.waiting += 1
         self._positions = None
         ticket.gate = self
@@ -340,16 +351,28 @@ class Gate:
         queue = self._queue
         if queue[0] is ticket:  # leaving in arrival order: the common case
             queue.popleft()
-        self._user_head(ticket.user)  # drops what has left from the user's front
+        if self._per_user:
+            self._user_head(ticket.user)  # drops what has left from the user's front
+        self._trim()
+
+    def _trim(self) -> None:
+        """Rebuild a view of the queue that holds more than 2|Q| + slack entries
+        (O(view), amortized O(1) a dequeue)."""
         most = 2 * self.waiting + self.slack  # each view holds at most this many
-        if len(queue) > most:
-            self._queue = deque(t for t in queue if t.state is TICKET_QUEUED)
-            self._by_user = {}
-            for t in self._queue:
-                self._by_user.setdefault(t.user, deque()).append(t)
+        if len(self._queue) > most:
+            self._queue = deque(t for t in self._queue if t.state is TICKET_QUEUED)
+            self._index_users()
         if len(self._deadlines) > most:
             self._deadlines = [e for e in self._deadlines if e[2].state is TICKET_QUEUED]
             heapq.heapify(self._deadlines)
+
+    def _index_users(self) -> None:
+        """The per-user view, from the queue (empty unless ``_per_user``)."""
+        self._by_user = by_user = dict[str, deque[Ticket]]()
+        if self._per_user:
+            for t in self._queue:
+                if t.state is TICKET_QUEUED:
+                    by_user.setdefault(t.user, deque()).append(t)
 
     def _limit(self) -> float:
         limit = self.config.max_active
@@ -476,9 +499,44 @@ class Gate:
         ticket.state = TICKET_RELEASED
         if self.nested:
             return self._gave(user, now)
-        if self._grandfathered > len(self._active) + self.counted:
-            self._grandfathered = len(self._active) + self.counted
-        return self._admit_waiting(now) if self.waiting else []
+        load = len(self._active) + self.counted
+        if self._grandfathered > load:
+            self._grandfathered = load
+        if not self.waiting:
+            return []
+        if self._per_user:
+            return self._admit_waiting(now)
+        return self._hand_to_head(load, now)
+
+    def _hand_to_head(self, load: int, now: float) -> list[Ticket]:
+        """:meth:`_admit_waiting` of a flat fifo gate with ``load`` slots held and a
+        ticket queued, written out (every contended query's path): the slot
+        just given back goes to the head of the queue, unless a lowered limit
+        keeps it. What the head takes, the queue gives up: the demand stays;
+        and no second ticket can follow (I3: the gate was full until this
+        slot came back). O(1) amortized."""
+        limit = self.config.max_active
+        if limit is not None and load >= limit:
+            return []
+        queue = self._queue
+        while queue[0].state is not TICKET_QUEUED:  # what left, dropped (I1: one waits)
+            queue.popleft()
+        ticket = queue.popleft()
+        ticket.state = TICKET_ACTIVE
+        self.waiting -= 1
+        self._positions = None
+        self._active.add(ticket)
+        user = ticket.user
+        held = self._held
+        held[user] = held.get(user, 0) + 1
+        self._last_admitted[user] = now
+        self.admitted_total += 1
+        if self._queue_grandfathered > self.waiting:
+            self._queue_grandfathered = self.waiting
+        most = 2 * self.waiting + self.slack
+        if len(queue) > most or len(self._deadlines) > most:
+            self._trim()
+        return [ticket]
 
     def withdraw(self, ticket: Ticket, error: Error) -> bool:
         """Take a queued ticket out (cancelled, or the engine closing). False if not queued."""
@@ -586,7 +644,12 @@ class Gate:
         return mine[0]
 
     def _heads(self) -> list[Ticket]:
-        """Each waiting user's first queued ticket: O(users)."""
+        """Each waiting user's first queued ticket: O(users). Without the per-user
+        view (a flat fifo gate: no caps, arrival order) the queue's head stands
+        for them all."""
+        if not self._per_user:
+            head = self._head()
+            return [] if head is None else [head]
         return [t for t in map(self._user_head, list(self._by_user)) if t is not None]
 
     def _fairest(self, *, capped_too: bool) -> Ticket | None:
@@ -618,6 +681,10 @@ class Gate:
         self.nested = (
             self.parent is not None or bool(self.children) or self.config.max_per_user is not None
         )
+        per_user = self.nested or self.config.policy == "fair"
+        if per_user != self._per_user:
+            self._per_user = per_user
+            self._index_users()
 
     def _full(self) -> bool:
         limit = self.config.max_active
@@ -810,7 +877,11 @@ class Gate:
         if self.waiting != len(in_order):
             problems.append(f"waiting {self.waiting} != {len(in_order)} queued")
         by_user = [t for mine in self._by_user.values() for t in mine if t.state is TICKET_QUEUED]
-        if sorted(by_user, key=_by_arrival) != sorted(in_order, key=_by_arrival):
+        if self._per_user != (self.nested or self.config.policy == "fair"):
+            problems.append("the per-user view is kept when it is not used, or not kept")
+        if sorted(by_user, key=_by_arrival) != (
+            sorted(in_order, key=_by_arrival) if self._per_user else []
+        ):
             problems.append("the per-user view of the queue is not the queue")
         arrivals = [t.arrival for t in self._queue]
         if arrivals != sorted(arrivals):

@@ -751,6 +751,65 @@ class CpuScheduler:
         self._grant(runner, now)
         return True
 
+    def hand_over(self, old: Runner, cpu_ns: int, new: Runner, now: float) -> bool:
+        """:meth:`release_running` of ``old`` (charging ``cpu_ns``), then
+        :meth:`grant_now` of ``new``, in one step (True), when nothing could come
+        between the two: ``new`` arrives now in ``old``'s group and pool (a
+        query given the slot ``old``'s query gave back), nobody waits there
+        for a worker, no cap or budget is on the group's path, the pool is
+        neither oversubscribed nor owed a worker, and the group keeps other
+        work of its own, so neither call moves it in or out of ``busy`` (no
+        placement, no change of shares). The worker goes from one to the other
+        without passing through the free count, and every counter ends as the
+        two calls leave it. Otherwise nothing changes (False). O(depth)."""
+        g = old.group
+        pool = old.pool
+        if (
+            new.group is not g
+            or new.pool != pool
+            or new.state is not RUNNER_DONE
+            or old.state is not RUNNER_RUNNING
+            or not old.scheduled
+            or not self.engaged
+            or self.degraded
+            or not g.charged
+            or g.path_limited
+            or self.waiting_in[pool]
+            or self.owed[pool]
+            or self.sizes[pool] > self.configured[pool]
+            or (len(g.running) < 2 and not g.counted)
+        ):
+            return False
+        self._charge(old, cpu_ns, now)
+        running = g.running
+        running.discard(old)
+        old.state = RUNNER_DONE
+        old.extra = False
+        n: GroupCpu | None = g
+        while n is not None:  # held: one less, then one more (no cap: never extra)
+            if n.held_over_cap >= n.held:
+                n.held_over_cap = n.held - 1
+            n = n.parent
+        if new.user != old.user:
+            _decrement(g.held_by, (pool, old.user))
+            user = (pool, new.user)
+            g.held_by[user] = g.held_by.get(user, 0) + 1
+        by_query = g.held_by_query
+        _decrement(by_query, (pool, old.query_id))
+        query = (pool, new.query_id)
+        by_query[query] = by_query.get(query, 0) + 1
+        new.seq = next(_SEQ)  # it arrives now (grant_now)
+        new.fresh = True
+        new.runnable_since = new.granted_at = now
+        new.cpu_since_grant_ns = 0
+        new.state = RUNNER_RUNNING
+        new.scheduled = True
+        new.extra = False
+        if pool not in new.ran_in_pools:
+            new.ran_in_pools += (pool,)
+        running.add(new)
+        return True
+
     def _enqueue(self, runner: Runner, now: float, *, fresh: bool) -> None:
         runner.state = RUNNER_WAITING
         runner.fresh = fresh

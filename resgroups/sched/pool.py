@@ -331,13 +331,23 @@ class Dispatcher:
         core = self.core
         with self.lock:
             now = self.now()
+            admitted: list[Ticket] = []
             try:
-                if runner.state is RUNNER_RUNNING and self.fault_hook is None:
-                    self._wake(core.release_running(runner, cpu_ns, now))
-                elif runner.state is not RUNNER_DONE:  # waiting, or faults injected
-                    self._wake(self._release_locked(runner, cpu_ns, now))
+                admitted = gate.release(ticket, now)
             finally:
-                self._hand_on(gate.release(ticket, now), now)
+                try:
+                    if runner.state is RUNNER_RUNNING and self.fault_hook is None:
+                        # the worker straight to the query the slot admitted, when
+                        # nothing else could take it in between (hand_over)
+                        waiter = admitted[0].runner if admitted and self.fast_path else None
+                        if waiter is not None and core.hand_over(runner, cpu_ns, waiter, now):
+                            admitted[0].runner = None
+                        else:
+                            self._wake(core.release_running(runner, cpu_ns, now))
+                    elif runner.state is not RUNNER_DONE:  # waiting, or faults injected
+                        self._wake(self._release_locked(runner, cpu_ns, now))
+                finally:
+                    self._hand_on(admitted, now)
 
     def _hand_on(self, admitted: list[Ticket], now: float) -> None:
         """Lock held: wake the tickets a freed slot admitted, each with a free worker

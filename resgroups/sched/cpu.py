@@ -240,6 +240,7 @@ class Runner:
         "group",
         "is_task",
         "kind",
+        "lane",
         "pending_cpu_ns",
         "pool",
         "query_id",
@@ -276,6 +277,9 @@ class Runner:
         self.ran_in_pools: tuple[str, ...] = ()  # the pools it has held a worker of
         self.extra = False  # the one task beyond the cap (CTAS exception)
         self.pending_cpu_ns = 0  # a task's CPU still to charge when it releases
+        # the priority lane its query's thread takes with the worker it was handed,
+        # when the pool layer found it then (under its lock); None: look it up
+        self.lane: int | None = None
 
     def __repr__(self) -> str:
         kind = "task" if self.is_task else self.kind

@@ -321,6 +321,7 @@ class Dispatcher:
             if not self.core.grant_at_once(runner, now):
                 return False
             gate.take_slot(ticket, now)  # its room was seen above, under this lock
+            self._found_lane(runner)
             return True
 
     def leave(self, gate: Gate, ticket: Ticket, runner: Runner, cpu_ns: int) -> None:
@@ -342,6 +343,7 @@ class Dispatcher:
                         waiter = admitted[0].runner if admitted and self.fast_path else None
                         if waiter is not None and core.hand_over(runner, cpu_ns, waiter, now):
                             admitted[0].runner = None
+                            self._found_lane(waiter)
                         else:
                             self._wake(core.release_running(runner, cpu_ns, now))
                     elif runner.state is not RUNNER_DONE:  # waiting, or faults injected
@@ -359,8 +361,16 @@ class Dispatcher:
                 waiter = next_ticket.runner
                 if waiter is not None:
                     next_ticket.runner = None
-                    self.core.grant_now(waiter, now)
+                    if self.core.grant_now(waiter, now):
+                        self._found_lane(waiter)
         wake(admitted)
+
+    def _found_lane(self, runner: Runner) -> None:
+        """Lock held: the lane the thread of ``runner`` takes with the worker it was
+        just handed, found now, so that the thread need not take the lock again
+        to ask (``query.waiting.take_lane``)."""
+        if self.lanes.on:
+            runner.lane = self._lane_locked(runner.group.group_id, runner.pool)
 
     # ---- the slow path ----------------------------------------------------------------
 

@@ -482,7 +482,9 @@ class Gate:
         ticket.enqueued_at = now
         ticket.queue_deadline = now + self.config.queue_timeout_ms / 1000
         self._enqueue(ticket, front=front)
-        self._note_demand()
+        demand = len(self._active) + self.counted + self.waiting  # _note_demand, written out
+        if demand > self.demand_peak:
+            self.demand_peak = demand
         return False
 
     def release(self, ticket: Ticket, now: float) -> list[Ticket]:

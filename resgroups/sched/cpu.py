@@ -78,7 +78,10 @@ Invariants (``_check_invariants``)
        those of its path. Once a catalog version is applied the tree is the
        catalog's; mid-way through a full sync (any order) a parent not
        configured yet exists under a placeholder name, and a would-be cycle
-       puts the would-be parent at the top until its own configure.
+       puts the would-be parent at the top until its own configure;
+    I8 ``held_by`` counts each (pool, user)'s scheduled runners running in
+       g, and ``held_by_query`` each (pool, query)'s, kept only while g is
+       fair (the fair order alone reads it; empty in a fifo group).
 
 Rules
     May run: a runner of g may take a worker when, for every n in A(g),
@@ -312,7 +315,8 @@ class GroupCpu:
         self.path_limited = False  # a limit here or above (refresh_path)
         self.single_threaded = False  # limited to one core or less here or above
         self.limit_cores = limit_cores
-        self.policy = policy
+        self.running: set[Runner] = set()
+        self.policy = policy  # after running: what the fair order counts follows it
         self.charged = charged  # False: the pseudo-group of uncharged CTAS tasks
         self.vtime = 0.0
         self.cpu_ns_total = 0
@@ -321,8 +325,6 @@ class GroupCpu:
         self.held = 0  # scheduled runners holding workers, all pools
         self.held_over_cap = 0  # held when an ALTER lowered the cap; falls as they leave
         self.held_by: dict[tuple[str, str], int] = {}  # (pool, user) -> workers
-        self.held_by_query: dict[tuple[str, int], int] = {}  # (pool, query) -> workers
-        self.running: set[Runner] = set()
         self.counted = 0  # counted workers (no runner) held, all pools
         self.waiting: dict[str, list[Runner]] = {}  # pool -> runners in arrival order
         self.budget_ns = self.burst  # a group starts with its burst
@@ -346,6 +348,23 @@ class GroupCpu:
         # limited to one core or less: a query's parallel work runs on its own thread
         self.own_single_threaded = cores is not None and cores <= 1 + 1e-9
         self.refresh_path()
+
+    @property
+    def policy(self) -> str:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: str) -> None:
+        self._policy = policy
+        self.fair = policy == "fair"
+        # (pool, query) -> the workers its scheduled runners hold here: only the fair
+        # order reads it (_fair_key), so only a fair group keeps it (I8)
+        self.held_by_query: dict[tuple[str, int], int] = {}
+        if self.fair:
+            for r in self.running:
+                if r.scheduled:
+                    key = (r.pool, r.query_id)
+                    self.held_by_query[key] = self.held_by_query.get(key, 0) + 1
 
     def refresh_path(self) -> None:
         """What follows from the limits of the path (I7), for this group and its
@@ -798,10 +817,11 @@ class CpuScheduler:
             _decrement(g.held_by, (pool, old.user))
             user = (pool, new.user)
             g.held_by[user] = g.held_by.get(user, 0) + 1
-        by_query = g.held_by_query
-        _decrement(by_query, (pool, old.query_id))
-        query = (pool, new.query_id)
-        by_query[query] = by_query.get(query, 0) + 1
+        if g.fair:
+            by_query = g.held_by_query
+            _decrement(by_query, (pool, old.query_id))
+            query = (pool, new.query_id)
+            by_query[query] = by_query.get(query, 0) + 1
         new.seq = next(_SEQ)  # it arrives now (grant_now)
         new.fresh = True
         new.runnable_since = new.granted_at = now
@@ -946,7 +966,7 @@ class CpuScheduler:
                 return f"fresh work of {h.name}"
             if (mine - theirs) * weight / 100 > self.granularity_ns:
                 return f"{h.name} lags"
-        if g.policy == "fair":
+        if g.fair:
             overdue = runner.cpu_since_grant_ns > self.granularity_ns
             for q in g.waiting.get(runner.pool, []):
                 arrived = q.fresh and q.runnable_since > runner.granted_at
@@ -1097,7 +1117,7 @@ class CpuScheduler:
         return None
 
     def _pick_in_group(self, g: GroupCpu, candidates: list[Runner]) -> Runner:
-        if g.policy != "fair":
+        if not g.fair:
             return min(candidates, key=lambda r: r.seq)
         return min(
             candidates,
@@ -1141,8 +1161,9 @@ class CpuScheduler:
                 n.held += 1
                 n = n.parent
             g.held_by[(r.pool, r.user)] = g.held_by.get((r.pool, r.user), 0) + 1
-            key = (r.pool, r.query_id)
-            g.held_by_query[key] = g.held_by_query.get(key, 0) + 1
+            if g.fair:
+                key = (r.pool, r.query_id)
+                g.held_by_query[key] = g.held_by_query.get(key, 0) + 1
         g.running.add(r)
         self._busy(g, now)
 
@@ -1158,7 +1179,8 @@ class CpuScheduler:
                 n.held_over_cap = min(n.held_over_cap, n.held)
                 n = n.parent
             _decrement(g.held_by, (r.pool, r.user))
-            _decrement(g.held_by_query, (r.pool, r.query_id))
+            if g.fair:
+                _decrement(g.held_by_query, (r.pool, r.query_id))
         r.extra = False
 
     def blocked_by(self, runner: Runner, now: float) -> str | None:
@@ -1249,6 +1271,15 @@ class CpuScheduler:
                 problems.append(f"{g.name}: holds {g.held} workers above its cap {g.cap}")
             if sum(1 for r in g.running if r.extra) > 1:
                 problems.append(f"{g.name}: more than one task beyond a cap")
+            by_user: dict[tuple[str, str], int] = {}
+            by_query: dict[tuple[str, int], int] = {}
+            for r in g.running:
+                if r.scheduled:
+                    by_user[(r.pool, r.user)] = by_user.get((r.pool, r.user), 0) + 1
+                    if g.fair:
+                        by_query[(r.pool, r.query_id)] = by_query.get((r.pool, r.query_id), 0) + 1
+            if by_user != g.held_by or by_query != g.held_by_query:
+                problems.append(f"{g.name}: held_by or held_by_query is not its runners' (I8)")
             if g.budget_ns > g.burst + 1e-6:
                 problems.append(f"{g.name}: budget {g.budget_ns} above burst {g.burst}")
         busy = {n for g in self.groups.values() if g.charged and not g.own_idle for n in g.path()}

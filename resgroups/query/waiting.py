@@ -9,6 +9,13 @@ fleet lease), then a worker of the pool. Only here, and for a query whose
 worker is scheduled, are a :class:`~resgroups.sched.admission.Ticket` and a
 :class:`~resgroups.sched.cpu.Runner` made (:func:`ticket_and_runner`): a
 query that never waits and is never sliced holds neither (issue 29).
+
+A query that queued is usually handed everything by the query whose slot
+it takes (``Dispatcher.leave``): the slot, a worker, and its lane, found
+under the dispatcher's lock; it returns from the gate's wait without the
+lock and takes nothing more. What the admission mode holds after the slot
+is asked for only where the mode takes something then
+(``AdmissionMode.after_slot_holds``: a fleet lease).
 """
 
 from __future__ import annotations

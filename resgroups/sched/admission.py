@@ -59,6 +59,18 @@ The queue
     is O(1) amortized, admitting in arrival order O(1), and ``expire`` pops
     only the tickets that are due instead of scanning the whole queue every
     time a waiter wakes. A ticket's keys never change while it is queued.
+    A third view, per user, is kept only where it is read: by a fair gate
+    (each user's first ticket) and a nested one (per-user caps); a flat fifo
+    gate admits its queue's head and keeps none, and a gate that becomes
+    fair or nested builds it from the queue.
+
+The contended hand-off
+    A slot given back at a flat fifo gate with a ticket queued goes straight
+    to the head (``_hand_to_head``): the gate was full (I3), so exactly one
+    ticket is admitted, and what the head takes the queue gives up, so the
+    demand peak cannot move. A queued ticket's thread waits at once; nothing
+    runs on a timer: each waiter wakes by its own first deadline (or the
+    0.25 s poll for cancellation) and then expires whatever is due.
 
 Nested groups (SPEC §14)
     A gate may have a ``parent`` gate (its group's parent group's) and

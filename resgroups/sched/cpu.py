@@ -51,6 +51,17 @@ Counted workers
     in ``busy`` until scheduling engages (``set_engaged`` prunes it): the
     uncontended query does not move its group in and out of the set.
 
+Hand-over
+    A query leaving a full group gives its slot to the next query queued at
+    the gate; :meth:`hand_over` gives that query its worker too, as
+    :meth:`release_running` then :meth:`grant_now` would, in one step, when
+    nothing could come between the two (nobody waits in the pool, no cap or
+    budget on the path, the pool neither oversubscribed nor owed, and the
+    group keeps other work, so it neither leaves ``busy`` nor is placed
+    again). Every counter ends where the two calls leave it
+    (``tests/test_cpu_core.py`` compares them); the worker never passes
+    through the free count.
+
 Invariants (``_check_invariants``)
     I1 per pool: free + held + counted == size and free >= 0, where held is
        the runners running in it and counted its counted workers; the

@@ -26,7 +26,13 @@ it changes, under that machine's invariants; when either would queue or
 park, nothing changes and the query takes the slow path with a ticket and a
 runner (``GateRuntime.enter``, then :meth:`Dispatcher.acquire`). Leaving
 (:meth:`Dispatcher.leave`, :meth:`Dispatcher.leave_counted`) hands the
-worker on with the slot when the slot goes to a queued query.
+worker on with the slot when the slot goes to a queued query: the gate
+gives its slot back first, then the worker goes straight to the query it
+admitted (``CpuScheduler.hand_over``) or, when that is not exact, back to
+the pool and to that query if it is still free (``CpuScheduler.grant_now``).
+Whoever hands a query's thread its worker under the lock finds its lane
+then (``Runner.lane``), so the woken thread takes neither the lock nor any
+decision: it returns from its wait holding a slot and a worker.
 ``tests/test_fastpath.py`` runs random workloads with the fast path and
 without it and compares every counter after every step.
 
@@ -326,9 +332,11 @@ class Dispatcher:
 
     def leave(self, gate: Gate, ticket: Ticket, runner: Runner, cpu_ns: int) -> None:
         """Give back the worker of ``runner`` (charging ``cpu_ns``) and the slot of
-        ``ticket`` under the one lock; wake whoever takes them. When the slot goes
-        to a queued query and a worker is free, the worker goes with it
-        (``CpuScheduler.grant_now``), so the woken query has nothing left to take."""
+        ``ticket`` under the one lock; wake whoever takes them. The slot first:
+        when it goes to a queued query, the worker goes with it, straight
+        (``CpuScheduler.hand_over``) or through the pool when another may take
+        it first (``CpuScheduler.grant_now``), so the woken query has nothing
+        left to take."""
         core = self.core
         with self.lock:
             now = self.now()

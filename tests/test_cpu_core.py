@@ -468,3 +468,94 @@ def test_wait_time_is_counted_while_engaged() -> None:
     assert b.state is RunnerState.RUNNING  # fresh and entitled: it went first
     assert sim.groups["b"].wait_ns_total == 10 * MS  # runnable, waiting one slice
     assert math.isinf(sim.s.next_wakeup(sim.now))
+
+
+def _core_state(sim: Sim) -> tuple[object, ...]:
+    """Everything of the core a hand-over may change (arrival numbers aside)."""
+    s = sim.s
+    groups = tuple(
+        (
+            g.name,
+            g.held,
+            g.held_over_cap,
+            sorted(g.held_by.items()),
+            sorted(g.held_by_query.items()),
+            sorted(r.query_id for r in g.running),
+            g.vtime,
+            g.own_vtime,
+            g.cpu_ns_total,
+            sorted(g.cpu_by_user.items()),
+            g.wait_ns_total,
+            g.budget_ns,
+            g.active_children,
+        )
+        for g in [*s.groups.values(), s.outside]
+    )
+    runners = tuple(
+        (
+            r.query_id,
+            r.state,
+            r.scheduled,
+            r.extra,
+            r.fresh,
+            r.runnable_since,
+            r.granted_at,
+            r.cpu_since_grant_ns,
+            r.ran_in_pools,
+        )
+        for r in sorted(sim.running(), key=lambda r: r.query_id)
+    )
+    busy = sorted(g.name for g in s.busy)
+    return dict(s.free), dict(s.waiting_in), dict(s.owed), busy, groups, runners
+
+
+def _hand_over_scene(case: str) -> tuple[Sim, Runner, Runner]:
+    """A running query of group a whose slot goes to a new query of a."""
+    sim = Sim(workers=3)
+    if case == "nested":
+        sim.group("top")
+        sim.group("a")
+        sim.s.configure(1, "a", 100, None, "fifo", sim.now, parent=0)
+    else:
+        sim.group("a", limit=2 if case == "limited" else None)
+    sim.group("b")
+    sim.s.engaged = case != "disengaged"
+    old = sim.query("a", "ann")
+    if case != "alone":
+        sim.query("a", "ann")
+    if case == "someone waits":
+        sim.query("b")
+        sim.query("b")
+    sim.now += 0.01
+    new = Runner(sim.groups["a"], "default", "bob" if case == "other user" else "ann", 99)
+    return sim, old, new
+
+
+@pytest.mark.parametrize(
+    ("case", "handed"),
+    [
+        ("same user", True),
+        ("other user", True),
+        ("nested", True),
+        ("alone", False),  # the group would go idle, then busy again: placed
+        ("limited", False),  # a cap on the path: the release may unblock another pool
+        ("someone waits", False),  # the freed worker is dispatched to them
+        ("disengaged", False),
+    ],
+)
+def test_hand_over_is_a_release_then_a_grant_now(case: str, handed: bool) -> None:
+    """``hand_over`` ends where ``release_running`` then ``grant_now`` end, or
+    changes nothing."""
+    sim, old, new = _hand_over_scene(case)
+    before = _core_state(sim)
+    assert sim.s.hand_over(old, 3 * MS, new, sim.now) is handed
+    sim.check()
+    if not handed:
+        assert _core_state(sim) == before
+        return
+    expected, old_there, new_there = _hand_over_scene(case)
+    assert expected.s.release_running(old_there, 3 * MS, expected.now) == []
+    assert expected.s.grant_now(new_there, expected.now)
+    assert _core_state(sim) == _core_state(expected)
+    assert old.state is RunnerState.DONE
+    assert new.state is RunnerState.RUNNING

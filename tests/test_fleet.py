@@ -296,3 +296,19 @@ def test_an_unreachable_coordination_database_refuses_to_start_and_masks_the_pas
         resgroups.Engine(coordination="postgresql://x/y", fleet_admission="quotas")
     with pytest.raises(resgroups.InvalidParameter, match="longer than"):
         resgroups.Engine(coordination="postgresql://x/y", lease_heartbeat=10, lease_expiry=5)
+
+
+def test_a_mode_that_takes_something_after_the_slot_says_so() -> None:
+    """The query path calls ``after_slot`` only where ``after_slot_holds`` says it
+    takes something: every mode that overrides it must say so."""
+    from resgroups.fleet import modes
+
+    found = [
+        cls
+        for cls in vars(modes).values()
+        if isinstance(cls, type) and issubclass(cls, modes.AdmissionMode)
+    ]
+    assert modes.LeaseAdmission in found
+    for cls in found:
+        overrides = cls.after_slot is not modes.AdmissionMode.after_slot
+        assert cls.after_slot_holds is overrides, cls

@@ -18,6 +18,7 @@ The interface, in the order a query meets it::
     queued                 called when the query queues at the gate (or None)
     fast                   whether the fast path may take slot and worker at once
     after_slot(held, ...)  with the local slot held: what the fleet needs too
+    after_slot_holds       whether ``after_slot`` takes anything (False: not called)
     give_back(held)        what ``after_slot`` took, however the query ended
     valid_until            the fence: past it (time.monotonic), a query fails
                            at its next checkpoint with CoordinationUnavailable
@@ -140,6 +141,7 @@ class AdmissionMode:
     name = "local"
     fast = True  # the fast path may be tried before the gate
     fenced = False  # queries need not check valid_until
+    after_slot_holds = False  # after_slot takes nothing: the query path need not call it
     queued: Callable[[], None] | None = None  # called when a query queues at the gate
     valid_until = math.inf
 
@@ -306,6 +308,7 @@ class LeaseAdmission(_FleetMode):
 
     name = "lease"
     fast = False  # the lease comes between the slot and the worker
+    after_slot_holds = True  # a lease per query
 
     def __init__(
         self,

@@ -599,8 +599,11 @@ class Query:
                         self._check_at = check_at
                         if self._cancelled or self._failure is not None:  # meanwhile
                             self._check_at = -INF
-                    else:
-                        self._admit(now)  # arms the checkpoint as it returns (_checked_at)
+                    else:  # arms the checkpoint as it returns (_checked_at)
+                        if gate.waiting or engine.admission.fenced:  # _admit's slow path
+                            admit_slow(self, runtime, engine.admission)
+                        else:
+                            self._admit(now)
                         self.admitted_at = self._checked_at
                         self.waited_s = self._checked_at - now
                     if self._extra is not None:

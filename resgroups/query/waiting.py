@@ -9,6 +9,13 @@ fleet lease), then a worker of the pool. Only here, and for a query whose
 worker is scheduled, are a :class:`~resgroups.sched.admission.Ticket` and a
 :class:`~resgroups.sched.cpu.Runner` made (:func:`ticket_and_runner`): a
 query that never waits and is never sliced holds neither (issue 29).
+
+A query that queued is usually handed everything by the query whose slot
+it takes (``Dispatcher.leave``): the slot, a worker, and its lane, found
+under the dispatcher's lock; it returns from the gate's wait without the
+lock and takes nothing more. What the admission mode holds after the slot
+is asked for only where the mode takes something then
+(``AdmissionMode.after_slot_holds``: a fleet lease).
 """
 
 from __future__ import annotations
@@ -43,11 +50,11 @@ def admit_slow(
     ticket, runner = held.ticket, held.runner
     if ticket is None or runner is None:
         ticket, runner = ticket_and_runner(query, runtime)
-    group = runtime.definition
-    queue_timeout = group.queue_timeout_ms / 1000
     dispatcher = query._engine.dispatcher
     meter = query._engine.cpu_meter
     if mode.fenced:  # fleet mode: nothing is admitted on what may have lapsed
+        group = runtime.definition
+        queue_timeout = group.queue_timeout_ms / 1000
         fence = query._uses().fence = mode.fence_for(group)
         if not (seconds_left(fence) > 0 and mode.fresh()):
             mode.prepare(group, min(query._timeout_at - query._now(), queue_timeout))
@@ -65,14 +72,15 @@ def admit_slow(
         runtime.gate.enter(ticket, query._is_cancelled, mode.queued, front=front)
     finally:
         ticket.runner = None
-    mode.after_slot(  # the local slot first, then the fleet's (SPEC §11)
-        held,
-        runtime,
-        deadline=query._timeout_at,
-        queue_deadline=query._now() + queue_timeout,
-        cancelled=query._is_cancelled,
-        now=query._now,
-    )
+    if mode.after_slot_holds:  # the local slot first, then the fleet's (SPEC §11)
+        mode.after_slot(
+            held,
+            runtime,
+            deadline=query._timeout_at,
+            queue_deadline=query._now() + runtime.definition.queue_timeout_ms / 1000,
+            cancelled=query._is_cancelled,
+            now=query._now,
+        )
     if runner.state is not RUNNER_RUNNING:  # not handed a worker with the slot
         # a worker is asked for once the slot is held: its arrival order counts
         # from here
@@ -81,7 +89,7 @@ def admit_slow(
         )
         dispatcher.acquire(runner, query._wait_error, query._timeout_at)
     if mode.fenced:
-        hold_fence(query, group, queue_timeout)
+        hold_fence(query, runtime.definition, runtime.definition.queue_timeout_ms / 1000)
     query._cpu_mark = meter() if runner.scheduled else 0
     take_lane(query)
     query._arm(query._now())
@@ -94,9 +102,15 @@ def take_lane(query: Query) -> None:
     dispatcher = query._engine.dispatcher
     lanes = dispatcher.lanes
     held = query.held
+    runner = held.runner
+    if runner is not None and runner.lane is not None:  # found as it was handed the worker
+        lane, runner.lane = runner.lane, None
+        if runner.scheduled:
+            held.nice = lanes.enter(lane, held.nice)
+        return
     if not lanes.on and held.nice is None:
         return
-    runner, runtime = held.runner, held.runtime
+    runtime = held.runtime
     if runner is not None and runner.scheduled and runtime is not None:
         lane = dispatcher.lane_of(runtime.group_id, query.pool_name)  # 0 once lanes are off
         held.nice = lanes.enter(lane, held.nice)

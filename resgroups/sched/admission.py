@@ -59,6 +59,18 @@ The queue
     is O(1) amortized, admitting in arrival order O(1), and ``expire`` pops
     only the tickets that are due instead of scanning the whole queue every
     time a waiter wakes. A ticket's keys never change while it is queued.
+    A third view, per user, is kept only where it is read: by a fair gate
+    (each user's first ticket) and a nested one (per-user caps); a flat fifo
+    gate admits its queue's head and keeps none, and a gate that becomes
+    fair or nested builds it from the queue.
+
+The contended hand-off
+    A slot given back at a flat fifo gate with a ticket queued goes straight
+    to the head (``_hand_to_head``): the gate was full (I3), so exactly one
+    ticket is admitted, and what the head takes the queue gives up, so the
+    demand peak cannot move. A queued ticket's thread waits at once; nothing
+    runs on a timer: each waiter wakes by its own first deadline (or the
+    0.25 s poll for cancellation) and then expires whatever is due.
 
 Nested groups (SPEC §14)
     A gate may have a ``parent`` gate (its group's parent group's) and
@@ -143,6 +155,7 @@ _SEQ: Final = itertools.count()
 # at the head of a queue take numbers below every other, in their own order.
 _ARRIVALS: Final = itertools.count()
 _FRONTS: Final = itertools.count(-(2**62))
+_POLL_S: Final = 0.25  # a queued query looks at its cancellation at least this often
 
 
 class Ticket:
@@ -222,7 +235,9 @@ class Gate:
         self._queue: deque[Ticket] = deque()  # arrival order, with tickets that left
         # the same per user, in arrival order (with tickets that left, dropped from
         # the fronts): the fair order and the per-user caps look at each user's
-        # first ticket, O(users) rather than O(queue)
+        # first ticket, O(users) rather than O(queue). Kept only while they are
+        # used (``_per_user``: a fair or nested gate); a flat fifo gate admits
+        # its head and keeps it empty
         self._by_user: dict[str, deque[Ticket]] = {}
         self._deadlines: list[tuple[float, int, Ticket]] = []  # a heap, likewise
         self._positions: dict[Ticket, int] | None = None  # position(), until a change
@@ -240,6 +255,7 @@ class Gate:
         self.waiting_below = 0  # the tickets queued at descendants
         self._held_below: dict[str, int] = {}  # user -> slots held at descendants
         self.nested = config.max_per_user is not None  # admission looks past this gate
+        self._per_user = self.nested or config.policy == "fair"  # _by_user is kept
         self.admitted_total = 0
         self.admission_rejections = 0
         self.admission_timeouts = 0
@@ -304,12 +320,16 @@ class Gate:
         return _first_deadline(first) if first is not None else math.inf
 
     def _enqueue(self, ticket: Ticket, *, front: bool = False) -> None:
-        mine = self._by_user.get(ticket.user)
-        if mine is None:
-            mine = self._by_user[ticket.user] = deque()
+        mine = None
+        if self._per_user:
+            mine = self._by_user.get(ticket.user)
+            if mine is None:
+                mine = self._by_user[ticket.user] = deque()
         if front:  # before every other arrival, after the earlier tickets put at the head
             ticket.arrival = arrival = next(_FRONTS)
             for queue in (self._queue, mine):
+                if queue is None:
+                    continue
                 place = 0
                 while place < len(queue) and queue[place].arrival < 0:
                     place += 1  # O(tickets put at the head and still in the view)
@@ -317,8 +337,12 @@ class Gate:
         else:
             ticket.arrival = arrival = next(_ARRIVALS)
             self._queue.append(ticket)
-            mine.append(ticket)
-        heapq.heappush(self._deadlines, (_first_deadline(ticket), arrival, ticket))
+            if mine is not None:
+                mine.append(ticket)
+        deadline = ticket.query_deadline
+        if ticket.queue_deadline < deadline:
+            deadline = ticket.queue_deadline
+        heapq.heappush(self._deadlines, (deadline, arrival, ticket))
         self.waiting += 1
         self._positions = None
         ticket.gate = self
@@ -339,16 +363,28 @@ class Gate:
         queue = self._queue
         if queue[0] is ticket:  # leaving in arrival order: the common case
             queue.popleft()
-        self._user_head(ticket.user)  # drops what has left from the user's front
+        if self._per_user:
+            self._user_head(ticket.user)  # drops what has left from the user's front
+        self._trim()
+
+    def _trim(self) -> None:
+        """Rebuild a view of the queue that holds more than 2|Q| + slack entries
+        (O(view), amortized O(1) a dequeue)."""
         most = 2 * self.waiting + self.slack  # each view holds at most this many
-        if len(queue) > most:
-            self._queue = deque(t for t in queue if t.state is TICKET_QUEUED)
-            self._by_user = {}
-            for t in self._queue:
-                self._by_user.setdefault(t.user, deque()).append(t)
+        if len(self._queue) > most:
+            self._queue = deque(t for t in self._queue if t.state is TICKET_QUEUED)
+            self._index_users()
         if len(self._deadlines) > most:
             self._deadlines = [e for e in self._deadlines if e[2].state is TICKET_QUEUED]
             heapq.heapify(self._deadlines)
+
+    def _index_users(self) -> None:
+        """The per-user view, from the queue (empty unless ``_per_user``)."""
+        self._by_user = by_user = dict[str, deque[Ticket]]()
+        if self._per_user:
+            for t in self._queue:
+                if t.state is TICKET_QUEUED:
+                    by_user.setdefault(t.user, deque()).append(t)
 
     def _limit(self) -> float:
         limit = self.config.max_active
@@ -458,7 +494,9 @@ class Gate:
         ticket.enqueued_at = now
         ticket.queue_deadline = now + self.config.queue_timeout_ms / 1000
         self._enqueue(ticket, front=front)
-        self._note_demand()
+        demand = len(self._active) + self.counted + self.waiting  # _note_demand, written out
+        if demand > self.demand_peak:
+            self.demand_peak = demand
         return False
 
     def release(self, ticket: Ticket, now: float) -> list[Ticket]:
@@ -475,9 +513,44 @@ class Gate:
         ticket.state = TICKET_RELEASED
         if self.nested:
             return self._gave(user, now)
-        if self._grandfathered > len(self._active) + self.counted:
-            self._grandfathered = len(self._active) + self.counted
-        return self._admit_waiting(now) if self.waiting else []
+        load = len(self._active) + self.counted
+        if self._grandfathered > load:
+            self._grandfathered = load
+        if not self.waiting:
+            return []
+        if self._per_user:
+            return self._admit_waiting(now)
+        return self._hand_to_head(load, now)
+
+    def _hand_to_head(self, load: int, now: float) -> list[Ticket]:
+        """:meth:`_admit_waiting` of a flat fifo gate with ``load`` slots held and a
+        ticket queued, written out (every contended query's path): the slot
+        just given back goes to the head of the queue, unless a lowered limit
+        keeps it. What the head takes, the queue gives up: the demand stays;
+        and no second ticket can follow (I3: the gate was full until this
+        slot came back). O(1) amortized."""
+        limit = self.config.max_active
+        if limit is not None and load >= limit:
+            return []
+        queue = self._queue
+        while queue[0].state is not TICKET_QUEUED:  # what left, dropped (I1: one waits)
+            queue.popleft()
+        ticket = queue.popleft()
+        ticket.state = TICKET_ACTIVE
+        self.waiting -= 1
+        self._positions = None
+        self._active.add(ticket)
+        user = ticket.user
+        held = self._held
+        held[user] = held.get(user, 0) + 1
+        self._last_admitted[user] = now
+        self.admitted_total += 1
+        if self._queue_grandfathered > self.waiting:
+            self._queue_grandfathered = self.waiting
+        most = 2 * self.waiting + self.slack
+        if len(queue) > most or len(self._deadlines) > most:
+            self._trim()
+        return [ticket]
 
     def withdraw(self, ticket: Ticket, error: Error) -> bool:
         """Take a queued ticket out (cancelled, or the engine closing). False if not queued."""
@@ -585,7 +658,12 @@ class Gate:
         return mine[0]
 
     def _heads(self) -> list[Ticket]:
-        """Each waiting user's first queued ticket: O(users)."""
+        """Each waiting user's first queued ticket: O(users). Without the per-user
+        view (a flat fifo gate: no caps, arrival order) the queue's head stands
+        for them all."""
+        if not self._per_user:
+            head = self._head()
+            return [] if head is None else [head]
         return [t for t in map(self._user_head, list(self._by_user)) if t is not None]
 
     def _fairest(self, *, capped_too: bool) -> Ticket | None:
@@ -617,6 +695,10 @@ class Gate:
         self.nested = (
             self.parent is not None or bool(self.children) or self.config.max_per_user is not None
         )
+        per_user = self.nested or self.config.policy == "fair"
+        if per_user != self._per_user:
+            self._per_user = per_user
+            self._index_users()
 
     def _full(self) -> bool:
         limit = self.config.max_active
@@ -809,7 +891,11 @@ class Gate:
         if self.waiting != len(in_order):
             problems.append(f"waiting {self.waiting} != {len(in_order)} queued")
         by_user = [t for mine in self._by_user.values() for t in mine if t.state is TICKET_QUEUED]
-        if sorted(by_user, key=_by_arrival) != sorted(in_order, key=_by_arrival):
+        if self._per_user != (self.nested or self.config.policy == "fair"):
+            problems.append("the per-user view is kept when it is not used, or not kept")
+        if sorted(by_user, key=_by_arrival) != (
+            sorted(in_order, key=_by_arrival) if self._per_user else []
+        ):
             problems.append("the per-user view of the queue is not the queue")
         arrivals = [t.arrival for t in self._queue]
         if arrivals != sorted(arrivals):
@@ -893,33 +979,47 @@ class GateRuntime:
         """Block until ``ticket`` holds a slot; raise why not otherwise. ``queued``
         is called once the ticket waits in the queue (fleet quota mode asks for
         more quota then); ``front`` queues it at the head."""
-        with self.lock:
-            if self.gate.submit(ticket, self.now(), front=front):
+        lock, gate = self.lock, self.gate
+        with lock:
+            now = self.now()
+            if gate.submit(ticket, now, front=front):
                 return
             wake = ticket.wake = Wakeup()
+        # queued: a cancel() from now on finds the wake-up set above, so one that
+        # came earlier is the only one to look for before the first wait; nothing
+        # is due yet (the ticket's own deadlines were checked as it queued, and
+        # every other waiter expires what is due when its own wait ends)
         if queued is not None:
             queued()
+        timeout = min(ticket.queue_deadline, ticket.query_deadline) - now
+        if cancelled is not None and cancelled():
+            timeout = 0.0  # cancelled before its wake-up was set: look at once
         while True:
-            with self.lock:
-                if ticket.state is TICKET_ACTIVE:
+            wake.wait(_POLL_S if timeout > _POLL_S else timeout if timeout > 0 else 0.0)
+            state = ticket.state
+            if state is TICKET_ACTIVE:  # set under the lock before the wake-up, and only
+                return  # its own query gives the slot back: no lock needed to see it
+            with lock:
+                state = ticket.state  # (it may have changed since the look above)
+                if state is TICKET_ACTIVE:
                     return
-                if ticket.state is TICKET_QUEUED:
+                if state is TICKET_QUEUED:
                     if cancelled is not None and cancelled():
-                        self.gate.withdraw(
+                        gate.withdraw(
                             ticket,
                             QueryCancelled(
                                 f"query cancelled while queued for Resource Group admission "
-                                f"[group={self.gate.config.name}]"
+                                f"[group={gate.config.name}]"
                             ),
                         )
                     else:
                         now = self.now()
-                        self._wake(self.gate.expire(now))
-                if ticket.state not in (TICKET_QUEUED, TICKET_ACTIVE):
+                        self._wake(gate.expire(now))
+                        timeout = min(ticket.queue_deadline, ticket.query_deadline) - now
+                    state = ticket.state
+                if state is not TICKET_QUEUED:
                     assert ticket.error is not None
                     raise ticket.error
-                timeout = min(ticket.queue_deadline, ticket.query_deadline) - self.now()
-            wake.wait(max(0.0, min(timeout, 0.25)) if timeout != math.inf else 0.25)
 
     def leave(self, ticket: Ticket) -> None:
         """Give the slot back and wake whoever it admits."""

@@ -51,6 +51,17 @@ Counted workers
     in ``busy`` until scheduling engages (``set_engaged`` prunes it): the
     uncontended query does not move its group in and out of the set.
 
+Hand-over
+    A query leaving a full group gives its slot to the next query queued at
+    the gate; :meth:`hand_over` gives that query its worker too, as
+    :meth:`release_running` then :meth:`grant_now` would, in one step, when
+    nothing could come between the two (nobody waits in the pool, no cap or
+    budget on the path, the pool neither oversubscribed nor owed, and the
+    group keeps other work, so it neither leaves ``busy`` nor is placed
+    again). Every counter ends where the two calls leave it
+    (``tests/test_cpu_core.py`` compares them); the worker never passes
+    through the free count.
+
 Invariants (``_check_invariants``)
     I1 per pool: free + held + counted == size and free >= 0, where held is
        the runners running in it and counted its counted workers; the
@@ -78,7 +89,10 @@ Invariants (``_check_invariants``)
        those of its path. Once a catalog version is applied the tree is the
        catalog's; mid-way through a full sync (any order) a parent not
        configured yet exists under a placeholder name, and a would-be cycle
-       puts the would-be parent at the top until its own configure.
+       puts the would-be parent at the top until its own configure;
+    I8 ``held_by`` counts each (pool, user)'s scheduled runners running in
+       g, and ``held_by_query`` each (pool, query)'s, kept only while g is
+       fair (the fair order alone reads it; empty in a fifo group).
 
 Rules
     May run: a runner of g may take a worker when, for every n in A(g),
@@ -244,6 +258,7 @@ class Runner:
         "group",
         "is_task",
         "kind",
+        "lane",
         "pending_cpu_ns",
         "pool",
         "query_id",
@@ -280,6 +295,9 @@ class Runner:
         self.ran_in_pools: tuple[str, ...] = ()  # the pools it has held a worker of
         self.extra = False  # the one task beyond the cap (CTAS exception)
         self.pending_cpu_ns = 0  # a task's CPU still to charge when it releases
+        # the priority lane its query's thread takes with the worker it was handed,
+        # when the pool layer found it then (under its lock); None: look it up
+        self.lane: int | None = None
 
     def __repr__(self) -> str:
         kind = "task" if self.is_task else self.kind
@@ -312,7 +330,8 @@ class GroupCpu:
         self.path_limited = False  # a limit here or above (refresh_path)
         self.single_threaded = False  # limited to one core or less here or above
         self.limit_cores = limit_cores
-        self.policy = policy
+        self.running: set[Runner] = set()
+        self.policy = policy  # after running: what the fair order counts follows it
         self.charged = charged  # False: the pseudo-group of uncharged CTAS tasks
         self.vtime = 0.0
         self.cpu_ns_total = 0
@@ -321,8 +340,6 @@ class GroupCpu:
         self.held = 0  # scheduled runners holding workers, all pools
         self.held_over_cap = 0  # held when an ALTER lowered the cap; falls as they leave
         self.held_by: dict[tuple[str, str], int] = {}  # (pool, user) -> workers
-        self.held_by_query: dict[tuple[str, int], int] = {}  # (pool, query) -> workers
-        self.running: set[Runner] = set()
         self.counted = 0  # counted workers (no runner) held, all pools
         self.waiting: dict[str, list[Runner]] = {}  # pool -> runners in arrival order
         self.budget_ns = self.burst  # a group starts with its burst
@@ -346,6 +363,23 @@ class GroupCpu:
         # limited to one core or less: a query's parallel work runs on its own thread
         self.own_single_threaded = cores is not None and cores <= 1 + 1e-9
         self.refresh_path()
+
+    @property
+    def policy(self) -> str:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: str) -> None:
+        self._policy = policy
+        self.fair = policy == "fair"
+        # (pool, query) -> the workers its scheduled runners hold here: only the fair
+        # order reads it (_fair_key), so only a fair group keeps it (I8)
+        self.held_by_query: dict[tuple[str, int], int] = {}
+        if self.fair:
+            for r in self.running:
+                if r.scheduled:
+                    key = (r.pool, r.query_id)
+                    self.held_by_query[key] = self.held_by_query.get(key, 0) + 1
 
     def refresh_path(self) -> None:
         """What follows from the limits of the path (I7), for this group and its
@@ -755,6 +789,66 @@ class CpuScheduler:
         self._grant(runner, now)
         return True
 
+    def hand_over(self, old: Runner, cpu_ns: int, new: Runner, now: float) -> bool:
+        """:meth:`release_running` of ``old`` (charging ``cpu_ns``), then
+        :meth:`grant_now` of ``new``, in one step (True), when nothing could come
+        between the two: ``new`` arrives now in ``old``'s group and pool (a
+        query given the slot ``old``'s query gave back), nobody waits there
+        for a worker, no cap or budget is on the group's path, the pool is
+        neither oversubscribed nor owed a worker, and the group keeps other
+        work of its own, so neither call moves it in or out of ``busy`` (no
+        placement, no change of shares). The worker goes from one to the other
+        without passing through the free count, and every counter ends as the
+        two calls leave it. Otherwise nothing changes (False). O(depth)."""
+        g = old.group
+        pool = old.pool
+        if (
+            new.group is not g
+            or new.pool != pool
+            or new.state is not RUNNER_DONE
+            or old.state is not RUNNER_RUNNING
+            or not old.scheduled
+            or not self.engaged
+            or self.degraded
+            or not g.charged
+            or g.path_limited
+            or self.waiting_in[pool]
+            or self.owed[pool]
+            or self.sizes[pool] > self.configured[pool]
+            or (len(g.running) < 2 and not g.counted)
+        ):
+            return False
+        self._charge(old, cpu_ns, now)
+        running = g.running
+        running.discard(old)
+        old.state = RUNNER_DONE
+        old.extra = False
+        n: GroupCpu | None = g
+        while n is not None:  # held: one less, then one more (no cap: never extra)
+            if n.held_over_cap >= n.held:
+                n.held_over_cap = n.held - 1
+            n = n.parent
+        if new.user != old.user:
+            _decrement(g.held_by, (pool, old.user))
+            user = (pool, new.user)
+            g.held_by[user] = g.held_by.get(user, 0) + 1
+        if g.fair:
+            by_query = g.held_by_query
+            _decrement(by_query, (pool, old.query_id))
+            query = (pool, new.query_id)
+            by_query[query] = by_query.get(query, 0) + 1
+        new.seq = next(_SEQ)  # it arrives now (grant_now)
+        new.fresh = True
+        new.runnable_since = new.granted_at = now
+        new.cpu_since_grant_ns = 0
+        new.state = RUNNER_RUNNING
+        new.scheduled = True
+        new.extra = False
+        if pool not in new.ran_in_pools:
+            new.ran_in_pools += (pool,)
+        running.add(new)
+        return True
+
     def _enqueue(self, runner: Runner, now: float, *, fresh: bool) -> None:
         runner.state = RUNNER_WAITING
         runner.fresh = fresh
@@ -917,7 +1011,7 @@ class CpuScheduler:
                 owed = (*key, h, entitled)
         if reason is not None and owed is not None:  # the worker goes as a pick would
             return reason, self._pick_in_group(owed[2], owed[3])
-        if g.policy == "fair":
+        if g.fair:
             overdue = runner.cpu_since_grant_ns > self.granularity_ns
             for q in g.waiting.get(runner.pool, []):
                 arrived = q.fresh and q.runnable_since > runner.granted_at
@@ -1072,7 +1166,7 @@ class CpuScheduler:
         return None
 
     def _pick_in_group(self, g: GroupCpu, candidates: list[Runner]) -> Runner:
-        if g.policy != "fair":
+        if not g.fair:
             return min(candidates, key=lambda r: r.seq)
         return min(
             candidates,
@@ -1116,8 +1210,9 @@ class CpuScheduler:
                 n.held += 1
                 n = n.parent
             g.held_by[(r.pool, r.user)] = g.held_by.get((r.pool, r.user), 0) + 1
-            key = (r.pool, r.query_id)
-            g.held_by_query[key] = g.held_by_query.get(key, 0) + 1
+            if g.fair:
+                key = (r.pool, r.query_id)
+                g.held_by_query[key] = g.held_by_query.get(key, 0) + 1
         g.running.add(r)
         self._busy(g, now)
 
@@ -1133,7 +1228,8 @@ class CpuScheduler:
                 n.held_over_cap = min(n.held_over_cap, n.held)
                 n = n.parent
             _decrement(g.held_by, (r.pool, r.user))
-            _decrement(g.held_by_query, (r.pool, r.query_id))
+            if g.fair:
+                _decrement(g.held_by_query, (r.pool, r.query_id))
         r.extra = False
 
     def blocked_by(self, runner: Runner, now: float) -> str | None:
@@ -1224,6 +1320,15 @@ class CpuScheduler:
                 problems.append(f"{g.name}: holds {g.held} workers above its cap {g.cap}")
             if sum(1 for r in g.running if r.extra) > 1:
                 problems.append(f"{g.name}: more than one task beyond a cap")
+            by_user: dict[tuple[str, str], int] = {}
+            by_query: dict[tuple[str, int], int] = {}
+            for r in g.running:
+                if r.scheduled:
+                    by_user[(r.pool, r.user)] = by_user.get((r.pool, r.user), 0) + 1
+                    if g.fair:
+                        by_query[(r.pool, r.query_id)] = by_query.get((r.pool, r.query_id), 0) + 1
+            if by_user != g.held_by or by_query != g.held_by_query:
+                problems.append(f"{g.name}: held_by or held_by_query is not its runners' (I8)")
             if g.budget_ns > g.burst + 1e-6:
                 problems.append(f"{g.name}: budget {g.budget_ns} above burst {g.burst}")
         busy = {n for g in self.groups.values() if g.charged and not g.own_idle for n in g.path()}

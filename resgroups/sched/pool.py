@@ -26,7 +26,13 @@ it changes, under that machine's invariants; when either would queue or
 park, nothing changes and the query takes the slow path with a ticket and a
 runner (``GateRuntime.enter``, then :meth:`Dispatcher.acquire`). Leaving
 (:meth:`Dispatcher.leave`, :meth:`Dispatcher.leave_counted`) hands the
-worker on with the slot when the slot goes to a queued query.
+worker on with the slot when the slot goes to a queued query: the gate
+gives its slot back first, then the worker goes straight to the query it
+admitted (``CpuScheduler.hand_over``) or, when that is not exact, back to
+the pool and to that query if it is still free (``CpuScheduler.grant_now``).
+Whoever hands a query's thread its worker under the lock finds its lane
+then (``Runner.lane``), so the woken thread takes neither the lock nor any
+decision: it returns from its wait holding a slot and a worker.
 ``tests/test_fastpath.py`` runs random workloads with the fast path and
 without it and compares every counter after every step.
 
@@ -325,23 +331,37 @@ class Dispatcher:
             if not self.core.grant_at_once(runner, now):
                 return False
             gate.take_slot(ticket, now)  # its room was seen above, under this lock
+            self._found_lane(runner)
             return True
 
     def leave(self, gate: Gate, ticket: Ticket, runner: Runner, cpu_ns: int) -> None:
         """Give back the worker of ``runner`` (charging ``cpu_ns``) and the slot of
-        ``ticket`` under the one lock; wake whoever takes them. When the slot goes
-        to a queued query and a worker is free, the worker goes with it
-        (``CpuScheduler.grant_now``), so the woken query has nothing left to take."""
+        ``ticket`` under the one lock; wake whoever takes them. The slot first:
+        when it goes to a queued query, the worker goes with it, straight
+        (``CpuScheduler.hand_over``) or through the pool when another may take
+        it first (``CpuScheduler.grant_now``), so the woken query has nothing
+        left to take."""
         core = self.core
         with self.lock:
             now = self.now()
+            admitted: list[Ticket] = []
             try:
-                if runner.state is RUNNER_RUNNING and self.fault_hook is None:
-                    self._wake(core.release_running(runner, cpu_ns, now))
-                elif runner.state is not RUNNER_DONE:  # waiting, or faults injected
-                    self._wake(self._release_locked(runner, cpu_ns, now))
+                admitted = gate.release(ticket, now)
             finally:
-                self._hand_on(gate.release(ticket, now), now)
+                try:
+                    if runner.state is RUNNER_RUNNING and self.fault_hook is None:
+                        # the worker straight to the query the slot admitted, when
+                        # nothing else could take it in between (hand_over)
+                        waiter = admitted[0].runner if admitted and self.fast_path else None
+                        if waiter is not None and core.hand_over(runner, cpu_ns, waiter, now):
+                            admitted[0].runner = None
+                            self._found_lane(waiter)
+                        else:
+                            self._wake(core.release_running(runner, cpu_ns, now))
+                    elif runner.state is not RUNNER_DONE:  # waiting, or faults injected
+                        self._wake(self._release_locked(runner, cpu_ns, now))
+                finally:
+                    self._hand_on(admitted, now)
 
     def _hand_on(self, admitted: list[Ticket], now: float) -> None:
         """Lock held: wake the tickets a freed slot admitted, each with a free worker
@@ -353,8 +373,16 @@ class Dispatcher:
                 waiter = next_ticket.runner
                 if waiter is not None:
                     next_ticket.runner = None
-                    self.core.grant_now(waiter, now)
+                    if self.core.grant_now(waiter, now):
+                        self._found_lane(waiter)
         wake(admitted)
+
+    def _found_lane(self, runner: Runner) -> None:
+        """Lock held: the lane the thread of ``runner`` takes with the worker it was
+        just handed, found now, so that the thread need not take the lock again
+        to ask (``query.waiting.take_lane``)."""
+        if self.lanes.on:
+            runner.lane = self._lane_locked(runner.group.group_id, runner.pool)
 
     # ---- the slow path ----------------------------------------------------------------
 

@@ -215,9 +215,16 @@ class ShareWindow:
         self.changed(wanting, now)
 
     def charge(self, group_id: int, cpu_ns: int, now: float) -> None:
+        """``group_id`` used ``cpu_ns`` at ``now``. O(1) (every runner's release)."""
         if self._started is None:
             self._started = now
-        entry = self._bucket(math.floor(now / self.bucket_s)).setdefault(group_id, [0.0, 0.0])
+        index = math.floor(now / self.bucket_s)
+        bucket = self._buckets.get(index)
+        if bucket is None:  # a new bucket: the oldest go
+            bucket = self._bucket(index)
+        entry = bucket.get(group_id)
+        if entry is None:
+            entry = bucket[group_id] = [0.0, 0.0]
         entry[1] += cpu_ns
 
     def read(self, now: float) -> dict[int, Share]:

@@ -297,6 +297,7 @@ class Snapshot:
     use_grants: Relation = EMPTY  # (principal id, group id): Principal.use_groups, by group
     dropped_group_names: Map[int, str] = _NO_DROPPED  # last name of each dropped group
     base_ids: frozenset[int] = frozenset()  # the groups that have variants
+    nested_ids: frozenset[int] = frozenset()  # the groups that have a parent
     touched_groups: frozenset[int] = frozenset()  # created, changed or dropped by this version
     # the log's identity, from its genesis record: engines that follow one log share
     # it ("": a log whose genesis record predates the field, or none yet)
@@ -400,10 +401,14 @@ class Snapshot:
         bases = self.base_ids
         if group.is_base != (group.id in bases):
             bases = bases | {group.id} if group.is_base else bases - {group.id}
+        nested = self.nested_ids
+        if (group.parent_id is not None) != (group.id in nested):
+            nested = nested | {group.id} if group.parent_id is not None else nested - {group.id}
         return self.evolve(
             group_by_id=self.group_by_id.set(group.id, group),
             group_names_index=_indexed(names, group.name, group.id),
             base_ids=bases,
+            nested_ids=nested,
             touched_groups=self.touched_groups | {group.id},
         )
 
@@ -419,6 +424,7 @@ class Snapshot:
             group_names_index=_unindexed(snap.group_names_index, group.name, group_id),
             dropped_group_names=snap.dropped_group_names.set(group_id, group.name),
             base_ids=snap.base_ids - {group_id},
+            nested_ids=snap.nested_ids - {group_id},
             touched_groups=snap.touched_groups | {group_id},
         )
 
@@ -430,12 +436,14 @@ class Snapshot:
     @cached_property
     def children(self) -> Mapping[int, tuple[int, ...]]:
         """Each inner group's children's ids, in creation order, computed once per
-        snapshot (empty while no group has a parent)."""
+        snapshot from the nested groups alone (empty while no group has a parent):
+        O(k log k) for k nested groups, whatever the number of groups, so that a
+        mapping's check of its group stays O(1) at 10,000 top-level groups."""
         by_parent: dict[int, tuple[int, ...]] = {}
-        for group in self.all_groups:
-            parent = group.parent_id
+        for group_id in sorted(self.nested_ids):
+            parent = self.group_by_id[group_id].parent_id
             if parent is not None:
-                by_parent[parent] = (*by_parent.get(parent, ()), group.id)
+                by_parent[parent] = (*by_parent.get(parent, ()), group_id)
         return by_parent
 
     def children_of(self, group_id: int) -> list[GroupDef]:
@@ -646,6 +654,8 @@ class Snapshot:
             problems += self._variant_problems(g)
         if self.base_ids != {g.id for g in self.group_by_id.values() if g.is_base}:
             problems.append("base index out of step")
+        if self.nested_ids != {g.id for g in self.group_by_id.values() if g.parent_id is not None}:
+            problems.append("nested index out of step")
         for pid, p in self.principals.items():
             if pid != p.id:
                 problems.append(f"principal {p.name} filed under {pid}")

@@ -85,7 +85,7 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final, NamedTuple
 
 log = logging.getLogger("resgroups.sched")
@@ -98,6 +98,8 @@ NICE_WEIGHTS: Final = (
 MAX_NICE: Final = 19
 RECENT_S: Final = 1.0  # a group with work this recently still competes (W)
 REFRESH_S: Final = 0.01  # W and the lanes are recomputed at most this often
+# (group id, cpu_weight) of every group, (group id, cpu_limit in cores) of the limited
+WeightsAndLimits = tuple[Iterable[tuple[int, int]], Iterable[tuple[int, float]]]
 
 
 def lane_for(weight: int, heaviest: int) -> int:
@@ -202,6 +204,8 @@ class Lanes:
         self._by_weight: dict[int, int] = {}  # group id -> lane by weight, relative to W
         self._lanes: dict[int, int] = {}  # group id -> lane: by weight, or lower by limit
         self._refresh_at = -math.inf
+        # set_weights_from: the weights and limits to read at the next refresh
+        self._pending: Callable[[], WeightsAndLimits] | None = None
 
     @property
     def supported(self) -> bool:
@@ -220,6 +224,17 @@ class Lanes:
         self._seen = {gid: t for gid, t in self._seen.items() if gid in self._weights}
         self._heaviest = 0  # recomputed at the next refresh
         self._refresh_at = -math.inf
+        self._pending = None
+
+    def set_weights_from(self, source: Callable[[], WeightsAndLimits]) -> None:
+        """:meth:`set_weights` with what ``source()`` returns, read at the next
+        :meth:`refresh` (called under the same lock): O(1) now, so a DDL statement
+        at 10,000 groups does not copy every group's weight (creating them one by
+        one was quadratic); the refresh that follows reads them once, in the
+        O(groups) it spends anyway when W changes."""
+        self._pending = source
+        self._heaviest = 0  # recomputed at the next refresh
+        self._refresh_at = -math.inf
 
     def refresh(self, now: float, busy: Iterable[tuple[int, int]]) -> None:
         """At most once a ``REFRESH_S``: the groups with work now (``busy``: group id
@@ -229,6 +244,8 @@ class Lanes:
         when W changes, else O(busy)."""
         if now < self._refresh_at:
             return
+        if self._pending is not None:
+            self.set_weights(*self._pending())
         self._refresh_at = now + REFRESH_S
         seen = self._seen
         limits = self._limits

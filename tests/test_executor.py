@@ -190,6 +190,10 @@ def test_tables_ctas_insert_select_drop(engine: resgroups.Engine) -> None:
     assert exists.value.sqlstate == "42P07"
     with pytest.raises(resgroups.DatatypeMismatch, match="3 columns"):
         session.execute("INSERT INTO t SELECT x, x, x FROM long_sequence(1)")
+    for tail in ("LIMIT 3", "OFFSET 2", "ORDER BY x"):  # refused, never ignored
+        with pytest.raises(resgroups.DatatypeMismatch, match="takes no ORDER BY, LIMIT"):
+            session.execute(f"INSERT INTO t SELECT x, x FROM long_sequence(10) {tail}")
+    assert session.execute("SELECT count(*) FROM t").rows == [(2500005,)]  # nothing written
     session.execute("DROP TABLE t")
     with pytest.raises(resgroups.UndefinedTable):
         session.execute("SELECT * FROM t")

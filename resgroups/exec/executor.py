@@ -509,11 +509,18 @@ def _materialize(
         return scan.names, scan.project()
 
 
+def _unordered(query: ast.Select, statement: str) -> None:
+    """A CTAS's or an INSERT's source query: the executor's tables keep no order and
+    its writes take every row scanned, so ORDER BY, LIMIT and OFFSET are refused
+    rather than ignored."""
+    if query.order_by or query.limit is not None or query.offset:
+        raise DatatypeMismatch(f"{statement} takes no ORDER BY, LIMIT or OFFSET here")
+
+
 def create_table_as(session: Session, stmt: ast.CreateTableAs) -> Result:
     tables = session.engine.tables
     tables.check_new(stmt.name)
-    if stmt.query.order_by or stmt.query.limit is not None or stmt.query.offset:
-        raise DatatypeMismatch("CREATE TABLE ... AS takes no ORDER BY, LIMIT or OFFSET here")
+    _unordered(stmt.query, "CREATE TABLE ... AS")
     names, arrays = _materialize(session, stmt.query, "ctas", format_sql(stmt))
     if len({n.lower() for n in names}) != len(names):
         raise CatalogError(f"duplicate column names in {list(names)}", sqlstate="42701")
@@ -524,6 +531,7 @@ def create_table_as(session: Session, stmt: ast.CreateTableAs) -> Result:
 def insert_select(session: Session, stmt: ast.InsertSelect) -> Result:
     tables = session.engine.tables
     table = tables.get(stmt.name)
+    _unordered(stmt.query, "INSERT ... SELECT")
     _, arrays = _materialize(session, stmt.query, "insert_select", format_sql(stmt))
     if len(arrays) != len(table.names):
         raise DatatypeMismatch(

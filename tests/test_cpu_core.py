@@ -245,7 +245,8 @@ def test_a_runner_behind_the_cap_with_budget_left_is_not_woken_by_the_clock() ->
     other = sim.query("half")
     assert other.state is RunnerState.WAITING  # behind the one worker of the cap
     sim.tick(ms=10, cpu_ms=10)  # 10 ms of the 50 ms burst spent: budget left
-    assert sim.groups["half"].budget_ns > 0 and r.state is RunnerState.RUNNING
+    assert sim.groups["half"].budget_ns > 0
+    assert r.state is RunnerState.RUNNING
     assert math.isinf(sim.s.next_wakeup(sim.now))
     sim.tick(ms=60, cpu_ms=60)  # spent: both now wait for the refill
     assert r.state is RunnerState.WAITING

@@ -996,8 +996,9 @@ class GateRuntime:
             timeout = 0.0  # cancelled before its wake-up was set: look at once
         while True:
             wake.wait(_POLL_S if timeout > _POLL_S else timeout if timeout > 0 else 0.0)
-            if ticket.state is TICKET_ACTIVE:  # set under the lock before the wake-up, and
-                return  # only its own query gives the slot back: no lock needed to see it
+            state = ticket.state  # set under the lock before the wake-up, and only its
+            if state is TICKET_ACTIVE:  # own query gives the slot back: seen without the lock
+                return
             with lock:
                 state = ticket.state
                 if state is TICKET_ACTIVE:

@@ -996,11 +996,11 @@ class GateRuntime:
             timeout = 0.0  # cancelled before its wake-up was set: look at once
         while True:
             wake.wait(_POLL_S if timeout > _POLL_S else timeout if timeout > 0 else 0.0)
-            state = ticket.state
-            if state is TICKET_ACTIVE:  # set under the lock before the wake-up, and only
-                return  # its own query gives the slot back: no lock needed to see it
+            state = ticket.state  # set under the lock before the wake-up, and only its
+            if state is TICKET_ACTIVE:  # own query gives the slot back: seen without the lock
+                return
             with lock:
-                state = ticket.state  # (it may have changed since the look above)
+                state = ticket.state
                 if state is TICKET_ACTIVE:
                     return
                 if state is TICKET_QUEUED:

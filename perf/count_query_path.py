@@ -28,7 +28,7 @@ import argparse
 import sys
 import threading
 from collections import Counter
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import resgroups
@@ -39,39 +39,57 @@ THREADS = 8
 CONTENDED_QUERIES = 200  # per thread
 
 
+def traced(
+    session: resgroups.Session, queries: int, by_function: bool, queued_code: CodeType | None = None
+) -> tuple[Counter[str], Counter[str]]:
+    """What ``queries`` managed queries of ``session`` execute on this thread:
+    bytecodes, Python calls, C calls (and the calls of ``queued_code``, as
+    "queued"); and bytecodes by function. The loop runs in this function's frame,
+    which began before the trace was set, so only the queries are counted."""
+    totals: Counter[str] = Counter()  # changed by this thread only
+    by_code: Counter[str] = Counter()
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "call":
+            totals["python_calls"] += 1
+            if frame.f_code is queued_code:
+                totals["queued"] += 1
+            frame.f_trace_opcodes = True
+        elif event == "opcode":
+            totals["bytecodes"] += 1
+            if by_function:
+                by_code[frame.f_code.co_qualname] += 1
+        return trace
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "c_call":
+            totals["c_calls"] += 1
+
+    sys.settrace(trace)
+    sys.setprofile(profile)
+    try:
+        for _ in range(queries):
+            with session.query():
+                pass
+    finally:
+        sys.settrace(None)
+        sys.setprofile(None)
+    return totals, by_code
+
+
+def _warm(session: resgroups.Session) -> None:
+    """Untraced: the placement is resolved, the handlers planned."""
+    for _ in range(50):
+        with session.query():
+            pass
+
+
 def count(by_function: bool) -> tuple[dict[str, float], Counter[str]]:
     """Per query: bytecodes, Python calls, C calls; and bytecodes by function."""
     with resgroups.Engine() as engine:
         session = engine.connect("bench")
-        for _ in range(50):  # warm: the placement is resolved, the handlers planned
-            with session.query():
-                pass
-        totals: Counter[str] = Counter()
-        by_code: Counter[str] = Counter()
-
-        def trace(frame: FrameType, event: str, arg: Any) -> Any:
-            if event == "call":
-                totals["python_calls"] += 1
-                frame.f_trace_opcodes = True
-            elif event == "opcode":
-                totals["bytecodes"] += 1
-                if by_function:
-                    by_code[frame.f_code.co_qualname] += 1
-            return trace
-
-        def profile(frame: FrameType, event: str, arg: Any) -> None:
-            if event == "c_call":
-                totals["c_calls"] += 1
-
-        sys.settrace(trace)
-        sys.setprofile(profile)
-        try:
-            for _ in range(QUERIES):
-                with session.query():
-                    pass
-        finally:
-            sys.settrace(None)
-            sys.setprofile(None)
+        _warm(session)
+        totals, by_code = traced(session, QUERIES, by_function)
     per_query = {key: value / QUERIES for key, value in totals.items()}
     return per_query, Counter({k: v // QUERIES for k, v in by_code.items()})
 
@@ -88,39 +106,9 @@ def count_contended(by_function: bool) -> tuple[dict[str, float], Counter[str]]:
         def work() -> None:
             session = engine.connect("bench")
             session.execute("SET RESOURCE GROUP g")
-            for _ in range(50):  # warm, untraced
-                with session.query():
-                    pass
-            totals: Counter[str] = Counter()  # per thread: changed by its own thread only
-            by_code: Counter[str] = Counter()
-
-            def trace(frame: FrameType, event: str, arg: Any) -> Any:
-                if event == "call":
-                    totals["python_calls"] += 1
-                    if frame.f_code is queued_code:
-                        totals["queued"] += 1
-                    frame.f_trace_opcodes = True
-                elif event == "opcode":
-                    totals["bytecodes"] += 1
-                    if by_function:
-                        by_code[frame.f_code.co_qualname] += 1
-                return trace
-
-            def profile(frame: FrameType, event: str, arg: Any) -> None:
-                if event == "c_call":
-                    totals["c_calls"] += 1
-
+            _warm(session)
             ready.wait()
-            sys.settrace(trace)
-            sys.setprofile(profile)
-            try:
-                for _ in range(CONTENDED_QUERIES):
-                    with session.query():
-                        pass
-            finally:
-                sys.settrace(None)
-                sys.setprofile(None)
-            results.append((totals, by_code))
+            results.append(traced(session, CONTENDED_QUERIES, by_function, queued_code))
 
         pool = [threading.Thread(target=work) for _ in range(THREADS)]
         for thread in pool:

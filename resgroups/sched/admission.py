@@ -470,9 +470,10 @@ class Gate:
     def submit(self, ticket: Ticket, now: float, *, front: bool = False) -> bool:
         """Admit (True) or queue (False) a new ticket; AdmissionRejected when full.
 
-        O(1). A ticket whose query deadline has already passed fails with
-        QueryTimeout rather than taking a place. ``front``: queued at the head, as
-        a query a rule moved here is (SPEC §16); a fifo gate admits it first.
+        O(1). A ticket that must wait is queued even if its query deadline has
+        already passed: its own waiter expires it (QueryTimeout) at its first look.
+        ``front``: queued at the head, as a query a rule moved here is (SPEC §16); a
+        fifo gate admits it first.
         """
         if ticket.state is not TICKET_NEW:
             raise InternalError(f"{ticket!r} submitted twice")

@@ -287,6 +287,7 @@ def test_a_hand_over_goes_to_the_group_a_pick_would_choose() -> None:
     decision = sim.s.slice_end(holder, 0, sim.now + 0.01)
     sim.check()
     assert not decision.renew
+    assert decision.reason == "c lags"  # the reason names the group given the worker
     assert [r.group.name for r in decision.granted] == ["c"]
     assert len(c.running) == 2  # past its configured count: handed a's worker
 

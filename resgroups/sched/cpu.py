@@ -982,8 +982,9 @@ class CpuScheduler:
                 return "budget", None
         # nested: a cap shared with the waiting runner counts r's worker as free
         freed = set(path) if path is not None else None
-        reason: str | None = None
-        owed: tuple[float, int, GroupCpu, list[Runner]] | None = None  # pick order: least v
+        # among the groups owed a worker, the one a pick would choose (least v), why it
+        # is owed, and its runners that may take it
+        owed: tuple[tuple[float, int], str, GroupCpu, list[Runner]] | None = None
         for h in self._groups_waiting(runner.pool):
             if h is g:
                 continue
@@ -1005,12 +1006,12 @@ class CpuScheduler:
                 why, entitled = f"{h.name} lags", candidates
             else:
                 continue
-            reason = reason or why
             key = (theirs if h.charged else -math.inf, h.group_id)
-            if owed is None or key < owed[:2]:
-                owed = (*key, h, entitled)
-        if reason is not None and owed is not None:  # the worker goes as a pick would
-            return reason, self._pick_in_group(owed[2], owed[3])
+            if owed is None or key < owed[0]:
+                owed = (key, why, h, entitled)
+        if owed is not None:  # the worker goes as a pick would
+            _, why, h, entitled = owed
+            return why, self._pick_in_group(h, entitled)
         if g.fair:
             overdue = runner.cpu_since_grant_ns > self.granularity_ns
             for q in g.waiting.get(runner.pool, []):

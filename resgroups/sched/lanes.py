@@ -203,6 +203,7 @@ class Lanes:
         self._heaviest = 0  # W: the heaviest weight among the competing groups
         self._by_weight: dict[int, int] = {}  # group id -> lane by weight, relative to W
         self._lanes: dict[int, int] = {}  # group id -> lane: by weight, or lower by limit
+        self._lowered: set[int] = set()  # the groups whose lane their limit lowered
         self._refresh_at = -math.inf
         # set_weights_from: the weights and limits to read at the next refresh
         self._pending: Callable[[], WeightsAndLimits] | None = None
@@ -241,7 +242,7 @@ class Lanes:
         and the threads of it holding workers) are seen; W is the heaviest group
         seen within ``RECENT_S``, and each lane is relative to it, lowered for a
         limited group to what its limit allows (:func:`limit_lane`). O(groups)
-        when W changes, else O(busy)."""
+        when W changes, else O(busy) (with limits, the lanes they lowered too)."""
         if now < self._refresh_at:
             return
         if self._pending is not None:
@@ -261,15 +262,22 @@ class Lanes:
         if heaviest != self._heaviest:
             self._heaviest = heaviest
             self._by_weight = {gid: lane_for(w, heaviest) for gid, w in weights.items()}
-            self._lanes = self._by_weight
-        if limits:
+            # a copy where limits may lower lanes in place (below), O(groups) only here
+            self._lanes = dict(self._by_weight) if limits else self._by_weight
+            self._lowered = set()
+        if limits:  # O(busy): the lanes lowered last time are put back, then lowered anew
+            lanes, by_weight = self._lanes, self._by_weight
+            for gid in self._lowered:
+                lanes[gid] = by_weight[gid]
+            self._lowered = set()
             total = sum(threads.values())
-            lanes = dict(self._by_weight)
-            for gid, cores in limits.items():
-                held = threads.get(gid, 0)
-                if held and gid in lanes:
-                    lanes[gid] = max(lanes[gid], limit_lane(cores, held, total, self.cpus))
-            self._lanes = lanes
+            for gid, held in threads.items():
+                cores = limits.get(gid)
+                if cores is not None and gid in lanes:
+                    lane = limit_lane(cores, held, total, self.cpus)
+                    if lane > lanes[gid]:
+                        lanes[gid] = lane
+                        self._lowered.add(gid)
 
     def note(self, group_id: int, now: float) -> None:
         """``group_id`` has work now (it asks for its lane): it competes; a group

@@ -78,16 +78,22 @@ def _dashboards_win_within_the_run_with_groups(doc: dict[str, Any]) -> None:
     assert report["queries"] + report["cancelled_at_end"] >= 1
 
 
-def test_demo_json_and_the_dashboards_win(tmp_path: Path) -> None:
-    chart = tmp_path / "c.png"
+def _demo_json(*args: str, chart: Path, timeout: float = 120) -> dict[str, Any]:
+    """``resgroups demo ARGS --json --chart CHART``, run to success: its document."""
     result = subprocess.run(
-        [resgroups_command(), "demo", "--duration", "8", "--json", "--chart", str(chart)],
+        [resgroups_command(), "demo", *args, "--json", "--chart", str(chart)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
     assert result.returncode == 0, result.stderr
-    doc = json.loads(result.stdout)
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+def test_demo_json_and_the_dashboards_win(tmp_path: Path) -> None:
+    chart = tmp_path / "c.png"
+    doc = _demo_json("--duration", "8", chart=chart)
     runs = doc["runs"]
     assert set(runs) == {"without_groups", "with_groups"}
     _dashboards_win_within_the_run_with_groups(doc)
@@ -119,15 +125,7 @@ def test_demo_engine_scenario_the_dashboards_win_and_reports_complete(
     """``--scenario ENGINE``: the same story on the engine's table generated at start
     (DuckDB's in the default suite; the others, as long, with -m slow)."""
     chart = tmp_path / f"{engine}.png"
-    result = subprocess.run(
-        [resgroups_command(), "demo", "--scenario", engine, "--duration", "10", "--json",
-         "--chart", str(chart)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    doc = json.loads(result.stdout)
+    doc = _demo_json("--scenario", engine, "--duration", "10", chart=chart, timeout=180)
     assert doc["scenario"] == engine
     runs = doc["runs"]
     _dashboards_win_within_the_run_with_groups(doc)
@@ -223,15 +221,7 @@ def test_demo_oversubscribed_runs_its_groups_in_priority_lanes(tmp_path: Path) -
     """``--oversubscribe 2``: more workers than CPUs while the groups exist, so the
     lanes act in the run with groups (by weight: the dashboards above the report)
     and not in the one without (a single group: nothing engaged)."""
-    result = subprocess.run(
-        [resgroups_command(), "demo", "--oversubscribe", "2", "--duration", "6", "--json",
-         "--chart", str(tmp_path / "c.png")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    doc = json.loads(result.stdout)
+    doc = _demo_json("--oversubscribe", "2", "--duration", "6", chart=tmp_path / "c.png")
     assert doc["oversubscribe"] == 2
     lanes = doc["priority_lanes"]
     assert lanes["without_groups"] is None

@@ -255,7 +255,7 @@ class Gate:
         self.waiting_below = 0  # the tickets queued at descendants
         self._held_below: dict[str, int] = {}  # user -> slots held at descendants
         self.nested = config.max_per_user is not None  # admission looks past this gate
-        self._per_user = self.nested or config.policy == "fair"  # _by_user is kept
+        self._per_user = self._uses_per_user()  # _by_user is kept
         self.admitted_total = 0
         self.admission_rejections = 0
         self.admission_timeouts = 0
@@ -525,32 +525,21 @@ class Gate:
 
     def _hand_to_head(self, load: int, now: float) -> list[Ticket]:
         """:meth:`_admit_waiting` of a flat fifo gate with ``load`` slots held and a
-        ticket queued, written out (every contended query's path): the slot
-        just given back goes to the head of the queue, unless a lowered limit
-        keeps it. What the head takes, the queue gives up: the demand stays;
-        and no second ticket can follow (I3: the gate was full until this
-        slot came back). O(1) amortized."""
+        ticket queued (every contended query's path): the slot just given back
+        goes to the head of the queue, unless a lowered limit keeps it, with no
+        second look for room (I3: the gate was full until this slot came back,
+        so no second ticket can follow). O(1) amortized."""
         limit = self.config.max_active
         if limit is not None and load >= limit:
             return []
         queue = self._queue
         while queue[0].state is not TICKET_QUEUED:  # what left, dropped (I1: one waits)
             queue.popleft()
-        ticket = queue.popleft()
-        ticket.state = TICKET_ACTIVE
-        self.waiting -= 1
-        self._positions = None
-        self._active.add(ticket)
-        user = ticket.user
-        held = self._held
-        held[user] = held.get(user, 0) + 1
-        self._last_admitted[user] = now
-        self.admitted_total += 1
+        ticket = queue[0]
+        self._dequeue(ticket, TICKET_ACTIVE)
+        self._admit(ticket, now)
         if self._queue_grandfathered > self.waiting:
             self._queue_grandfathered = self.waiting
-        most = 2 * self.waiting + self.slack
-        if len(queue) > most or len(self._deadlines) > most:
-            self._trim()
         return [ticket]
 
     def withdraw(self, ticket: Ticket, error: Error) -> bool:
@@ -692,11 +681,16 @@ class Gate:
         """The slots ``user`` holds in this gate's subtree."""
         return self._held.get(user, 0) + self._held_below.get(user, 0)
 
+    def _uses_per_user(self) -> bool:
+        """Whether admission reads the per-user view: a fair gate (each user's first
+        ticket) or a nested one (per-user caps)."""
+        return self.nested or self.config.policy == "fair"
+
     def _renest(self) -> None:
         self.nested = (
             self.parent is not None or bool(self.children) or self.config.max_per_user is not None
         )
-        per_user = self.nested or self.config.policy == "fair"
+        per_user = self._uses_per_user()
         if per_user != self._per_user:
             self._per_user = per_user
             self._index_users()
@@ -892,7 +886,7 @@ class Gate:
         if self.waiting != len(in_order):
             problems.append(f"waiting {self.waiting} != {len(in_order)} queued")
         by_user = [t for mine in self._by_user.values() for t in mine if t.state is TICKET_QUEUED]
-        if self._per_user != (self.nested or self.config.policy == "fair"):
+        if self._per_user != self._uses_per_user():
             problems.append("the per-user view is kept when it is not used, or not kept")
         if sorted(by_user, key=_by_arrival) != (
             sorted(in_order, key=_by_arrival) if self._per_user else []

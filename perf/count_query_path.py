@@ -3,6 +3,7 @@
     python perf/count_query_path.py            # off the main thread, then on it
     python perf/count_query_path.py --by-function
     python perf/count_query_path.py --contended [--by-function]
+    python perf/count_query_path.py --engaged [--by-function]
 
 Counts, per ``with session.query(): pass`` in DEFAULT (the first row of
 ``perf/bench_admission.py``), the Python bytecodes executed, the Python
@@ -20,6 +21,10 @@ the admissions made while traced (what the waiting threads execute while
 they wait counts too). It prints the share of those admissions that queued
 (calls of ``Gate._enqueue``), which should be near 1: traced, the threads
 run in a convoy.
+
+``--engaged`` counts the uncontended query off the main thread while a second
+group exists (CPU scheduling engaged: the query's CPU is read as it starts
+and ends, and charged), the sixth row of ``bench_admission.py``.
 """
 
 from __future__ import annotations
@@ -84,9 +89,11 @@ def _warm(session: resgroups.Session) -> None:
             pass
 
 
-def count(by_function: bool) -> tuple[dict[str, float], Counter[str]]:
+def count(by_function: bool, engaged: bool = False) -> tuple[dict[str, float], Counter[str]]:
     """Per query: bytecodes, Python calls, C calls; and bytecodes by function."""
     with resgroups.Engine() as engine:
+        if engaged:
+            engine.connect().execute("CREATE RESOURCE GROUP other WITH (cpu_weight = 200)")
         session = engine.connect("bench")
         _warm(session)
         totals, by_code = traced(session, QUERIES, by_function)
@@ -125,8 +132,11 @@ def count_contended(by_function: bool) -> tuple[dict[str, float], Counter[str]]:
     return per_query, Counter({k: v // admissions for k, v in by_code.items()})
 
 
-def report(where: str, by_function: bool, contended: bool = False) -> None:
-    per_query, by_code = (count_contended if contended else count)(by_function)
+def report(where: str, by_function: bool, contended: bool = False, engaged: bool = False) -> None:
+    if contended:
+        per_query, by_code = count_contended(by_function)
+    else:
+        per_query, by_code = count(by_function, engaged)
     print(
         f"{where}: {per_query['bytecodes']:.0f} bytecodes, "
         f"{per_query['python_calls']:.0f} Python calls, {per_query['c_calls']:.0f} C calls"
@@ -142,10 +152,20 @@ def main() -> None:
     parser.add_argument(
         "--contended", action="store_true", help="8 threads at a limit of 2, per admission"
     )
+    parser.add_argument(
+        "--engaged", action="store_true", help="off the main thread, a second group existing"
+    )
     args = parser.parse_args()
     by_function = args.by_function
     if args.contended:
         report("8 threads, limit 2", by_function, contended=True)
+        return
+    if args.engaged:
+        thread = threading.Thread(
+            target=report, args=("other thread, engaged", by_function), kwargs={"engaged": True}
+        )
+        thread.start()
+        thread.join()
         return
     thread = threading.Thread(target=report, args=("other thread", by_function))
     thread.start()

@@ -1,9 +1,11 @@
 """Counted admissions: a query that neither waits nor is sliced holds a counted
 slot and a counted worker, and no ticket or runner (docs/queries.md "Cost").
 
-With only DEFAULT (no CPU limit, no fair policy) CPU scheduling is not
-engaged, so an uncontended query is admitted by count; one that must queue
-gets a ticket and a runner, made when it comes to that.
+An uncontended query is admitted by count; while CPU scheduling is engaged
+(two groups exist) it is also metered and charged as it leaves, and
+promoted to a ticket and a runner if it reaches the end of a slice. One that
+must queue, or whose group has a CPU limit or the fair policy, gets a ticket
+and a runner, made when it comes to that.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 from waiting import wait_until
 
 import resgroups
+from resgroups.clock import ManualClock
 from resgroups.sched.admission import TicketState
 
 
@@ -108,13 +111,136 @@ def test_scheduling_that_engages_under_a_counted_query_leaves_it_unsliced() -> N
         session = engine.connect()
         with session.query() as counted:
             assert counted.held.counted
+            assert not counted.held.metered
             engine.connect().execute("CREATE RESOURCE GROUP other WITH (cpu_weight = 200)")
-            with session.query() as scheduled:  # engaged now: a runner, to be sliced
-                assert not scheduled.held.counted
-                assert scheduled.held.runner is not None
-                assert scheduled.held.runner.scheduled
+            with session.query() as engaged:  # engaged now: counted too, and metered
+                assert engaged.held.counted
+                assert engaged.held.metered
+                assert engaged.held.runner is None
                 assert engine.pool("default").free == 0
                 _check(engine)
+            assert not counted.held.metered  # taken unmetered: never sliced
             _check(engine)
         assert engine.pool("default").free == 2
+        _check(engine)
+
+
+class _Meter:
+    """A thread CPU clock the test moves by hand (ns)."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def _engaged(workers: int = 2) -> tuple[resgroups.Engine, ManualClock, _Meter]:
+    clock, meter = ManualClock(), _Meter()
+    engine = resgroups.Engine(workers=workers, clock=clock, cpu_meter=meter, slice_ms=50)
+    engine.connect().execute("CREATE RESOURCE GROUP other WITH (cpu_weight = 200)")
+    return engine, clock, meter
+
+
+def test_an_engaged_query_ending_within_its_slice_is_counted_and_charged_as_it_leaves() -> None:
+    engine, clock, meter = _engaged()
+    with engine:
+        with engine.connect().query() as q:
+            assert (q.held.counted, q.held.metered) == (True, True)
+            assert q.held.ticket is None
+            assert q.held.runner is None
+            meter.ns += 7_000_000
+            clock.advance(0.01)  # within the slice: nothing happens at a checkpoint
+            q.checkpoint()
+            assert q.held.counted
+            assert q.held.runner is None
+            _check(engine)
+        assert q.cpu_ns == 7_000_000
+        assert _default(engine)["cpu_nanos_total"] == 7_000_000
+        assert engine.pool("default").free == 2
+        _check(engine)
+
+
+def test_an_engaged_counted_query_is_promoted_at_its_first_slice_end() -> None:
+    engine, clock, meter = _engaged()
+    with engine:
+        with engine.connect().query() as q:
+            meter.ns += 60_000_000
+            clock.advance(0.06)  # past its slice end
+            q.checkpoint()
+            assert not q.held.counted
+            assert not q.held.metered
+            runner, ticket = q.held.runner, q.held.ticket
+            assert runner is not None
+            assert runner.scheduled
+            assert ticket is not None
+            assert ticket.state is TicketState.ACTIVE
+            assert _default(engine)["active_queries"] == 1
+            assert engine.pool("default").free == 1
+            _check(engine)
+            meter.ns += 5_000_000
+        assert q.cpu_ns == 65_000_000  # the slice, then the rest as it leaves
+        assert _default(engine)["cpu_nanos_total"] == 65_000_000
+        assert (_default(engine)["active_queries"], _default(engine)["admitted_total"]) == (0, 1)
+        assert engine.pool("default").free == 2
+        _check(engine)
+
+
+def test_a_promoted_query_yields_to_a_lagging_group_waiting_for_its_worker() -> None:
+    engine, clock, meter = _engaged(workers=1)
+    with engine:
+        other = engine.connect()
+        other.execute("SET RESOURCE GROUP other")
+        entered = threading.Event()
+
+        def run_other() -> None:
+            with other.query():
+                entered.set()
+
+        with engine.connect().query() as q:
+            assert q.held.counted
+            thread = threading.Thread(target=run_other)
+            thread.start()
+
+            def parked() -> bool:
+                runners = [x.held.runner for x in engine.live_queries() if x is not q]
+                return any(r is not None and r.state.value == "waiting" for r in runners)
+
+            wait_until(parked)
+            meter.ns += 60_000_000
+            clock.advance(0.06)
+            # promoted, charged, and yields its worker to the group that has run nothing
+            done = threading.Event()
+
+            def checkpoint() -> None:
+                q.checkpoint()
+                done.set()
+
+            mine = threading.Thread(target=checkpoint)
+            mine.start()
+            assert entered.wait(10)
+            thread.join(10)
+            mine.join(10)
+            assert done.is_set()
+            assert q.held.runner is not None
+            assert q.held.runner.scheduled
+        _check(engine)
+        assert engine.pool("default").free == 1
+
+
+def test_a_limited_or_fair_group_takes_a_runner_while_engaged() -> None:
+    engine, _, _ = _engaged()
+    with engine:
+        engine.connect().execute_script(
+            "CREATE RESOURCE GROUP capped WITH (cpu_limit = '50%');"
+            "CREATE RESOURCE GROUP shared WITH (scheduling_policy = 'fair')"
+        )
+        for group in ("capped", "shared"):
+            session = engine.connect()
+            session.execute(f"SET RESOURCE GROUP {group}")
+            with session.query() as q:
+                assert not q.held.counted
+                assert q.held.runner is not None
+                assert q.held.runner.scheduled
+                _check(engine)
         _check(engine)

@@ -14,7 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from resgroups.sched.cpu import CpuScheduler, Runner, RunnerState
+from resgroups.sched.cpu import METERED, CpuScheduler, Runner, RunnerState
 
 MS = 1_000_000
 GROUPS = (0, 1, 2, 3, 4)
@@ -30,7 +30,8 @@ class CoreMachine(RuleBasedStateMachine):
         self.runners: list[Runner] = []
         self.queries = 0
         self.dropped: set[int] = set()
-        self.counted: list[tuple[int, str]] = []  # counted workers held: (group, pool)
+        # counted workers held: (group, pool, COUNTED or METERED)
+        self.counted: list[tuple[int, str, int]] = []
         self.settings: dict[int, tuple[int, float | None, str]] = {}
         for gid in GROUPS:
             self.settings[gid] = (100, None, "fifo")
@@ -146,21 +147,22 @@ class CoreMachine(RuleBasedStateMachine):
     @invariant()
     def a_cap_holds_for_the_whole_subtree(self) -> None:
         """Independently of the held counters: the scheduled workers running in a
-        group's subtree, beyond-the-cap tasks aside, never exceed its cap (or what
-        it held when an ALTER or a reparent lowered it)."""
+        group's subtree and its metered counted ones, beyond-the-cap tasks aside,
+        never exceed its cap (or what it held when an ALTER or a reparent lowered
+        it)."""
         s = self.s
         if not s.engaged or s.degraded:
             return
         for g in s.groups.values():
             running = [r for h in g.subtree() for r in h.running if r.scheduled]
-            plain = sum(1 for r in running if not r.extra)
+            plain = sum(1 for r in running if not r.extra) + sum(h.metered for h in g.subtree())
             assert plain <= max(g.cap, g.held_over_cap), (g, running)
 
     def teardown(self) -> None:
         # everything drains: counted workers come back, finish what runs, let budgets
         # refill, until nothing waits
-        for gid, pool in self.counted:
-            self.s.count_out(self.s.groups[gid], pool, self.now)
+        for gid, pool, taken in self.counted:
+            self.s.count_out(self.s.groups[gid], pool, self.now, metered=taken == METERED)
         self.counted.clear()
         for _ in range(10_000):
             running = self._live(RunnerState.RUNNING)
@@ -191,17 +193,32 @@ class CountedCoreMachine(CoreMachine):
 
     @rule(gid=st.sampled_from(GROUPS), pool=st.sampled_from(list(POOLS)))
     def count_in(self, gid: int, pool: str) -> None:
-        """A query granted a counted worker (scheduling not engaged, or degraded)."""
-        if gid not in self.dropped and self.s.count_in(self.s.groups[gid], pool, self.now):
-            self.counted.append((gid, pool))
+        """A query granted a counted worker: never sliced (not engaged, or degraded),
+        or metered (engaged: in held, charged as it leaves, promoted at a slice end)."""
+        if gid not in self.dropped:
+            taken = self.s.count_in(self.s.groups[gid], pool, self.now)
+            if taken:
+                self.counted.append((gid, pool, taken))
 
     @precondition(lambda self: self.counted)
-    @rule(data=st.data())
-    def count_out(self, data: st.DataObject) -> None:
-        gid, pool = data.draw(st.sampled_from(self.counted))
-        self.counted.remove((gid, pool))
-        self.s.count_out(self.s.groups[gid], pool, self.now)
+    @rule(data=st.data(), cpu_ms=st.integers(0, 50))
+    def count_out(self, data: st.DataObject, cpu_ms: int) -> None:
+        gid, pool, taken = data.draw(st.sampled_from(self.counted))
+        self.counted.remove((gid, pool, taken))
+        self.s.count_out(self.s.groups[gid], pool, self.now, cpu_ms * MS, "u", taken == METERED)
         self._forget_dropped()
+
+    @precondition(lambda self: any(t == METERED for _, _, t in self.counted))
+    @rule(data=st.data())
+    def promote(self, data: st.DataObject) -> None:
+        """A metered query reaches its first slice end: a runner from here, if still
+        engaged and not degraded."""
+        gid, pool, taken = data.draw(st.sampled_from([c for c in self.counted if c[2] == METERED]))
+        self.queries += 1
+        runner = Runner(self.s.groups[gid], pool, "u", self.queries, "query")
+        if self.s.promote(self.s.groups[gid], runner, self.now):
+            self.counted.remove((gid, pool, taken))
+            self.runners.append(runner)
 
 
 CoreMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=50, deadline=None)

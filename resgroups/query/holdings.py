@@ -12,12 +12,14 @@ without ``__exit__`` (a thread that died) can still give everything back:
 the reconcile loop finds its weak reference dead and calls
 :meth:`Holdings.give_back` (SPEC: reconcile).
 
-A query holds only what it uses. One admitted at once while CPU scheduling
-is not engaged is never sliced and never waits: it holds a *counted* slot and
-a *counted* worker (``counted``), and no ticket or runner exists for it
-(``Dispatcher.admit_counted``). A query that must wait, or will be sliced,
-holds a :class:`~resgroups.sched.admission.Ticket` and a
-:class:`~resgroups.sched.cpu.Runner`, made when it comes to that, with their
+A query holds only what it uses. One admitted at once holds a *counted*
+slot and a *counted* worker (``counted``), and no ticket or runner exists for
+it (``Dispatcher.admit_counted``). While CPU scheduling is engaged its CPU is
+metered (``metered``) and charged to its group as it leaves; if it runs to
+the end of a slice it is *promoted*: from there it holds a
+:class:`~resgroups.sched.admission.Ticket` and a
+:class:`~resgroups.sched.cpu.Runner`, sliced as any (``query.waiting.promote``).
+A query that must wait holds those two from the moment it waits, with their
 state machines; a suspended cursor holds neither, and takes either again
 when it resumes.
 
@@ -31,7 +33,9 @@ Invariants (what :meth:`Holdings.release` relies on)
     H4 ``counted`` excludes a ticket, a runner, a lease and a lane (``nice``
        is None: only a scheduled worker's thread takes its group's lane): a
        counted query holds one slot of ``runtime``'s gate and one worker of
-       ``pool``, by count, in ``runtime``'s group and for ``user``.
+       ``pool``, by count, in ``runtime``'s group and for ``user``;
+    H5 ``metered`` implies ``counted``: the query's CPU since its mark is
+       charged with the counted worker (``Dispatcher.leave_counted``).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class Holdings:
         "group",
         "lease_id",
         "leased",
+        "metered",
         "nice",
         "on_main_thread",
         "pool",
@@ -88,6 +93,7 @@ class Holdings:
         self.ticket: Ticket | None = None  # its pass through the gate (H1)
         self.runner: Runner | None = None  # its thread's claim on a worker (H2)
         self.counted = False  # a counted slot and a counted worker, no ticket or runner (H4)
+        self.metered = False  # counted while engaged: charged as it leaves (H5)
         self.published: QueryMemory | None = None  # its memory, once it tracks a byte
         self.lease_id: str | None = None  # fleet lease mode: named before it is sought (H3)
         self.seeking = False  # waiting for the fleet lease
@@ -112,8 +118,11 @@ class Holdings:
         the slot goes to nobody waiting."""
         runtime = self.runtime
         if self.counted and runtime is not None:  # by count, and never in a lane (H4)
-            self.counted = False
-            dispatcher.leave_counted(runtime.gate.gate, runtime.cpu, self.pool, self.user)
+            metered = self.metered
+            self.counted = self.metered = False
+            dispatcher.leave_counted(
+                runtime.gate.gate, runtime.cpu, self.pool, self.user, cpu_ns, metered
+            )
             return
         nice, self.nice = self.nice, None
         if nice is not None:  # its thread took its group's lane

@@ -97,9 +97,9 @@ from resgroups.query.states import (
     Placement,
     QueryState,
 )
-from resgroups.query.waiting import admit_slow, take_lane, ticket_and_runner
+from resgroups.query.waiting import admit_slow, promote, take_lane, ticket_and_runner
 from resgroups.sched.admission import Ticket
-from resgroups.sched.cpu import RUNNER_RUNNING, Runner
+from resgroups.sched.cpu import METERED, RUNNER_RUNNING, Runner
 from resgroups.sched.memory import MemoryCounter, QueryMemory
 
 if TYPE_CHECKING:
@@ -386,7 +386,11 @@ class Query:
                 f"query timeout [timeout={self._engine.query_timeout}s, group={self.group}, "
                 f"user={self.user}]"
             )
-        runner = self.held.runner
+        held = self.held
+        runner = held.runner
+        if held.metered and now >= self._slice_end:
+            with Hold(self._interrupted):  # sliced from here: a ticket and a runner
+                runner = promote(self)
         if runner is not None and runner.scheduled and now >= self._slice_end:
             with Hold(self._interrupted):
                 meter = self._engine.cpu_meter
@@ -459,8 +463,9 @@ class Query:
         self._checked_at = now
         engine = self._engine
         check_at = now + engine.probe_s
-        runner = self.held.runner
-        if runner is not None and runner.scheduled:
+        held = self.held
+        runner = held.runner
+        if (runner is not None and runner.scheduled) or held.metered:
             slice_end = self._slice_end = now + engine.slice_s
             if slice_end < check_at:
                 check_at = slice_end
@@ -580,20 +585,27 @@ class Query:
                     gate = runtime.gate.gate
                     dispatcher = engine.dispatcher
                     # _admit's fast path, written out (every query's path): nobody
-                    # queued, nothing scheduled, a counted slot and worker free
+                    # queued, a counted slot and worker free
                     if (
                         not gate.waiting
-                        and not dispatcher.core.engaged
                         and not engine.admission.fenced
-                        and dispatcher.admit_counted(
-                            gate, runtime.cpu, self.pool_name, self.user, now
+                        and (
+                            taken := dispatcher.admit_counted(
+                                gate, runtime.cpu, self.pool_name, self.user, now
+                            )
                         )
                     ):
                         held.counted = True
                         self.admitted_at = now  # waited_s stays 0.0
-                        # _arm(now) for a query never sliced, with no fence and no rules
-                        # yet: the probe or the stop time (_checked_at is now)
+                        # _arm(now) with no fence and no rules yet: the probe, the stop
+                        # time, or while engaged its slice end (_checked_at is now)
                         check_at = now + engine.probe_s
+                        if taken == METERED:  # charged as it leaves, or promoted
+                            held.metered = True
+                            self._cpu_mark = engine.cpu_meter()
+                            slice_end = self._slice_end = now + engine.slice_s
+                            if slice_end < check_at:
+                                check_at = slice_end
                         if self._stop_at < check_at:
                             check_at = self._stop_at
                         self._check_at = check_at
@@ -692,13 +704,15 @@ class Query:
         gate = runtime.gate.gate
         # read without the lock, as hints: somebody queued means no fast path (FIFO)
         if not mode.fenced and not gate.waiting:
-            if not dispatcher.core.engaged:
-                if dispatcher.admit_counted(gate, runtime.cpu, self.pool_name, self.user, now):
-                    held.counted = True
-                    self._cpu_mark = 0
-                    self._arm(now)
-                    return
-            else:
+            taken = dispatcher.admit_counted(gate, runtime.cpu, self.pool_name, self.user, now)
+            if taken:
+                held.counted = True
+                # while engaged, metered: charged as it leaves, or promoted at a slice end
+                metered = held.metered = taken == METERED
+                self._cpu_mark = engine.cpu_meter() if metered else 0
+                self._arm(now)
+                return
+            if dispatcher.core.engaged:
                 ticket, runner = ticket_and_runner(self, runtime)
                 if dispatcher.admit_at_once(gate, ticket, runner):
                     self._cpu_mark = engine.cpu_meter() if runner.scheduled else 0
@@ -731,7 +745,9 @@ class Query:
         cpu_ns = 0
         try:
             runner = held.runner
-            if runner is not None and runner.scheduled and runner.state is RUNNER_RUNNING:
+            if (
+                runner is not None and runner.scheduled and runner.state is RUNNER_RUNNING
+            ) or held.metered:
                 cpu_ns = engine.cpu_meter() - self._cpu_mark
                 self.cpu_ns += cpu_ns
         finally:
@@ -750,9 +766,14 @@ class Query:
         try:
             if extra is not None:  # it used a feature: end it first (rules, on_cancel)
                 self._end_uses(extra, state)
-            if held.counted:  # nothing to charge: back by count
+            if held.counted and not held.metered:  # nothing to charge: back by count
                 held.release(engine.dispatcher, engine.admission, 0)
-            elif held.ticket is not None or held.runner is not None or held.lease_id is not None:
+            elif (
+                held.counted
+                or held.ticket is not None
+                or held.runner is not None
+                or held.lease_id is not None
+            ):
                 self._give_back()
         finally:
             if extra is not None or held.published is not None:

@@ -41,6 +41,23 @@ def ticket_and_runner(query: Query, runtime: GroupRuntime) -> tuple[Ticket, Runn
     return ticket, runner
 
 
+def promote(query: Query) -> Runner | None:
+    """A query holding a counted slot and worker while engaged reached its first
+    slice end: from here it holds a ticket and a runner, sliced like any
+    (None: scheduling no longer engaged, it stays counted). Its CPU so far is
+    charged at the slice end that follows, from its mark as for any runner."""
+    held = query.held
+    runtime = held.runtime
+    assert runtime is not None
+    ticket = Ticket(query.user, query._timeout_at)
+    runner = Runner(runtime.cpu, query.pool_name, query.user, query.id, query.kind)
+    if not query._engine.dispatcher.promote(runtime.gate.gate, ticket, runner):
+        return None
+    held.counted = held.metered = False
+    held.ticket, held.runner = ticket, runner
+    return runner
+
+
 def admit_slow(
     query: Query, runtime: GroupRuntime, mode: AdmissionMode, front: bool = False
 ) -> None:

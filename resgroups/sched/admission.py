@@ -446,6 +446,18 @@ class Gate:
             self._grandfathered = len(self._active) + self.counted
         return self._admit_waiting(now) if self.waiting else []
 
+    def promote(self, ticket: Ticket) -> None:
+        """A counted slot becomes ``ticket``'s (its user's): the query holding it is
+        to be sliced from here (``Dispatcher.promote``). Nothing else moves: a
+        counted slot and a ticket's count alike everywhere. O(1)."""
+        if not self.counted or not self._held.get(ticket.user):
+            raise InternalError(f"a counted slot of {ticket.user} promoted, but none is held")
+        if ticket.state is not TICKET_NEW:
+            raise InternalError(f"{ticket!r} promoted twice")
+        self.counted -= 1
+        ticket.state = TICKET_ACTIVE
+        self._active.add(ticket)
+
     def take_slot(self, ticket: Ticket, now: float) -> None:
         """:meth:`submit` for the case it admits at once, when the caller has just
         seen :meth:`has_room_now` under the lock this gate shares (the fast path,

@@ -35,21 +35,27 @@ Symbols
     L_g   cpu_limit of g in cores (None: none); cap_g = ceil(L_g) workers
     b_g   CPU budget of g (ns) for a fractional L_g: refills continuously at
           L_g * 1e9 ns per second, at most B_g = 0.1 s * L_g * 1e9 (burst)
-    h_g   held_g: the scheduled runners holding workers in D(g), all pools; a
-          limit caps the subtree: every charge in D(g) spends b_g
+    h_g   held_g: the scheduled runners holding workers in D(g), all pools, and
+          the metered counted workers there; a limit caps the subtree: every
+          charge in D(g) spends b_g
 
 Counted workers
-    A runner exists for a thread that must wait, or be sliced and charged.
-    A query granted a worker at once while scheduling is not engaged (or is
-    degraded) is neither: it takes a *counted* worker (:meth:`count_in`:
-    the pool's free count and its group's ``counted``, no runner) and gives
-    it back by count (:meth:`count_out`). It is never sliced or charged, as
-    an unscheduled runner is not; it counts as work running in its group
-    (not idle), and it keeps its worker until it leaves. While scheduling is
-    not engaged nothing reads which groups are busy but the dispatch of
-    waiting runners, so a group whose counted workers all came back stays
-    in ``busy`` until scheduling engages (``set_engaged`` prunes it): the
-    uncontended query does not move its group in and out of the set.
+    A runner exists for a thread that must wait, or be sliced. A query
+    granted a worker at once takes a *counted* worker instead
+    (:meth:`count_in`: the pool's free count and its group's ``counted``, no
+    runner) and gives it back by count (:meth:`count_out`); it counts as work
+    running in its group (not idle) and keeps its worker until it leaves.
+    While scheduling is not engaged (or is degraded) it is COUNTED: never
+    sliced or charged, as an unscheduled runner is not; nothing then reads
+    which groups are busy but the dispatch of waiting runners, so a group
+    whose counted workers all came back stays in ``busy`` until scheduling
+    engages (``set_engaged`` prunes it). While engaged it is METERED, and
+    only where a grant would take nothing a runner would not (no cap or
+    budget on the path, a fifo group, a pool not oversubscribed): it counts
+    in ``held`` at every level of its path (``metered``; a cap an ALTER puts
+    above it counts it), its query's CPU is charged as it comes back, and a
+    query that reaches its first slice end is promoted to a runner holding
+    that worker (:meth:`promote`), sliced from there.
 
 Hand-over
     A query leaving a full group gives its slot to the next query queued at
@@ -72,11 +78,12 @@ Invariants (``_check_invariants``)
     I2 each runner is in exactly one place: waiting in one group's queue of
        one pool, running (holding one worker), or done;
     I3 for every group g, h_g (the scheduled runners holding workers in
-       D(g), all pools) <= cap_g, plus one task while every running query of
-       D(g) is a CTAS; an ALTER that lowers cap_g, or a reparent that puts
-       running work under a lower cap, takes no worker back, so until enough
-       leave, h_g may stay at what it was (and nothing new is granted in D(g)
-       meanwhile); a group runs at most one task beyond a cap;
+       D(g), all pools, and the metered counted workers there) <= cap_g,
+       plus one task while every running query of D(g) is a CTAS; an ALTER
+       that lowers cap_g, or a reparent that puts running work under a lower
+       cap, takes no worker back, so until enough leave, h_g may stay at
+       what it was (and nothing new is granted in D(g) meanwhile); a group
+       runs at most one task beyond a cap;
     I4 work conservation: after any operation no pool has a free worker
        while a runner that may take it waits there;
     I5 b_g <= B_g;
@@ -241,6 +248,11 @@ RUNNER_WAITING: Final = RunnerState.WAITING
 RUNNER_RUNNING: Final = RunnerState.RUNNING
 RUNNER_DONE: Final = RunnerState.DONE
 
+# What CpuScheduler.count_in took: a counted worker, never sliced or charged (not
+# engaged), or a metered one (engaged: in ``held``, charged, promoted at a slice end)
+COUNTED: Final = 1
+METERED: Final = 2
+
 
 _SEQ: Final = itertools.count(1)
 
@@ -341,6 +353,7 @@ class GroupCpu:
         self.held_over_cap = 0  # held when an ALTER lowered the cap; falls as they leave
         self.held_by: dict[tuple[str, str], int] = {}  # (pool, user) -> workers
         self.counted = 0  # counted workers (no runner) held, all pools
+        self.metered = 0  # of which taken while engaged: in held (I3), charged
         self.waiting: dict[str, list[Runner]] = {}  # pool -> runners in arrival order
         self.budget_ns = self.burst  # a group starts with its burst
         self.budget_at = 0.0
@@ -731,25 +744,96 @@ class CpuScheduler:
         self._grant(runner, now)
         return True
 
-    def count_in(self, g: GroupCpu, pool: str, now: float) -> bool:
-        """A counted worker of ``pool`` for a query of ``g`` (True): one is free,
-        nobody waits there, and a grant now would not be scheduled (not engaged,
-        or degraded), so no runner is needed; otherwise nothing changes (False).
-        O(1)."""
+    def count_in(self, g: GroupCpu, pool: str, now: float) -> int:
+        """A counted worker of ``pool`` for a query of ``g``: one is free and nobody
+        waits there. Not engaged (or degraded), it is never sliced or charged
+        (COUNTED). Engaged, it is METERED: only with no cap or budget on g's
+        path, g fifo and the pool not oversubscribed, so that it takes nothing a
+        runner would not; it counts in ``held`` (I3), its query's CPU is
+        charged as it leaves, and it becomes a runner at the query's first
+        slice end (:meth:`promote`). Otherwise nothing changes (0). O(1), or
+        O(depth) while engaged."""
         free = self.free
-        if not free[pool] or self.waiting_in[pool] or (self.engaged and not self.degraded):
-            return False
+        if not free[pool] or self.waiting_in[pool]:
+            return 0
+        taken = COUNTED
+        if self.engaged and not self.degraded:
+            if (
+                not g.charged
+                or g.path_limited
+                or g.fair
+                or self.sizes[pool] > self.configured[pool]
+            ):
+                return 0
+            if g not in self.busy or (g.active_children and g.own_idle):
+                self._place(g)  # an idle group becoming runnable: no banking
+            g.metered += 1
+            n: GroupCpu | None = g
+            while n is not None:
+                n.held += 1
+                n = n.parent
+            taken = METERED
         free[pool] -= 1
         self.counted[pool] += 1
         g.counted += 1
         if g.charged and g not in self.busy:
             self._busy(g, now)
+        return taken
+
+    def promote(self, g: GroupCpu, runner: Runner, now: float) -> bool:
+        """A METERED worker of ``g`` becomes ``runner``'s, running and scheduled
+        (True): its query reached its first slice end while engaged. It stays
+        in ``held`` (an ALTER or a reparent since may have put it over a cap:
+        I3 takes nothing back). Otherwise (not engaged, or degraded) nothing
+        changes (False). O(1)."""
+        if not self.engaged or self.degraded:
+            return False
+        pool = runner.pool
+        if runner.group is not g or runner.state is not RUNNER_DONE:
+            raise InternalError(f"{runner!r} promoted from a counted worker of {g.name}")
+        if not g.metered or not self.counted[pool]:
+            raise InternalError(f"a metered worker of {g.name} in {pool} promoted, none held")
+        g.metered -= 1
+        g.counted -= 1
+        self.counted[pool] -= 1
+        runner.state = RUNNER_RUNNING
+        runner.scheduled = True
+        runner.fresh = True
+        runner.runnable_since = runner.granted_at = now
+        runner.ran_in_pools += (pool,)
+        user = (pool, runner.user)
+        g.held_by[user] = g.held_by.get(user, 0) + 1
+        if g.fair:
+            query = (pool, runner.query_id)
+            g.held_by_query[query] = g.held_by_query.get(query, 0) + 1
+        g.running.add(runner)
         return True
 
-    def count_out(self, g: GroupCpu, pool: str, now: float) -> list[Runner]:
-        """A counted worker of ``g`` in ``pool`` comes back; the runners granted it."""
+    def count_out(
+        self,
+        g: GroupCpu,
+        pool: str,
+        now: float,
+        cpu_ns: int = 0,
+        user: str = "",
+        metered: bool = False,
+    ) -> list[Runner]:
+        """A counted worker of ``g`` in ``pool`` comes back (``metered``: METERED, as
+        :meth:`count_in` said), charging ``cpu_ns`` of ``user``'s query while
+        engaged; the runners granted it."""
         if not g.counted or not self.counted[pool]:
             raise InternalError(f"a counted worker of {g.name} in {pool} given back, none held")
+        if metered:
+            if not g.metered:
+                raise InternalError(f"a metered worker of {g.name} given back, none held")
+            g.metered -= 1
+            n: GroupCpu | None = g
+            while n is not None:
+                n.held -= 1
+                n.held_over_cap = min(n.held_over_cap, n.held)
+                n = n.parent
+            if cpu_ns and self.engaged and g.charged:
+                self._charge_group(g, user, cpu_ns, now)
         g.counted -= 1
         self.counted[pool] -= 1
         if self.owed[pool]:  # _returned(pool), written out: every counted query's path
@@ -1045,12 +1129,20 @@ class CpuScheduler:
             raise InternalError(f"negative CPU {cpu_ns} for {runner!r}")
         if not runner.scheduled:
             return
-        g = runner.group
         runner.cpu_since_grant_ns += cpu_ns
-        if not g.charged:
-            return
+        g = runner.group
+        if g.charged:
+            ctas = runner.kind == "ctas" and not runner.is_task
+            self._charge_group(g, runner.user, cpu_ns, now, ctas)
+
+    def _charge_group(
+        self, g: GroupCpu, user: str, cpu_ns: int, now: float, ctas: bool = False
+    ) -> None:
+        """``cpu_ns`` of a query of ``user`` (a CTAS's own thread: ``ctas``) run in g."""
+        if cpu_ns < 0:
+            raise InternalError(f"negative CPU {cpu_ns} for a query of {g.name}")
         g.cpu_ns_total += cpu_ns
-        g.cpu_by_user[runner.user] = g.cpu_by_user.get(runner.user, 0) + cpu_ns
+        g.cpu_by_user[user] = g.cpu_by_user.get(user, 0) + cpu_ns
         g.own_vtime += cpu_ns * 100 / g.weight
         n: GroupCpu | None = g
         while n is not None:  # every level of the path: its frame, its limit, its share
@@ -1059,7 +1151,7 @@ class CpuScheduler:
             if n.fractional:
                 n.refill(now)
                 n.budget_ns -= cpu_ns
-                if runner.kind == "ctas" and not runner.is_task:
+                if ctas:
                     n.budget_ns = max(n.budget_ns, -n.rate * CTAS_DEBT_S)
             n = n.parent
 
@@ -1313,8 +1405,11 @@ class CpuScheduler:
                     problems.append(f"{g.name}: a waiting runner is misfiled")
             below = g.subtree() if g.charged else [g]
             scheduled = sum(1 for h in below for r in h.running if r.scheduled)
+            scheduled += sum(h.metered for h in below)
             if g.held != scheduled:
                 problems.append(f"{g.name}: held {g.held} != scheduled running {scheduled}")
+            if not 0 <= g.metered <= g.counted:
+                problems.append(f"{g.name}: {g.metered} metered of {g.counted} counted")
             extra = sum(1 for h in below for r in h.running if r.extra)
             allowed = max(g.cap, g.held_over_cap)
             if self.engaged and not self.degraded and g.charged and g.held - extra > allowed:

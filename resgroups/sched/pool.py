@@ -63,6 +63,7 @@ from typing import NamedTuple, Protocol, TypeVar
 from resgroups.errors import EngineClosed, Error
 from resgroups.sched.admission import Gate, Ticket, wake
 from resgroups.sched.cpu import (
+    METERED,
     RUNNER_DONE,
     RUNNER_RUNNING,
     RUNNER_WAITING,
@@ -286,35 +287,66 @@ class Dispatcher:
 
     # ---- the fast path: a slot and a worker in one step, and back in one ------------
 
-    def admit_counted(self, gate: Gate, group: GroupCpu, pool: str, user: str, now: float) -> bool:
+    def admit_counted(self, gate: Gate, group: GroupCpu, pool: str, user: str, now: float) -> int:
         """A counted slot of ``gate`` and a counted worker of ``pool`` for a query of
-        ``user`` in ``group`` (True), or nothing at all (False: one of them would
-        have to wait, or the worker would be scheduled and so needs a runner).
-        The worker is taken first and given back if the slot is not free."""
+        ``user`` in ``group`` (COUNTED, or METERED while engaged: see
+        ``CpuScheduler.count_in``), or nothing at all (0: one of them would
+        have to wait, or the worker needs a runner now: a cap or budget on its
+        group's path, the fair order, an oversubscribed pool, a lane of its
+        own). While engaged the query becomes a runner at its first slice end
+        (:meth:`promote`). The worker is taken first and given back if the slot
+        is not free."""
         with self.lock:
             if self._closed or self.fault_hook is not None or not self.fast_path:
-                return False
+                return 0
             core = self.core
-            if not core.count_in(group, pool, now):
-                return False
-            if gate.count_in(user, now):
-                return True
-            self._wake(core.count_out(group, pool, now))
-            return False
+            if (  # its thread would run at a lane of its own: a runner's (H4)
+                self.lanes.on
+                and self.lanes.privilege is Privilege.FULL
+                and self._lane_locked(group.group_id, pool)
+            ):
+                return 0
+            taken = core.count_in(group, pool, now)
+            if not taken or gate.count_in(user, now):
+                return taken
+            self._wake(core.count_out(group, pool, now, metered=taken == METERED))
+            return 0
 
-    def leave_counted(self, gate: Gate, group: GroupCpu, pool: str, user: str) -> None:
-        """Give back a counted worker and a counted slot (:meth:`admit_counted`)
-        under the one lock; wake whoever takes them."""
+    def leave_counted(
+        self,
+        gate: Gate,
+        group: GroupCpu,
+        pool: str,
+        user: str,
+        cpu_ns: int = 0,
+        metered: bool = False,
+    ) -> None:
+        """Give back a counted worker (``metered``: charging ``cpu_ns``) and a
+        counted slot (:meth:`admit_counted`) under the one lock; wake whoever
+        takes them."""
         with self.lock:
             now = self.now()
             try:
-                granted = self.core.count_out(group, pool, now)
+                granted = self.core.count_out(group, pool, now, cpu_ns, user, metered)
                 if granted:
                     self._wake(granted)
             finally:
                 admitted = gate.count_out(user, now)
                 if admitted:
                     self._hand_on(admitted, now)
+
+    def promote(self, gate: Gate, ticket: Ticket, runner: Runner) -> bool:
+        """A counted slot and worker of a query at its first slice end become
+        ``ticket``'s and ``runner``'s, active and running, so that it is sliced
+        from here (True); False while not engaged (it stays counted)."""
+        with self.lock:
+            if self._closed or self.fault_hook is not None:
+                return False
+            now = self.now()
+            if not self.core.promote(runner.group, runner, now):
+                return False
+            gate.promote(ticket)
+            return True
 
     def admit_at_once(self, gate: Gate, ticket: Ticket, runner: Runner) -> bool:
         """A slot of ``gate`` and a worker for ``runner`` at once (True), or nothing

@@ -111,15 +111,15 @@ def test_scheduling_that_engages_under_a_counted_query_leaves_it_unsliced() -> N
         session = engine.connect()
         with session.query() as counted:
             assert counted.held.counted
-            assert not counted.held.metered
+            assert counted.held.metered_at is None
             engine.connect().execute("CREATE RESOURCE GROUP other WITH (cpu_weight = 200)")
             with session.query() as engaged:  # engaged now: counted too, and metered
                 assert engaged.held.counted
-                assert engaged.held.metered
+                assert engaged.held.metered_at is not None
                 assert engaged.held.runner is None
                 assert engine.pool("default").free == 0
                 _check(engine)
-            assert not counted.held.metered  # taken unmetered: never sliced
+            assert counted.held.metered_at is None  # taken unmetered: never sliced
             _check(engine)
         assert engine.pool("default").free == 2
         _check(engine)
@@ -146,7 +146,8 @@ def test_an_engaged_query_ending_within_its_slice_is_counted_and_charged_as_it_l
     engine, clock, meter = _engaged()
     with engine:
         with engine.connect().query() as q:
-            assert (q.held.counted, q.held.metered) == (True, True)
+            assert q.held.counted
+            assert q.held.metered_at is not None
             assert q.held.ticket is None
             assert q.held.runner is None
             meter.ns += 7_000_000
@@ -169,7 +170,7 @@ def test_an_engaged_counted_query_is_promoted_at_its_first_slice_end() -> None:
             clock.advance(0.06)  # past its slice end
             q.checkpoint()
             assert not q.held.counted
-            assert not q.held.metered
+            assert q.held.metered_at is None
             runner, ticket = q.held.runner, q.held.ticket
             assert runner is not None
             assert runner.scheduled
@@ -243,4 +244,77 @@ def test_a_limited_or_fair_group_takes_a_runner_while_engaged() -> None:
                 assert q.held.runner is not None
                 assert q.held.runner.scheduled
                 _check(engine)
+        _check(engine)
+
+
+def test_work_arriving_in_a_metered_querys_first_slice_is_fresh_at_its_end() -> None:
+    """Its grant is when it took the worker, not its promotion: another group's
+    query that arrived meanwhile takes the worker at that first slice end."""
+    engine, clock, meter = _engaged(workers=1)
+    with engine:
+        other = engine.connect()
+        other.execute("ALTER RESOURCE GROUP other SET (cpu_weight = 100)")
+        other.execute("SET RESOURCE GROUP other")
+        entered = threading.Event()
+
+        def run_other() -> None:
+            with other.query():
+                entered.set()
+
+        with engine.connect().query() as q:
+            assert q.held.metered_at is not None
+            clock.advance(0.002)  # it arrives 2 ms into q's slice
+            thread = threading.Thread(target=run_other)
+            thread.start()
+
+            def parked() -> bool:
+                runners = [x.held.runner for x in engine.live_queries() if x is not q]
+                return any(r is not None and r.state.value == "waiting" for r in runners)
+
+            wait_until(parked)
+            meter.ns += 51_000_000
+            clock.advance(0.05)  # q's first slice ends
+            mine = threading.Thread(target=q.checkpoint)
+            mine.start()
+            assert entered.wait(10)  # it yielded there, not slices later
+            mine.join(10)
+            thread.join(10)
+        _check(engine)
+
+
+def test_a_rule_on_cpu_time_does_not_take_a_metered_querys_cpu_from_its_group() -> None:
+    engine, clock, meter = _engaged()
+    with engine:
+        engine.connect().execute(
+            "CREATE RESOURCE RULE watch ON RESOURCE GROUP DEFAULT WHEN cpu_time > '1h' THEN LOG"
+        )
+        with engine.connect().query() as q:
+            meter.ns += 3_000_000
+            clock.advance(0.01)
+            q.suspend()
+            clock.advance(5)  # a cursor between pages
+            q.resume()
+            assert q.held.metered_at is not None
+            meter.ns += 40_000_000
+            clock.advance(0.001)
+            q.checkpoint()  # its rules are due (they were before it was suspended)
+            meter.ns += 2_000_000
+        assert q.cpu_ns == 45_000_000
+        assert _default(engine)["cpu_nanos_total"] == 45_000_000
+        _check(engine)
+
+
+def test_an_unsliced_metered_query_leaves_a_limit_capped_debt() -> None:
+    """A limit added while a metered query runs one long native call: what it
+    used is charged, its debt capped as a CTAS's (10 s of the limit's refill)."""
+    engine, _, meter = _engaged()
+    with engine:
+        admin = engine.connect()
+        with engine.connect().query() as q:
+            assert q.held.metered_at is not None
+            admin.execute("ALTER RESOURCE GROUP DEFAULT SET (cpu_limit = '10%')")
+            meter.ns += 60_000_000_000  # a minute of CPU, no checkpoint
+        g = next(g for g in engine.dispatcher.core.groups.values() if g.name == "DEFAULT")
+        assert g.budget_ns >= -g.rate * 10 - 1
+        assert _default(engine)["cpu_nanos_total"] == 60_000_000_000
         _check(engine)

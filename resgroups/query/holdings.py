@@ -15,7 +15,7 @@ the reconcile loop finds its weak reference dead and calls
 A query holds only what it uses. One admitted at once holds a *counted*
 slot and a *counted* worker (``counted``), and no ticket or runner exists for
 it (``Dispatcher.admit_counted``). While CPU scheduling is engaged its CPU is
-metered (``metered``) and charged to its group as it leaves; if it runs to
+metered (``metered_at``) and charged to its group as it leaves; if it runs to
 the end of a slice it is *promoted*: from there it holds a
 :class:`~resgroups.sched.admission.Ticket` and a
 :class:`~resgroups.sched.cpu.Runner`, sliced as any (``query.waiting.promote``).
@@ -34,8 +34,9 @@ Invariants (what :meth:`Holdings.release` relies on)
        is None: only a scheduled worker's thread takes its group's lane): a
        counted query holds one slot of ``runtime``'s gate and one worker of
        ``pool``, by count, in ``runtime``'s group and for ``user``;
-    H5 ``metered`` implies ``counted``: the query's CPU since its mark is
-       charged with the counted worker (``Dispatcher.leave_counted``).
+    H5 ``metered_at`` (the engine time it took a metered worker, else None)
+       implies ``counted``: the query's CPU since its mark is charged with
+       the counted worker (``Dispatcher.leave_counted``).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class Holdings:
         "group",
         "lease_id",
         "leased",
-        "metered",
+        "metered_at",
         "nice",
         "on_main_thread",
         "pool",
@@ -93,7 +94,7 @@ class Holdings:
         self.ticket: Ticket | None = None  # its pass through the gate (H1)
         self.runner: Runner | None = None  # its thread's claim on a worker (H2)
         self.counted = False  # a counted slot and a counted worker, no ticket or runner (H4)
-        self.metered = False  # counted while engaged: charged as it leaves (H5)
+        self.metered_at: float | None = None  # counted while engaged: charged as it leaves (H5)
         self.published: QueryMemory | None = None  # its memory, once it tracks a byte
         self.lease_id: str | None = None  # fleet lease mode: named before it is sought (H3)
         self.seeking = False  # waiting for the fleet lease
@@ -118,8 +119,8 @@ class Holdings:
         the slot goes to nobody waiting."""
         runtime = self.runtime
         if self.counted and runtime is not None:  # by count, and never in a lane (H4)
-            metered = self.metered
-            self.counted = self.metered = False
+            metered = self.metered_at is not None
+            self.counted, self.metered_at = False, None
             dispatcher.leave_counted(
                 runtime.gate.gate, runtime.cpu, self.pool, self.user, cpu_ns, metered
             )

@@ -388,7 +388,7 @@ class Query:
             )
         held = self.held
         runner = held.runner
-        if held.metered and now >= self._slice_end:
+        if held.metered_at is not None and now >= self._slice_end:
             with Hold(self._interrupted):  # sliced from here: a ticket and a runner
                 runner = promote(self)
         if runner is not None and runner.scheduled and now >= self._slice_end:
@@ -418,8 +418,11 @@ class Query:
             self._rules_at = INF
             return
         self._rules_at = now + self._engine.slice_s
-        runner = self.held.runner
-        scheduled = runner is not None and runner.scheduled
+        held = self.held
+        runner = held.runner
+        # metered for the scheduler (a runner's, or a counted worker's while engaged):
+        # its mark is the charge's, read at its slice end or as it leaves
+        scheduled = (runner is not None and runner.scheduled) or held.metered_at is not None
         if own_thread and not scheduled and self._cpu_mark and "cpu_time" in rules.metrics:
             mark = self._engine.cpu_meter()
             self.cpu_ns += mark - self._cpu_mark
@@ -465,7 +468,7 @@ class Query:
         check_at = now + engine.probe_s
         held = self.held
         runner = held.runner
-        if (runner is not None and runner.scheduled) or held.metered:
+        if (runner is not None and runner.scheduled) or held.metered_at is not None:
             slice_end = self._slice_end = now + engine.slice_s
             if slice_end < check_at:
                 check_at = slice_end
@@ -601,7 +604,7 @@ class Query:
                         # time, or while engaged its slice end (_checked_at is now)
                         check_at = now + engine.probe_s
                         if taken == METERED:  # charged as it leaves, or promoted
-                            held.metered = True
+                            held.metered_at = now
                             self._cpu_mark = engine.cpu_meter()
                             slice_end = self._slice_end = now + engine.slice_s
                             if slice_end < check_at:
@@ -708,8 +711,11 @@ class Query:
             if taken:
                 held.counted = True
                 # while engaged, metered: charged as it leaves, or promoted at a slice end
-                metered = held.metered = taken == METERED
-                self._cpu_mark = engine.cpu_meter() if metered else 0
+                if taken == METERED:
+                    held.metered_at = now
+                    self._cpu_mark = engine.cpu_meter()
+                else:
+                    self._cpu_mark = 0
                 self._arm(now)
                 return
             if dispatcher.core.engaged:
@@ -747,7 +753,7 @@ class Query:
             runner = held.runner
             if (
                 runner is not None and runner.scheduled and runner.state is RUNNER_RUNNING
-            ) or held.metered:
+            ) or held.metered_at is not None:
                 cpu_ns = engine.cpu_meter() - self._cpu_mark
                 self.cpu_ns += cpu_ns
         finally:
@@ -766,7 +772,7 @@ class Query:
         try:
             if extra is not None:  # it used a feature: end it first (rules, on_cancel)
                 self._end_uses(extra, state)
-            if held.counted and not held.metered:  # nothing to charge: back by count
+            if held.counted and held.metered_at is None:  # nothing to charge: back by count
                 held.release(engine.dispatcher, engine.admission, 0)
             elif (
                 held.counted

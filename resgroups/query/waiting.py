@@ -51,9 +51,11 @@ def promote(query: Query) -> Runner | None:
     assert runtime is not None
     ticket = Ticket(query.user, query._timeout_at)
     runner = Runner(runtime.cpu, query.pool_name, query.user, query.id, query.kind)
-    if not query._engine.dispatcher.promote(runtime.gate.gate, ticket, runner):
+    granted_at = held.metered_at
+    assert granted_at is not None
+    if not query._engine.dispatcher.promote(runtime.gate.gate, ticket, runner, granted_at):
         return None
-    held.counted = held.metered = False
+    held.counted, held.metered_at = False, None
     held.ticket, held.runner = ticket, runner
     return runner
 

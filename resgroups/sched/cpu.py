@@ -193,9 +193,9 @@ Costs
     parent anywhere every path is one group and every rule takes its flat
     code (``nested == 0``): the counted fast path (count_in, count_out) is
     O(1) as before. A tree means two groups or more, so scheduling is
-    engaged and counted workers are taken only degraded; then a group's
-    first counted worker marks its path busy and its last unmarks it,
-    O(depth).
+    engaged and counted workers are metered: each counts in ``held`` and is
+    charged along its path, and a group's first counted worker marks its
+    path busy and its last unmarks it, O(depth).
 
 Share window
     An inner group's entitlement (``shares.py``) is its subtree's: the
@@ -780,12 +780,16 @@ class CpuScheduler:
             self._busy(g, now)
         return taken
 
-    def promote(self, g: GroupCpu, runner: Runner, now: float) -> bool:
-        """A METERED worker of ``g`` becomes ``runner``'s, running and scheduled
-        (True): its query reached its first slice end while engaged. It stays
-        in ``held`` (an ALTER or a reparent since may have put it over a cap:
-        I3 takes nothing back). Otherwise (not engaged, or degraded) nothing
-        changes (False). O(1)."""
+    def promote(
+        self, g: GroupCpu, runner: Runner, now: float, granted_at: float | None = None
+    ) -> bool:
+        """A METERED worker of ``g`` (taken at ``granted_at``, default now) becomes
+        ``runner``'s, running and scheduled (True): its query reached its first
+        slice end while engaged. Its grant is the worker's, so work that arrived
+        since is fresh to the slice end that follows. It stays in ``held`` (an
+        ALTER or a reparent since may have put it over a cap: I3 takes nothing
+        back). Otherwise (not engaged, or degraded) nothing changes (False).
+        O(1)."""
         if not self.engaged or self.degraded:
             return False
         pool = runner.pool
@@ -799,7 +803,7 @@ class CpuScheduler:
         runner.state = RUNNER_RUNNING
         runner.scheduled = True
         runner.fresh = True
-        runner.runnable_since = runner.granted_at = now
+        runner.runnable_since = runner.granted_at = now if granted_at is None else granted_at
         runner.ran_in_pools += (pool,)
         user = (pool, runner.user)
         g.held_by[user] = g.held_by.get(user, 0) + 1
@@ -832,8 +836,8 @@ class CpuScheduler:
                 n.held -= 1
                 n.held_over_cap = min(n.held_over_cap, n.held)
                 n = n.parent
-            if cpu_ns and self.engaged and g.charged:
-                self._charge_group(g, user, cpu_ns, now)
+            if cpu_ns and self.engaged and g.charged:  # never sliced: its debt capped
+                self._charge_group(g, user, cpu_ns, now, unsliced=True)
         g.counted -= 1
         self.counted[pool] -= 1
         if self.owed[pool]:  # _returned(pool), written out: every counted query's path
@@ -1132,13 +1136,15 @@ class CpuScheduler:
         runner.cpu_since_grant_ns += cpu_ns
         g = runner.group
         if g.charged:
-            ctas = runner.kind == "ctas" and not runner.is_task
-            self._charge_group(g, runner.user, cpu_ns, now, ctas)
+            unsliced = runner.kind == "ctas" and not runner.is_task
+            self._charge_group(g, runner.user, cpu_ns, now, unsliced)
 
     def _charge_group(
-        self, g: GroupCpu, user: str, cpu_ns: int, now: float, ctas: bool = False
+        self, g: GroupCpu, user: str, cpu_ns: int, now: float, unsliced: bool = False
     ) -> None:
-        """``cpu_ns`` of a query of ``user`` (a CTAS's own thread: ``ctas``) run in g."""
+        """``cpu_ns`` of a query of ``user`` run in g. ``unsliced``: a CTAS's own
+        thread, or a metered counted worker's query, which no slice end held
+        back: the budget's debt it leaves is capped (``CTAS_DEBT_S``)."""
         if cpu_ns < 0:
             raise InternalError(f"negative CPU {cpu_ns} for a query of {g.name}")
         g.cpu_ns_total += cpu_ns
@@ -1151,7 +1157,7 @@ class CpuScheduler:
             if n.fractional:
                 n.refill(now)
                 n.budget_ns -= cpu_ns
-                if ctas:
+                if unsliced:
                     n.budget_ns = max(n.budget_ns, -n.rate * CTAS_DEBT_S)
             n = n.parent
 

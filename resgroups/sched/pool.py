@@ -335,15 +335,16 @@ class Dispatcher:
                 if admitted:
                     self._hand_on(admitted, now)
 
-    def promote(self, gate: Gate, ticket: Ticket, runner: Runner) -> bool:
-        """A counted slot and worker of a query at its first slice end become
-        ``ticket``'s and ``runner``'s, active and running, so that it is sliced
-        from here (True); False while not engaged (it stays counted)."""
+    def promote(self, gate: Gate, ticket: Ticket, runner: Runner, granted_at: float) -> bool:
+        """A counted slot and metered worker (taken at ``granted_at``) of a query at
+        its first slice end become ``ticket``'s and ``runner``'s, active and
+        running, so that it is sliced from here (True); False while not engaged
+        (it stays counted)."""
         with self.lock:
             if self._closed or self.fault_hook is not None:
                 return False
             now = self.now()
-            if not self.core.promote(runner.group, runner, now):
+            if not self.core.promote(runner.group, runner, now, granted_at):
                 return False
             gate.promote(ticket)
             return True

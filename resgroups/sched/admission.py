@@ -14,8 +14,17 @@ Non-goals
     Threads. :class:`Gate` is a pure state machine: every method takes
     ``now`` and returns the tickets whose state it changed; it never sleeps,
     never reads a clock and never wakes anyone. :class:`GateRuntime` wraps it
-    with a lock and per-ticket events for real threads. The stateful
-    property test drives :class:`Gate` directly on a manual clock.
+    with a lock and per-ticket events for real threads (``gate_runtime.py``).
+    The stateful property test drives :class:`Gate` directly on a manual
+    clock.
+
+Its parts
+    :class:`Ticket`, its states and :class:`GateConfig` are records of
+    their own (``admission_records.py``), the invariant checks are
+    ``admission_invariants.py``, a gate's move in the tree
+    ``admission_reparent.py``, the blocking wrapper ``gate_runtime.py``;
+    every name is importable from here. What a query's path runs (counted
+    slots, submit, release, the hand-off, the tree's counts) is here.
 
 Counted slots
     A query that is admitted at once and never waits needs no ticket: it
@@ -25,7 +34,7 @@ Counted slots
     :class:`Ticket`, with the states below; a counted slot and a ticket's
     slot are the same slot to every rule.
 
-State and invariants (``_check_invariants``)
+State and invariants (``_check_invariants``: ``admission_invariants.py``)
     T  = the set of active tickets, C = ``counted`` (slots held without a
          ticket), A = |T| + C the slots held, Q = the queue (a list in
          arrival order), L = max_active_queries (None: unlimited),
@@ -68,9 +77,9 @@ The contended hand-off
     A slot given back at a flat fifo gate with a ticket queued goes straight
     to the head (``_hand_to_head``): the gate was full (I3), so exactly one
     ticket is admitted, and what the head takes the queue gives up, so the
-    demand peak cannot move. A queued ticket's thread waits at once; nothing
-    runs on a timer: each waiter wakes by its own first deadline (or the
-    0.25 s poll for cancellation) and then expires whatever is due.
+    demand peak cannot move. How the queued ticket's thread waits (no
+    timer: its own first deadline, or the cancellation poll) is
+    ``gate_runtime.py``'s.
 
 Nested groups (SPEC §14)
     A gate may have a ``parent`` gate (its group's parent group's) and
@@ -104,117 +113,47 @@ ALTER
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
-import threading
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
-from typing import TYPE_CHECKING, Final
 
-from resgroups.errors import (
-    AdmissionRejected,
-    Error,
-    InternalError,
-    QueryCancelled,
-    QueryTimeout,
-    QueueTimeout,
+from resgroups.errors import AdmissionRejected, Error, InternalError, QueryTimeout, QueueTimeout
+from resgroups.sched import admission_reparent
+from resgroups.sched.admission_invariants import check_invariants
+from resgroups.sched.admission_records import (
+    _ARRIVALS,
+    _FRONTS,
+    TICKET_ACTIVE,
+    TICKET_EXPIRED,
+    TICKET_NEW,
+    TICKET_QUEUED,
+    TICKET_REJECTED,
+    TICKET_RELEASED,
+    TICKET_WITHDRAWN,
+    GateConfig,
+    Ticket,
+    TicketState,
+    _by_arrival,
+    _first_deadline,
 )
-from resgroups.sched.wakeup import Wakeup
+from resgroups.sched.gate_runtime import GateRuntime, wake
 
-if TYPE_CHECKING:
-    from resgroups.sched.cpu import Runner
-
-
-class TicketState(Enum):
-    NEW = "new"
-    QUEUED = "queued"
-    ACTIVE = "active"
-    RELEASED = "released"
-    REJECTED = "rejected"
-    EXPIRED = "expired"
-    WITHDRAWN = "withdrawn"
-
-
-# The states as module constants, imported where the per-query path compares
-# with them: reading an enum member through its class runs the enum metaclass's
-# attribute hook, a global is a dict read.
-TICKET_NEW: Final = TicketState.NEW
-TICKET_QUEUED: Final = TicketState.QUEUED
-TICKET_ACTIVE: Final = TicketState.ACTIVE
-TICKET_RELEASED: Final = TicketState.RELEASED
-TICKET_REJECTED: Final = TicketState.REJECTED
-TICKET_EXPIRED: Final = TicketState.EXPIRED
-TICKET_WITHDRAWN: Final = TicketState.WITHDRAWN
-
-
-_SEQ: Final = itertools.count()
-# Enqueue order, shared by every gate so that a tree's gates compare arrivals
-# (SPEC §14: a parent admits its subtree's waiters in arrival order); tickets put
-# at the head of a queue take numbers below every other, in their own order.
-_ARRIVALS: Final = itertools.count()
-_FRONTS: Final = itertools.count(-(2**62))
-_POLL_S: Final = 0.25  # a queued query looks at its cancellation at least this often
-
-
-class Ticket:
-    """One pass of one query through a gate, for a query that may wait (one that
-    is admitted at once holds a counted slot instead: ``Gate.count_in``); a
-    resumed cursor takes a new one."""
-
-    __slots__ = (
-        "arrival",
-        "enqueued_at",
-        "error",
-        "gate",
-        "query_deadline",
-        "queue_deadline",
-        "runner",
-        "seq",
-        "state",
-        "user",
-        "wake",
-    )
-
-    def __init__(self, user: str, query_deadline: float = math.inf) -> None:
-        self.user = user
-        self.query_deadline = query_deadline  # submission + the instance query timeout
-        self.seq = next(_SEQ)
-        self.state = TICKET_NEW
-        self.enqueued_at = 0.0
-        self.queue_deadline = math.inf
-        self.arrival = 0  # the gate's enqueue counter: the queue's order
-        self.error: Error | None = None  # why the wait ended, when not in a slot
-        self.wake: Wakeup | None = None  # set by GateRuntime on a change, while queued
-        self.gate: Gate | None = None  # the gate it queued at (a tree admits across gates)
-        # the query's runner, while queued: whoever gives a slot to this ticket may
-        # hand it a free worker too, so that the woken query has nothing left to take
-        # (Dispatcher.leave)
-        self.runner: Runner | None = None
-
-    def __repr__(self) -> str:
-        return f"<Ticket #{self.seq} {self.user} {self.state.value}>"
-
-
-@dataclass(frozen=True)
-class GateConfig:
-    """The admission settings of a group (a copy of its catalog definition)."""
-
-    name: str
-    max_active: int | None = None
-    max_queued: int | None = None
-    queue_timeout_ms: int = 30_000
-    policy: str = "fifo"
-    max_per_user: int | None = None  # max_active_queries_per_user: one user's slots (subtree)
-
-
-def _by_arrival(ticket: Ticket) -> int:
-    return ticket.arrival
-
-
-def _first_deadline(ticket: Ticket) -> float:
-    return min(ticket.queue_deadline, ticket.query_deadline)
+# the records live in admission_records.py, the blocking wrapper in
+# gate_runtime.py; importable from here as they always were
+__all__ = [
+    "TICKET_ACTIVE",
+    "TICKET_EXPIRED",
+    "TICKET_NEW",
+    "TICKET_QUEUED",
+    "TICKET_REJECTED",
+    "TICKET_RELEASED",
+    "TICKET_WITHDRAWN",
+    "Gate",
+    "GateConfig",
+    "GateRuntime",
+    "Ticket",
+    "TicketState",
+    "wake",
+]
 
 
 class Gate:
@@ -829,261 +768,9 @@ class Gate:
         """Reparent online (ALTER ... SET/RESET (parent)): what this subtree holds
         and queues leaves the old ancestors and joins the new ones, which keep it
         even above their limits (grandfathered, as for a lowered limit); the
-        tickets either tree now admits."""
-        if parent is self.parent:
-            return []
-        load, waiting = self.load, self.waiting + self.waiting_below
-        held = dict(self._held)
-        for user, n in self._held_below.items():
-            held[user] = held.get(user, 0) + n
-        old = self.parent
-        gate = old
-        while gate is not None:
-            gate.below -= load
-            for user, n in held.items():
-                left = gate._held_below[user] - n
-                if left:
-                    gate._held_below[user] = left
-                else:
-                    del gate._held_below[user]
-            gate.waiting_below -= waiting
-            if gate._grandfathered > gate.load:
-                gate._grandfathered = gate.load
-            gate = gate.parent
-        if old is not None:
-            old.children.remove(self)
-            old._renest()
-        self.parent = parent
-        if parent is not None:
-            parent.children.append(self)
-        gate = parent
-        while gate is not None:
-            gate.below += load
-            for user, n in held.items():
-                gate._held_below[user] = gate._held_below.get(user, 0) + n
-            gate.waiting_below += waiting
-            gate._renest()
-            if gate.config.max_active is not None and gate.load > gate.config.max_active:
-                gate._grandfathered = max(gate._grandfathered, gate.load)
-            gate = gate.parent
-        self._renest()
-        admitted = old._admit_tree(now) if old is not None else []
-        return admitted + self._admit_tree(now)
-
-    def _tree_problems(self, in_order: list[Ticket]) -> list[str]:
-        """I7-I9 of a gate in a tree (see "Nested groups")."""
-        problems = []
-        if any(self._admissible(t.user) for t in in_order):
-            problems.append("a ticket waits that could be admitted at every level")
-        if self.below != sum(c.load for c in self.children):
-            problems.append(f"below {self.below} is not the children's slots")
-        if self.waiting_below != sum(c.waiting + c.waiting_below for c in self.children):
-            problems.append(f"waiting_below {self.waiting_below} is not the children's queues")
-        held: dict[str, int] = {}
-        for child in self.children:
-            for user in {*child._held, *child._held_below}:
-                held[user] = held.get(user, 0) + child.held_by(user)
-        if held != self._held_below:
-            problems.append(f"held below {self._held_below} is not the children's {held}")
-        if self.parent is not None and self not in self.parent.children:
-            problems.append("not among its parent's children")
-        return problems
+        tickets either tree now admits (``admission_reparent.py``)."""
+        return admission_reparent.set_parent(self, parent, now)
 
     def _check_invariants(self) -> None:
-        problems = []
-        in_order = self.queued_tickets()
-        queued = set(in_order)
-        if len(queued) != len(in_order):
-            problems.append("a ticket is queued twice")
-        if self.waiting != len(in_order):
-            problems.append(f"waiting {self.waiting} != {len(in_order)} queued")
-        by_user = [t for mine in self._by_user.values() for t in mine if t.state is TICKET_QUEUED]
-        if self._per_user != self._uses_per_user():
-            problems.append("the per-user view is kept when it is not used, or not kept")
-        if sorted(by_user, key=_by_arrival) != (
-            sorted(in_order, key=_by_arrival) if self._per_user else []
-        ):
-            problems.append("the per-user view of the queue is not the queue")
-        arrivals = [t.arrival for t in self._queue]
-        if arrivals != sorted(arrivals):
-            problems.append("the queue is not in arrival order")
-        by_deadline = [e[2] for e in self._deadlines if e[2].state is TICKET_QUEUED]
-        if set(by_deadline) != queued or len(by_deadline) != len(in_order):
-            problems.append("the deadline view and the arrival view of the queue differ")
-        if any(e[0] != _first_deadline(e[2]) for e in self._deadlines):
-            problems.append("a deadline in the heap is not its ticket's")
-        if queued & self._active:
-            problems.append("a ticket is both active and queued")
-        if any(t.state is not TICKET_ACTIVE for t in self._active):
-            problems.append("an active ticket is not in state ACTIVE")
-        if self.counted < 0:
-            problems.append(f"{self.counted} counted slots")
-        if self.load > self._limit():
-            problems.append(f"{self.load} active above the limit {self._limit()}")
-        if self.nested:
-            problems += self._tree_problems(in_order)
-        elif in_order and self._has_room():
-            problems.append("a ticket waits while a slot is free")
-        max_queued = self.config.max_queued
-        if max_queued is not None and len(in_order) > max(max_queued, self._queue_grandfathered):
-            problems.append(f"{len(in_order)} queued above max_queued_queries {max_queued}")
-        by_ticket: dict[str, int] = {}
-        for t in self._active:
-            by_ticket[t.user] = by_ticket.get(t.user, 0) + 1
-        if sum(self._held.values()) != self.active or any(
-            self._held.get(user, 0) < n for user, n in by_ticket.items()
-        ):
-            problems.append(
-                f"held slots per user {self._held} are not the tickets' {by_ticket} "
-                f"and {self.counted} counted"
-            )
-        if problems:
-            raise InternalError(
-                f"admission gate of {self.config.name} broken: {'; '.join(problems)}; "
-                f"active={sorted(t.seq for t in self._active)} counted={self.counted} "
-                f"queue={[t.seq for t in in_order]} config={self.config}"
-            )
-
-
-def wake(tickets: list[Ticket]) -> None:
-    """Wake the waiters of tickets whose state changed."""
-    for ticket in tickets:
-        if ticket.wake is not None:
-            ticket.wake.set()
-
-
-class GateRuntime:
-    """A :class:`Gate` for real threads: a lock, and an event per waiting ticket.
-
-    ``enter`` blocks until the ticket is admitted or its wait ends (timeout,
-    cancellation, rejection). Whoever changes the gate wakes the tickets it
-    changed; a waiter whose deadline passes expires the due tickets itself,
-    so no timer thread is needed.
-
-    ``lock`` may be shared: an engine's gates all use its dispatcher's lock,
-    so that a query's fast path takes a slot and a worker under one lock
-    (``Dispatcher.admit_counted``, ``Dispatcher.admit_at_once``). Nothing here takes
-    another lock while holding it.
-    """
-
-    def __init__(
-        self, config: GateConfig, now: Callable[[], float], lock: threading.Lock | None = None
-    ) -> None:
-        self.gate = Gate(config)
-        self.lock = lock if lock is not None else threading.Lock()
-        self.now = now
-
-    _wake = staticmethod(wake)
-
-    def enter(
-        self,
-        ticket: Ticket,
-        cancelled: Callable[[], bool] | None = None,
-        queued: Callable[[], None] | None = None,
-        *,
-        front: bool = False,
-    ) -> None:
-        """Block until ``ticket`` holds a slot; raise why not otherwise. ``queued``
-        is called once the ticket waits in the queue (fleet quota mode asks for
-        more quota then); ``front`` queues it at the head."""
-        lock, gate = self.lock, self.gate
-        with lock:
-            now = self.now()
-            if gate.submit(ticket, now, front=front):
-                return
-            wake = ticket.wake = Wakeup()
-        # queued: a cancel() from now on finds the wake-up set above, so one that
-        # came earlier is the only one to look for before the first wait; nothing
-        # is due yet (the ticket's own deadlines were checked as it queued, and
-        # every other waiter expires what is due when its own wait ends)
-        if queued is not None:
-            queued()
-        timeout = min(ticket.queue_deadline, ticket.query_deadline) - now
-        if cancelled is not None and cancelled():
-            timeout = 0.0  # cancelled before its wake-up was set: look at once
-        while True:
-            wake.wait(_POLL_S if timeout > _POLL_S else timeout if timeout > 0 else 0.0)
-            state = ticket.state  # set under the lock before the wake-up, and only its
-            if state is TICKET_ACTIVE:  # own query gives the slot back: seen without the lock
-                return
-            with lock:
-                state = ticket.state
-                if state is TICKET_ACTIVE:
-                    return
-                if state is TICKET_QUEUED:
-                    if cancelled is not None and cancelled():
-                        gate.withdraw(
-                            ticket,
-                            QueryCancelled(
-                                f"query cancelled while queued for Resource Group admission "
-                                f"[group={gate.config.name}]"
-                            ),
-                        )
-                    else:
-                        now = self.now()
-                        self._wake(gate.expire(now))
-                        timeout = min(ticket.queue_deadline, ticket.query_deadline) - now
-                    state = ticket.state
-                if state is not TICKET_QUEUED:
-                    assert ticket.error is not None
-                    raise ticket.error
-
-    def leave(self, ticket: Ticket) -> None:
-        """Give the slot back and wake whoever it admits."""
-        with self.lock:
-            admitted = self.gate.release(ticket, self.now())
-        if admitted:
-            self._wake(admitted)
-
-    def withdraw(self, ticket: Ticket, error: Error) -> None:
-        with self.lock:
-            if self.gate.withdraw(ticket, error):
-                self._wake([ticket])
-
-    def configure(self, config: GateConfig) -> None:
-        """Apply new settings (ALTER); wake whoever they admit."""
-        with self.lock:
-            if config == self.gate.config:
-                return
-            admitted = self.gate.configure(config, self.now())
-        self._wake(admitted)
-
-    @property
-    def active(self) -> int:
-        """The slots held now."""
-        with self.lock:
-            return self.gate.active
-
-    def fail_queued(self, error: Error) -> None:
-        """Fail every waiting ticket (the engine is closing)."""
-        with self.lock:
-            tickets = self.gate.queued_tickets()
-            for ticket in tickets:
-                self.gate.withdraw(ticket, error)
-        self._wake(tickets)
-
-    def position(self, ticket: Ticket) -> int | None:
-        """The ticket's 1-based place in the queue, in arrival order (None: not queued)."""
-        with self.lock:
-            if ticket.state is not TICKET_QUEUED:
-                return None
-            return int(self.gate.position(ticket))
-
-    def set_parent(self, parent: GateRuntime | None) -> None:
-        """Nest this gate under ``parent``'s (None: top level); wake whoever that
-        admits. Every gate of an engine shares one lock."""
-        with self.lock:
-            admitted = self.gate.set_parent(None if parent is None else parent.gate, self.now())
-        self._wake(admitted)
-
-    def blocked_by(self, ticket: Ticket) -> str | None:
-        """Why a queued ticket waits (None: it does not)."""
-        with self.lock:
-            if ticket.state is not TICKET_QUEUED or ticket.gate is None:
-                return None
-            return ticket.gate.blocked_by(ticket)
-
-    def wake_queued(self, ticket: Ticket) -> None:
-        """Wake a waiter so it re-examines its state (it was cancelled)."""
-        if ticket.wake is not None:
-            ticket.wake.set()
+        """I1-I9, checked (``admission_invariants.py``); InternalError if one is broken."""
+        check_invariants(self)

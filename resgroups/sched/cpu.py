@@ -12,6 +12,14 @@ What it does
     reads a clock or wakes a thread. ``resgroups/sched/pool.py`` drives it
     for real threads; the scenario tests drive it by hand.
 
+    Its parts: the records, :class:`Runner`, :class:`GroupCpu` and
+    :class:`Decision` (``cpu_records.py``, importable from here); the
+    group tree's maintenance (configure, reparent, forget) and the pick
+    down a tree (``cpu_tree.py``); the slice-end rule, renew or yield and
+    to whom (``cpu_yield.py``); the invariant checks
+    (``cpu_invariants.py``). What a query's path runs (the grants, the
+    counted workers, the hand-over, charging, the flat pick) is here.
+
 Symbols
     w_g   cpu_weight of group g
     P(g)  the parent of g (None: top level; SPEC §14); S(g) its siblings,
@@ -68,7 +76,7 @@ Hand-over
     (``tests/test_cpu_core.py`` compares them); the worker never passes
     through the free count.
 
-Invariants (``_check_invariants``)
+Invariants (``_check_invariants``: ``cpu_invariants.py``)
     I1 per pool: free + held + counted == size and free >= 0, where held is
        the runners running in it and counted its counted workers; the
        counted workers of every pool sum to those of every group; size
@@ -122,7 +130,8 @@ Rules
     arrival order, fair takes the user holding fewest of g's workers in p,
     then that user's query holding fewest, ties to a runner that has not run
     in p yet, then arrival order. With no parent anywhere this is the flat
-    rule: the least v_g among the groups with a runner that may run.
+    rule: the least v_g among the groups with a runner that may run (the
+    walk down a tree is ``cpu_tree.pick_nested``).
 
     No banking, at every level: when a node n goes from idle (nothing
     running, nothing waiting in D(n)) to runnable, v_n := max(v_n, min of v
@@ -133,33 +142,14 @@ Rules
     the top of the newly runnable part down. A busy node keeps its lead or
     its debt.
 
-    Reparent (ALTER SET/RESET parent, online): D(g)'s held workers and
-    counted work move with it (caps above may be exceeded as by an ALTER:
-    nothing is taken back); its virtual time is meaningless in the new
-    frame, so v_g := min v of its new runnable siblings, or, if none is
-    runnable, max v of its new siblings (it brings neither a lead nor a
-    debt); CPU charged before the move stays charged to the old ancestors
-    (their budgets and shares), and what follows goes to the new ones.
+    Reparent (ALTER SET/RESET parent, online): D(g) moves with its held
+    workers and counted work, and its virtual time enters the new frame
+    with neither a lead nor a debt (``cpu_tree.py``).
 
-    Slice end of runner r of group g (after charging its CPU):
-      - a CTAS renews (it never gives up its worker); its debt is capped at
-        what L_g refills in 10 s; a parallel task renews too (tasks are
-        short, and a parked task would hold a pool thread without a worker);
-      - b_n <= 0 for some fractional n in A(g): yield, wait for budget;
-      - a waiting runner q of another group h in the same pool, q allowed
-        to run once r's worker is free, yields r's worker to it when, with
-        x and y the entries where the paths of g and h part (siblings under
-        their lowest common node, or that node's own work; x = g, y = h
-        with no parent anywhere),
-          (a) q is *fresh* (arrived, not parked) since r's grant and
-              v_y <= v_x: new work entitled to go first, or
-          (b) (v_x - v_y) * w_y / 100 > G: y lags by more than the
-              granularity, in CPU time it would take y to catch up;
-      - fair groups: a waiting runner of g in the same pool whose user holds
-        fewer of g's workers (or, same user, whose query holds fewer) takes
-        the worker when it is fresh since r's grant or r has used more than
-        G of CPU since it last got a worker;
-      - otherwise r renews in place.
+    Slice end of runner r of group g (``slice_end``): charge its CPU (a
+    CTAS's debt is capped at what L_g refills in 10 s), then renew in place
+    or yield by the rule in ``cpu_yield.py`` (budget spent on the path; new
+    or lagging work of another group; fair groups: a user holding fewer).
     A yielded runner waits again (not fresh) with its arrival order.
 
 Engagement
@@ -175,9 +165,9 @@ Degraded
     are not affected.
 
 Alternatives rejected
-    Yielding at every slice end (round robin): measured 17-20 % throughput
-    lost to thread hand-offs on 2 cores. A timer thread to refill budgets:
-    waiting runners wake themselves at the next refill instead.
+    Yielding at every slice end (round robin): see ``cpu_yield.py``. A
+    timer thread to refill budgets: waiting runners wake themselves at the
+    next refill instead.
     Flattening the tree into effective weights (w_g * share of the parent,
     one virtual time per leaf): an idle sibling's share would have to be
     recomputed for every group on each change of the runnable set, and a
@@ -214,283 +204,54 @@ Known races
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Final, TypeVar
 
 from resgroups.errors import InternalError
+from resgroups.sched import cpu_tree
+from resgroups.sched.cpu_invariants import check_invariants
+from resgroups.sched.cpu_records import (
+    _SEQ,
+    BURST_S,
+    COUNTED,
+    CTAS_DEBT_S,
+    DEFAULT_GRANULARITY_NS,
+    METERED,
+    NS,
+    RUNNER_DONE,
+    RUNNER_RUNNING,
+    RUNNER_WAITING,
+    Decision,
+    GroupCpu,
+    Runner,
+    RunnerState,
+    _decrement,
+)
+from resgroups.sched.cpu_tree import pick_nested
+from resgroups.sched.cpu_yield import yield_reason
 from resgroups.sched.shares import Share, ShareWindow, tree_fill
 
-K = TypeVar("K")
-NS: Final = 1_000_000_000
-DEFAULT_GRANULARITY_NS: Final = 50_000_000
-BURST_S: Final = 0.1
-CTAS_DEBT_S: Final = 10.0
-
-
-def _decrement(table: dict[K, int], key: K) -> None:
-    table[key] -= 1
-    if not table[key]:
-        del table[key]
-
-
-class RunnerState(Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    DONE = "done"
-
-
-# The states as module constants, as the ticket's (sched/admission.py)
-RUNNER_WAITING: Final = RunnerState.WAITING
-RUNNER_RUNNING: Final = RunnerState.RUNNING
-RUNNER_DONE: Final = RunnerState.DONE
-
-# What CpuScheduler.count_in took: a counted worker, never sliced or charged (not
-# engaged), or a metered one (engaged: in ``held``, charged, promoted at a slice end)
-COUNTED: Final = 1
-METERED: Final = 2
-
-
-_SEQ: Final = itertools.count(1)
-
-
-class Runner:
-    """One thread of work that needs a worker and may wait for it or be sliced: a
-    query's own thread, or one task (a query granted a worker at once while
-    scheduling is not engaged holds a counted worker instead: ``count_in``)."""
-
-    __slots__ = (
-        "cpu_since_grant_ns",
-        "extra",
-        "fresh",
-        "granted_at",
-        "group",
-        "is_task",
-        "kind",
-        "lane",
-        "pending_cpu_ns",
-        "pool",
-        "query_id",
-        "ran_in_pools",
-        "runnable_since",
-        "scheduled",
-        "seq",
-        "state",
-        "user",
-    )
-
-    def __init__(
-        self,
-        group: GroupCpu,
-        pool: str,
-        user: str,
-        query_id: int,
-        kind: str = "select",
-        is_task: bool = False,
-    ) -> None:
-        self.group = group
-        self.pool = pool
-        self.user = user
-        self.query_id = query_id
-        self.kind = kind
-        self.is_task = is_task
-        self.seq = next(_SEQ)  # arrival order
-        self.state = RUNNER_DONE
-        self.scheduled = False  # granted while engaged: sliced and charged
-        self.fresh = True  # arrived (not parked) since it last waited
-        self.runnable_since = 0.0
-        self.granted_at = 0.0
-        self.cpu_since_grant_ns = 0  # charged since it last got a worker
-        self.ran_in_pools: tuple[str, ...] = ()  # the pools it has held a worker of
-        self.extra = False  # the one task beyond the cap (CTAS exception)
-        self.pending_cpu_ns = 0  # a task's CPU still to charge when it releases
-        # the priority lane its query's thread takes with the worker it was handed,
-        # when the pool layer found it then (under its lock); None: look it up
-        self.lane: int | None = None
-
-    def __repr__(self) -> str:
-        kind = "task" if self.is_task else self.kind
-        where = f"{self.group.name}/{self.user}/q{self.query_id}"
-        return f"<Runner #{self.seq} {where} {kind} {self.state.value}>"
-
-
-class GroupCpu:
-    """The CPU state of one group."""
-
-    def __init__(
-        self,
-        group_id: int,
-        name: str,
-        weight: int = 100,
-        limit_cores: float | None = None,
-        policy: str = "fifo",
-        *,
-        charged: bool = True,
-    ) -> None:
-        self.group_id = group_id
-        self.name = name
-        self.weight = weight
-        # the tree (SPEC §14): set by CpuScheduler._reparent, before the limit below
-        self.parent: GroupCpu | None = None
-        self.children: list[GroupCpu] = []
-        self.active_children = 0  # children in the scheduler's ``busy`` (I6)
-        self.own_vtime = 0.0  # o_g: its own queries among its children
-        self.gone = False  # forgotten while children of it still ran: dropped after them
-        self.path_limited = False  # a limit here or above (refresh_path)
-        self.single_threaded = False  # limited to one core or less here or above
-        self.limit_cores = limit_cores
-        self.running: set[Runner] = set()
-        self.policy = policy  # after running: what the fair order counts follows it
-        self.charged = charged  # False: the pseudo-group of uncharged CTAS tasks
-        self.vtime = 0.0
-        self.cpu_ns_total = 0
-        self.wait_ns_total = 0
-        self.cpu_by_user: dict[str, int] = {}
-        self.held = 0  # scheduled runners holding workers, all pools
-        self.held_over_cap = 0  # held when an ALTER lowered the cap; falls as they leave
-        self.held_by: dict[tuple[str, str], int] = {}  # (pool, user) -> workers
-        self.counted = 0  # counted workers (no runner) held, all pools
-        self.metered = 0  # of which taken while engaged: in held (I3), charged
-        self.waiting: dict[str, list[Runner]] = {}  # pool -> runners in arrival order
-        self.budget_ns = self.burst  # a group starts with its burst
-        self.budget_at = 0.0
-
-    # ---- limits: what follows from limit_cores is computed once, when it is set
-    @property
-    def limit_cores(self) -> float | None:
-        return self._limit_cores
-
-    @limit_cores.setter
-    def limit_cores(self, cores: float | None) -> None:
-        self._limit_cores = cores
-        self.limited = cores is not None
-        # workers it may hold at once
-        self.cap: float = math.inf if cores is None else math.ceil(cores - 1e-9)
-        # a fractional limit also spends a CPU budget
-        self.fractional = cores is not None and abs(cores - round(cores)) > 1e-9
-        self.rate = 0.0 if cores is None else cores * NS  # budget refill in ns per second
-        self.burst = self.rate * BURST_S
-        # limited to one core or less: a query's parallel work runs on its own thread
-        self.own_single_threaded = cores is not None and cores <= 1 + 1e-9
-        self.refresh_path()
-
-    @property
-    def policy(self) -> str:
-        return self._policy
-
-    @policy.setter
-    def policy(self, policy: str) -> None:
-        self._policy = policy
-        self.fair = policy == "fair"
-        # (pool, query) -> the workers its scheduled runners hold here: only the fair
-        # order reads it (_fair_key), so only a fair group keeps it (I8)
-        self.held_by_query: dict[tuple[str, int], int] = {}
-        if self.fair:
-            for r in self.running:
-                if r.scheduled:
-                    key = (r.pool, r.query_id)
-                    self.held_by_query[key] = self.held_by_query.get(key, 0) + 1
-
-    def refresh_path(self) -> None:
-        """What follows from the limits of the path (I7), for this group and its
-        subtree: a limit above caps every group below (SPEC §14)."""
-        parent = self.parent
-        # a limit here or above: a freed worker may unblock any pool
-        self.path_limited = self.limited or (parent is not None and parent.path_limited)
-        self.single_threaded = self.own_single_threaded or (
-            parent is not None and parent.single_threaded
-        )
-        for child in self.children:
-            child.refresh_path()
-
-    def refill(self, now: float) -> None:
-        if self.fractional:
-            self.budget_ns = min(self.burst, self.budget_ns + (now - self.budget_at) * self.rate)
-        self.budget_at = now
-
-    def budget_ok(self, now: float) -> bool:
-        if not self.fractional:
-            return True
-        self.refill(now)
-        return self.budget_ns > 0
-
-    def refill_time(self, now: float) -> float:
-        """When the budget is next above zero (now if it is)."""
-        self.refill(now)
-        if not self.fractional or self.budget_ns > 0:
-            return now
-        return now + (-self.budget_ns + 1) / self.rate
-
-    # ---- state
-    @property
-    def own_idle(self) -> bool:
-        """Nothing of its own running or waiting (its children aside)."""
-        return not self.running and not self.counted and not any(self.waiting.values())
-
-    @property
-    def idle(self) -> bool:
-        """Nothing running or waiting in its subtree."""
-        return not self.active_children and self.own_idle
-
-    def path(self) -> list[GroupCpu]:
-        """A(g), from the root down to this group."""
-        path = [self]
-        while (parent := path[-1].parent) is not None:
-            path.append(parent)
-        path.reverse()
-        return path
-
-    def subtree(self) -> list[GroupCpu]:
-        """D(g): this group and its descendants."""
-        found = [self]
-        for g in found:
-            found.extend(g.children)
-        return found
-
-    def all_running_are_ctas(self) -> bool:
-        """Every scheduled running query of the subtree is a CTAS (and one runs)."""
-        running = [r for g in self.subtree() for r in g.running]
-        return bool(running) and all(
-            r.kind == "ctas" and not r.is_task for r in running if r.scheduled
-        )
-
-    def runs_extra(self) -> bool:
-        """Does a task beyond a cap run in the subtree?"""
-        return any(r.extra for g in self.subtree() for r in g.running)
-
-    def __repr__(self) -> str:
-        return f"<GroupCpu {self.name} v={self.vtime:.0f} held={self.held} b={self.budget_ns:.0f}>"
+# the records live in cpu_records.py; importable from here as they always were
+__all__ = [
+    "BURST_S",
+    "COUNTED",
+    "CTAS_DEBT_S",
+    "DEFAULT_GRANULARITY_NS",
+    "METERED",
+    "NS",
+    "RUNNER_DONE",
+    "RUNNER_RUNNING",
+    "RUNNER_WAITING",
+    "CpuScheduler",
+    "Decision",
+    "GroupCpu",
+    "Runner",
+    "RunnerState",
+]
 
 
 def _group_id(g: GroupCpu) -> int:
     return g.group_id
-
-
-def _parting(path: list[GroupCpu], h: GroupCpu) -> tuple[float, float, int]:
-    """Where the paths of g (``path``, root first) and h part: (the virtual time of
-    g's entry, that of h's entry, the weight of h's entry). An entry is a
-    child of the lowest common node, or that node's own work (o_n)."""
-    theirs = h.path()
-    i = 0
-    while i < len(path) and i < len(theirs) and path[i] is theirs[i]:
-        i += 1
-    if i == len(path):  # g is an ancestor of h: g's own work against h's side
-        return path[-1].own_vtime, theirs[i].vtime, theirs[i].weight
-    if i == len(theirs):  # h is an ancestor of g: h's own work against g's side
-        return path[i].vtime, h.own_vtime, h.weight
-    return path[i].vtime, theirs[i].vtime, theirs[i].weight
-
-
-@dataclass
-class Decision:
-    """What a slice end decided: renew in place, or yield (and to whom)."""
-
-    renew: bool
-    reason: str
-    granted: list[Runner] = field(default_factory=list)
 
 
 class CpuScheduler:
@@ -549,104 +310,16 @@ class CpuScheduler:
     ) -> list[Runner]:
         """ALTER online (``parent``: the id of the group it is nested in, None at
         the top; a change moves it, its subtree and their runners, waiting or
-        running); returns runners granted because of it (a raised limit)."""
-        g = self.group(group_id, name)
-        g.gone = False  # configured: a group of the catalog (or a dropped one's queries)
-        g.refill(now)
-        was_fractional = g.fractional
-        g.name, g.weight, g.limit_cores, g.policy = name, weight, limit_cores, policy
-        if g.held > g.cap:  # ALTER cancels nothing: workers held stay held
-            g.held_over_cap = max(g.held_over_cap, g.held)
-        if g.fractional and not was_fractional:
-            g.budget_ns = g.burst
-        g.budget_ns = min(g.budget_ns, g.burst)
-        old = g.parent
-        if (None if old is None else old.group_id) != parent:
-            self._reparent(g, None if parent is None else self._parent(parent), now)
-        # weights, limits and the tree apply from now on
-        self.shares.reconfigured([h for h in self.busy if not h.idle], now)
-        return self.dispatch(now)
-
-    def _parent(self, group_id: int) -> GroupCpu:
-        """The group a child names as its parent. One not configured yet (a full
-        sync goes in any order; a dropped group's late query) is made now, as
-        gone: its own configure keeps it, else it goes with its last child."""
-        parent = self.groups.get(group_id)
-        if parent is None:
-            parent = self.group(group_id, f"#{group_id}")
-            parent.gone = True
-        return parent
-
-    def _reparent(self, g: GroupCpu, parent: GroupCpu | None, now: float) -> None:
-        """Move g and its subtree under ``parent`` (None: the top), online: its
-        held workers and busy state go along; its virtual time enters the new
-        frame level with the new siblings (no lead, no debt). O(depth + siblings)."""
-        if parent is g:  # the catalog refuses it (a cycle); never a loop here
-            parent = None
-        if parent is not None and parent in g.subtree():
-            # only mid-way through a full sync of a reshaped tree: the would-be
-            # parent goes to the top for now; its own configure puts it in place
-            self._reparent(parent, None, now)
-        was_busy = g in self.busy
-        old = g.parent
-        if old is not None:
-            if was_busy:
-                old.active_children -= 1
-                self._unmark(old)
-            for n in old.path():
-                n.held -= g.held
-                n.held_over_cap = min(n.held_over_cap, n.held)
-            old.children.remove(g)
-            self.nested -= 1
-        g.parent = parent
-        if parent is not None:
-            parent.children.append(g)
-            self.nested += 1
-            for n in parent.path():
-                n.held += g.held
-                if n.held > n.cap:  # nothing is taken back, as by an ALTER (I3)
-                    n.held_over_cap = max(n.held_over_cap, n.held)
-        siblings = [h for h in self._siblings(g) if h is not g]
-        runnable = [h.vtime for h in siblings if h in self.busy]
-        if parent is not None and parent in self.busy and not parent.own_idle:
-            runnable.append(parent.own_vtime)
-        if runnable:
-            g.vtime = min(runnable)
-        elif siblings:
-            g.vtime = max(h.vtime for h in siblings)
-        g.refresh_path()
-        if was_busy and parent is not None:
-            parent.active_children += 1
-            if parent not in self.busy:
-                if self.engaged:
-                    self._place_chain(parent)
-                self._mark(parent)
-        # (the share window learns of the new tree from configure: reconfigured)
-
-    def _siblings(self, g: GroupCpu) -> list[GroupCpu]:
-        """S(g) and g: its parent's children, or the top-level groups."""
-        if g.parent is not None:
-            return g.parent.children
-        return [h for h in self.groups.values() if h.parent is None]
+        running); returns runners granted because of it (a raised limit).
+        The group tree's maintenance is ``cpu_tree.py``'s."""
+        return cpu_tree.configure(
+            self, group_id, name, weight, limit_cores, policy, now, parent=parent
+        )
 
     def forget(self, group_id: int) -> None:
         """Drop the state of a group that is gone and idle (a group with children
-        still running goes after them)."""
-        g = self.groups.get(group_id)
-        if g is None or not g.own_idle:
-            return
-        g.gone = True
-        while g is not None and g.gone and g.idle and not g.children:
-            del self.groups[g.group_id]
-            self._unmark(
-                g
-            )  # busy while nobody looked (disengaged): leaves, and its parent counts it out
-            parent = g.parent
-            if parent is not None:
-                parent.children.remove(g)
-                self.nested -= 1
-                g.parent = None
-            g = parent
+        still running goes after them): ``cpu_tree.forget``."""
+        cpu_tree.forget(self, group_id)
 
     # ---- pool sizes -------------------------------------------------------------------
 
@@ -1030,7 +703,7 @@ class CpuScheduler:
             runner.granted_at = now
             return Decision(True, "unscheduled")
         self._charge(runner, cpu_ns, now)
-        found = self._yield_reason(runner, now)
+        found = yield_reason(self, runner, now)
         if found is None:
             runner.granted_at = now
             runner.fresh = False
@@ -1058,60 +731,6 @@ class CpuScheduler:
             return Decision(True, "renew", granted)
         return Decision(False, reason, granted)
 
-    def _yield_reason(self, runner: Runner, now: float) -> tuple[str, Runner | None] | None:
-        """Why ``runner`` yields at its slice end, and the waiting runner of another
-        group owed its worker (None: its own group's, or the budget); None: it renews."""
-        g = runner.group
-        if runner.is_task or runner.kind == "ctas":
-            return None  # tasks are short and a CTAS cannot give up its worker
-        path = g.path() if self.nested else None
-        for n in path or (g,):
-            if n.fractional and not n.budget_ok(now):
-                return "budget", None
-        # nested: a cap shared with the waiting runner counts r's worker as free
-        freed = set(path) if path is not None else None
-        # among the groups owed a worker, the one a pick would choose (least v), why it
-        # is owed, and its runners that may take it
-        owed: tuple[tuple[float, int], str, GroupCpu, list[Runner]] | None = None
-        for h in self._groups_waiting(runner.pool):
-            if h is g:
-                continue
-            candidates = [
-                q
-                for q in h.waiting.get(runner.pool, [])
-                if self._may_run(q, now, freed, replacing=runner)
-            ]
-            if not candidates:
-                continue
-            if path is None:
-                mine, theirs, weight = g.vtime, h.vtime, h.weight
-            else:
-                mine, theirs, weight = _parting(path, h)
-            fresh = [q for q in candidates if q.fresh and q.runnable_since > runner.granted_at]
-            if theirs <= mine and fresh:
-                why, entitled = f"fresh work of {h.name}", fresh
-            elif (mine - theirs) * weight / 100 > self.granularity_ns:
-                why, entitled = f"{h.name} lags", candidates
-            else:
-                continue
-            key = (theirs if h.charged else -math.inf, h.group_id)
-            if owed is None or key < owed[0]:
-                owed = (key, why, h, entitled)
-        if owed is not None:  # the worker goes as a pick would
-            _, why, h, entitled = owed
-            return why, self._pick_in_group(h, entitled)
-        if g.fair:
-            overdue = runner.cpu_since_grant_ns > self.granularity_ns
-            for q in g.waiting.get(runner.pool, []):
-                arrived = q.fresh and q.runnable_since > runner.granted_at
-                if (
-                    (arrived or overdue)
-                    and self._holds_fewer(q, runner)
-                    and self._may_run(q, now, replacing=runner)
-                ):
-                    return f"fair: {q.user} holds fewer", None
-        return None
-
     def _fair_key(self, r: Runner) -> tuple[int, int]:
         """(workers r's user holds of its group in r's pool, workers r's query holds)."""
         g = r.group
@@ -1119,12 +738,6 @@ class CpuScheduler:
             g.held_by.get((r.pool, r.user), 0),
             g.held_by_query.get((r.pool, r.query_id), 0),
         )
-
-    def _holds_fewer(self, q: Runner, r: Runner) -> bool:
-        """Fair: does waiting q's user (or, for the same user, q's query) hold fewer
-        of the group's workers in the pool than running r's?"""
-        qk, rk = self._fair_key(q), self._fair_key(r)
-        return qk[0] < rk[0] if q.user != r.user else qk[1] < rk[1]
 
     # ---- charging ---------------------------------------------------------------------------
 
@@ -1219,7 +832,7 @@ class CpuScheduler:
             waiting = [r for g in groups for r in g.waiting[pool]]
             return min(waiting, key=lambda r: r.seq) if waiting else None
         if self.nested:
-            return self._pick_nested(groups, pool, now)
+            return pick_nested(self, groups, pool, now)
         best: Runner | None = None
         best_key: tuple[float, int] | None = None
         for g in groups:
@@ -1231,38 +844,6 @@ class CpuScheduler:
                 best_key = key
                 best = self._pick_in_group(g, candidates)
         return best
-
-    def _pick_nested(self, groups: list[GroupCpu], pool: str, now: float) -> Runner | None:
-        """The pick down the tree: at each node the entry of least virtual time
-        among those with a runner that may run below (O(runnable paths x depth))."""
-        eligible: dict[GroupCpu, list[Runner]] = {}
-        for g in groups:
-            candidates = [r for r in g.waiting[pool] if self._may_run(r, now)]
-            if candidates:
-                eligible[g] = candidates
-        paths = [g.path() for g in eligible]
-        node: GroupCpu | None = None
-        depth = 0
-        while paths:
-            best: GroupCpu | None = None
-            best_key: tuple[float, int] | None = None
-            own = False
-            for path in paths:
-                if len(path) > depth:
-                    entry = path[depth]
-                    key = (entry.vtime if entry.charged else -math.inf, entry.group_id)
-                    mine = False
-                else:  # the node's own work
-                    assert node is not None
-                    entry, key, mine = node, (node.own_vtime, node.group_id), True
-                if best_key is None or key < best_key:
-                    best, best_key, own = entry, key, mine
-            assert best is not None
-            if own:
-                return self._pick_in_group(best, eligible[best])
-            paths = [p for p in paths if len(p) > depth and p[depth] is best]
-            node, depth = best, depth + 1
-        return None
 
     def _pick_in_group(self, g: GroupCpu, candidates: list[Runner]) -> Runner:
         if not g.fair:
@@ -1377,101 +958,5 @@ class CpuScheduler:
     # ---- invariants ----------------------------------------------------------------------
 
     def _check_invariants(self, now: float) -> None:
-        problems: list[str] = []
-        everyone = [*self.groups.values(), self.outside]
-        for pool, size in self.sizes.items():
-            held = sum(1 for g in everyone for r in g.running if r.pool == pool)
-            counted = self.counted[pool]
-            if self.free[pool] < 0 or self.free[pool] + held + counted != size:
-                problems.append(
-                    f"pool {pool}: free {self.free[pool]} + held {held} + counted {counted} "
-                    f"!= {size}"
-                )
-            if self.owed[pool] < 0 or (self.owed[pool] and self.free[pool]):
-                problems.append(f"pool {pool}: owes {self.owed[pool]} with {self.free[pool]} free")
-        for pool in self.sizes:
-            waiting = sum(len(g.waiting.get(pool, [])) for g in everyone)
-            if waiting != self.waiting_in[pool]:
-                problems.append(f"pool {pool}: {waiting} waiting, counted {self.waiting_in[pool]}")
-        if sum(self.counted.values()) != sum(g.counted for g in everyone):
-            problems.append(f"counted workers {self.counted} are not the groups' sum")
-        seen: set[int] = set()
-        for g in everyone:
-            runners = [*g.running, *(r for q in g.waiting.values() for r in q)]
-            for r in runners:
-                if id(r) in seen:
-                    problems.append(f"{r!r} is in two places")
-                seen.add(id(r))
-                if r.group is not g:
-                    problems.append(f"{r!r} filed under {g.name}")
-            if any(r.state is not RUNNER_RUNNING for r in g.running):
-                problems.append(f"{g.name}: a running runner is not RUNNING")
-            for pool, queue in g.waiting.items():
-                if any(r.state is not RUNNER_WAITING or r.pool != pool for r in queue):
-                    problems.append(f"{g.name}: a waiting runner is misfiled")
-            below = g.subtree() if g.charged else [g]
-            scheduled = sum(1 for h in below for r in h.running if r.scheduled)
-            scheduled += sum(h.metered for h in below)
-            if g.held != scheduled:
-                problems.append(f"{g.name}: held {g.held} != scheduled running {scheduled}")
-            if not 0 <= g.metered <= g.counted:
-                problems.append(f"{g.name}: {g.metered} metered of {g.counted} counted")
-            extra = sum(1 for h in below for r in h.running if r.extra)
-            allowed = max(g.cap, g.held_over_cap)
-            if self.engaged and not self.degraded and g.charged and g.held - extra > allowed:
-                problems.append(f"{g.name}: holds {g.held} workers above its cap {g.cap}")
-            if sum(1 for r in g.running if r.extra) > 1:
-                problems.append(f"{g.name}: more than one task beyond a cap")
-            by_user: dict[tuple[str, str], int] = {}
-            by_query: dict[tuple[str, int], int] = {}
-            for r in g.running:
-                if r.scheduled:
-                    by_user[(r.pool, r.user)] = by_user.get((r.pool, r.user), 0) + 1
-                    if g.fair:
-                        by_query[(r.pool, r.query_id)] = by_query.get((r.pool, r.query_id), 0) + 1
-            if by_user != g.held_by or by_query != g.held_by_query:
-                problems.append(f"{g.name}: held_by or held_by_query is not its runners' (I8)")
-            if g.budget_ns > g.burst + 1e-6:
-                problems.append(f"{g.name}: budget {g.budget_ns} above burst {g.burst}")
-        busy = {n for g in self.groups.values() if g.charged and not g.own_idle for n in g.path()}
-        if not busy <= self.busy or (self.engaged and busy != self.busy):
-            problems.append(f"busy groups {self.busy} are not those with work {busy} (I6)")
-        problems += self._tree_problems()
-        for pool in self.sizes:
-            if self.free[pool] > 0 and self._pick(pool, now) is not None:
-                problems.append(f"pool {pool}: a worker is free while a runner may take it")
-        if problems:
-            raise InternalError(
-                "CPU scheduler broken: " + "; ".join(problems) + f"; groups={everyone}"
-            )
-
-    def _tree_problems(self) -> list[str]:
-        """I6's counts and I7: an acyclic tree, children lists that agree with the
-        parents, and what follows from the limits of each path."""
-        problems = []
-        groups = list(self.groups.values())
-        for g in groups:
-            seen = {g}
-            n = g.parent
-            while n is not None:
-                if n in seen:
-                    return [f"{g.name}: a cycle of parents"]
-                seen.add(n)
-                n = n.parent
-            if g.parent is not None and g.parent.children.count(g) != 1:
-                problems.append(f"{g.name}: not once among its parent's children")
-            if g.parent is not None and self.groups.get(g.parent.group_id) is not g.parent:
-                problems.append(f"{g.name}: its parent is not a group of the scheduler")
-            if any(c.parent is not g for c in g.children):
-                problems.append(f"{g.name}: a child names another parent")
-            active = sum(1 for c in g.children if c in self.busy)
-            if g.active_children != active:
-                problems.append(f"{g.name}: active_children {g.active_children} != {active}")
-            path = g.path()
-            if g.path_limited != any(n.limited for n in path):
-                problems.append(f"{g.name}: path_limited disagrees with its path")
-            if g.single_threaded != any(n.own_single_threaded for n in path):
-                problems.append(f"{g.name}: single_threaded disagrees with its path")
-        if self.nested != sum(1 for g in groups if g.parent is not None):
-            problems.append(f"nested {self.nested} is not the groups with a parent")
-        return problems
+        """I1-I8, checked (``cpu_invariants.py``); InternalError if one is broken."""
+        check_invariants(self, now)

@@ -62,7 +62,6 @@ from typing import TYPE_CHECKING, Final, TypeVar
 from resgroups import interrupts
 from resgroups.catalog.selectors import Attributes, Estimate
 from resgroups.errors import (
-    CoordinationUnavailable,
     Error,
     FeatureNotSupported,
     InternalError,
@@ -84,7 +83,14 @@ from resgroups.query.extras import Extras
 from resgroups.query.holdings import Holdings
 from resgroups.query.parallel import Task, run_map
 from resgroups.query.progress import QueryProgress, progress_of
-from resgroups.query.rules import check_rules, current, log_at_end, rules_for, watched
+from resgroups.query.rules import (
+    arm_rules,
+    due,
+    log_at_end,
+    meter_for_rules,
+    rules_for,
+    watched,
+)
 from resgroups.query.states import (
     ADMITTING,
     DONE,
@@ -97,7 +103,13 @@ from resgroups.query.states import (
     Placement,
     QueryState,
 )
-from resgroups.query.waiting import admit_slow, promote, take_lane, ticket_and_runner
+from resgroups.query.waiting import (
+    admit_slow,
+    check_fence,
+    promote,
+    take_lane,
+    ticket_and_runner,
+)
 from resgroups.sched.admission import Ticket
 from resgroups.sched.cpu import METERED, RUNNER_RUNNING, Runner
 from resgroups.sched.memory import MemoryCounter, QueryMemory
@@ -408,54 +420,14 @@ class Query:
 
     def check_rules(self, now: float, *, own_thread: bool = True) -> None:
         """Act on the rules of its group that are due (any thread of the query, at
-        most once a slice; resgroups.query.rules). While the query's own thread is
-        not scheduled, its CPU is metered here for rules on cpu_time."""
-        extra = self._extra
-        rules = extra.rules if extra is not None else None
-        if extra is not None and rules is not None:
-            rules = extra.rules = current(self, rules)  # a dropped rule stops acting
-        if extra is None or rules is None:  # no rule left, or moved to a group without rules
-            self._rules_at = INF
-            return
-        self._rules_at = now + self._engine.slice_s
-        held = self.held
-        runner = held.runner
-        # metered for the scheduler (a runner's, or a counted worker's while engaged):
-        # its mark is the charge's, read at its slice end or as it leaves
-        scheduled = (runner is not None and runner.scheduled) or held.metered_at is not None
-        if own_thread and not scheduled and self._cpu_mark and "cpu_time" in rules.metrics:
-            mark = self._engine.cpu_meter()
-            self.cpu_ns += mark - self._cpu_mark
-            self._cpu_mark = mark
-        can_move = own_thread and self.state is RUNNING and extra.batch is None
-        check_rules(self, rules, now, can_move=can_move)
-        if rules.move_left:  # a MOVE is due: the own thread takes it at its next checkpoint
-            self._rules_at = now
+        most once a slice): resgroups.query.rules.due."""
+        due(self, now, own_thread=own_thread)
 
     def _meter_for_rules(self) -> None:
-        """Start metering its thread for rules on cpu_time when it is not scheduled
-        (the scheduler meters a scheduled one)."""
-        extra = self._extra
-        rules = extra.rules if extra is not None else None
-        if rules is not None and "cpu_time" in rules.metrics and not self._cpu_mark:
-            self._cpu_mark = self._engine.cpu_meter()
+        meter_for_rules(self)  # resgroups.query.rules
 
     def _check_fence(self) -> None:
-        """Fleet mode: fail (for good, every thread of the query) once the
-        instance's fence has passed: what it held may have been given to others;
-        else note when to look again (any thread of the query may call this)."""
-        fence = self._extra.fence if self._extra is not None else None
-        assert fence is not None
-        left = seconds_left(fence)
-        if left <= 0:
-            error = CoordinationUnavailable(
-                f"this instance could not renew what it holds in the fleet in time "
-                f"(a paused or partitioned process?): the slot of query {self.id} "
-                f"[group={self.group}] may have been given to another process"
-            )
-            self.fail(error)
-            raise CoordinationUnavailable(error.message)
-        self._fence_at = self._now() + left
+        check_fence(self)  # fleet mode: resgroups.query.waiting
 
     def _arm(self, now: float) -> None:
         """Set ``_check_at`` from ``now`` (the module's docstring): the stop time, the
@@ -622,7 +594,7 @@ class Query:
                         self.admitted_at = self._checked_at
                         self.waited_s = self._checked_at - now
                     if self._extra is not None:
-                        self._arm_rules()
+                        arm_rules(self)
             self.state = RUNNING
         except BaseException:
             self._leave()
@@ -647,14 +619,6 @@ class Query:
         if placement.rules:  # most groups have no rules: then nothing is looked up
             self._uses().rules = rules_for(placement)
         return placement
-
-    def _arm_rules(self) -> None:
-        """Admitted with rules: check them at the end of its first slice."""
-        extra = self._extra
-        if extra is not None and extra.rules is not None:
-            self._rules_at = self._checked_at + self._engine.slice_s
-            self._meter_for_rules()
-            self._arm(self._checked_at)
 
     @interrupts.protect
     def __exit__(

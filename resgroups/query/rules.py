@@ -38,6 +38,7 @@ from resgroups.errors import (
     RunawayQuery,
 )
 from resgroups.interrupts import Hold
+from resgroups.query.states import RUNNING
 from resgroups.sched.rules import QueryRules, describe_hit
 
 if TYPE_CHECKING:
@@ -129,6 +130,51 @@ def log_at_end(query: Query, rules: QueryRules, now: float) -> None:
             query.user,
             describe_hit(rule, values),
         )
+
+
+def due(query: Query, now: float, *, own_thread: bool = True) -> None:
+    """Act on the rules of ``query``'s group that are due (any thread of the
+    query, at most once a slice). While the query's own thread is not metered
+    for the scheduler, its CPU is metered here for rules on cpu_time."""
+    extra = query._extra
+    rules = extra.rules if extra is not None else None
+    if extra is not None and rules is not None:
+        rules = extra.rules = current(query, rules)  # a dropped rule stops acting
+    if extra is None or rules is None:  # no rule left, or moved to a group without rules
+        query._rules_at = math.inf
+        return
+    query._rules_at = now + query._engine.slice_s
+    held = query.held
+    runner = held.runner
+    # metered for the scheduler (a runner's, or a counted worker's while engaged):
+    # its mark is the charge's, read at its slice end or as it leaves
+    scheduled = (runner is not None and runner.scheduled) or held.metered_at is not None
+    if own_thread and not scheduled and query._cpu_mark and "cpu_time" in rules.metrics:
+        mark = query._engine.cpu_meter()
+        query.cpu_ns += mark - query._cpu_mark
+        query._cpu_mark = mark
+    can_move = own_thread and query.state is RUNNING and extra.batch is None
+    check_rules(query, rules, now, can_move=can_move)
+    if rules.move_left:  # a MOVE is due: the own thread takes it at its next checkpoint
+        query._rules_at = now
+
+
+def meter_for_rules(query: Query) -> None:
+    """Start metering its thread for rules on cpu_time when it is not scheduled
+    (the scheduler meters a scheduled one)."""
+    extra = query._extra
+    rules = extra.rules if extra is not None else None
+    if rules is not None and "cpu_time" in rules.metrics and not query._cpu_mark:
+        query._cpu_mark = query._engine.cpu_meter()
+
+
+def arm_rules(query: Query) -> None:
+    """Admitted with rules: check them at the end of its first slice."""
+    extra = query._extra
+    if extra is not None and extra.rules is not None:
+        query._rules_at = query._checked_at + query._engine.slice_s
+        meter_for_rules(query)
+        query._arm(query._checked_at)
 
 
 def check_rules(query: Query, rules: QueryRules, now: float, *, can_move: bool) -> None:
@@ -230,7 +276,7 @@ def move(query: Query, rule: RuleDef) -> None:
             raise type(exc)(
                 f"{exc.message} (moved there by resource rule {rule.name} from {old_group})"
             ) from None
-        query._meter_for_rules()
+        meter_for_rules(query)
         query._rules_at = (
             query._checked_at + engine.slice_s if extra.rules is not None else math.inf
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from resgroups.errors import CoordinationUnavailable
 from resgroups.fleet.modes import seconds_left
 from resgroups.sched.admission import Ticket
 from resgroups.sched.cpu import RUNNER_RUNNING, Runner
@@ -149,3 +150,21 @@ def hold_fence(query: Query, group: GroupDef, queue_timeout: float) -> None:
     query.held.fenced = True
     if seconds_left(fence) <= 0:
         query._check_fence()  # raises
+
+
+def check_fence(query: Query) -> None:
+    """Fleet mode: fail (for good, every thread of the query) once the
+    instance's fence has passed: what it held may have been given to others;
+    else note when to look again (any thread of the query may call this)."""
+    fence = query._extra.fence if query._extra is not None else None
+    assert fence is not None
+    left = seconds_left(fence)
+    if left <= 0:
+        error = CoordinationUnavailable(
+            f"this instance could not renew what it holds in the fleet in time "
+            f"(a paused or partitioned process?): the slot of query {query.id} "
+            f"[group={query.group}] may have been given to another process"
+        )
+        query.fail(error)
+        raise CoordinationUnavailable(error.message)
+    query._fence_at = query._now() + left

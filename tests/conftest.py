@@ -25,7 +25,7 @@ SEEDS = Path(__file__).resolve().parent / "seeds"
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-# The servers, nodes and programs the suite starts (about two hundred processes)
+# The servers, nodes and programs the suite starts (124 processes in a full run)
 # each need the SQL parser; its LALR tables take 0.4-0.8 s to build. The first
 # process to build them keeps them in a directory of this run's own (made here,
 # removed at the end, so every run starts as cold as CI's), and the others load

@@ -3,7 +3,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import shutil
 import signal
+import tempfile
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +24,22 @@ SEEDS = Path(__file__).resolve().parent / "seeds"
 # whether the suite runs in a terminal, in CI or as `pytest &` in a script.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# The servers, nodes and programs the suite starts (124 processes in a full run)
+# each need the SQL parser; its LALR tables take 0.4-0.8 s to build. The first
+# process to build them keeps them in a directory of this run's own (made here,
+# removed at the end, so every run starts as cold as CI's), and the others load
+# them in ~0.05 s (resgroups/sql/parser.py). A directory named in the
+# environment already is used as it is.
+_PARSER_CACHE = None
+if not os.environ.get("RESGROUPS_PARSER_CACHE"):
+    _PARSER_CACHE = tempfile.mkdtemp(prefix="resgroups-parser-")
+    os.environ["RESGROUPS_PARSER_CACHE"] = _PARSER_CACHE
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _PARSER_CACHE is not None:
+        shutil.rmtree(_PARSER_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

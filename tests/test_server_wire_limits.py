@@ -336,7 +336,9 @@ def ended_or_failed(client: RawClient, sqlstate: str) -> bool:
 
 
 def test_a_client_that_stops_reading_is_failed_and_disconnected_by_its_deadline() -> None:
-    with wire_node("--query-timeout", "10", "--workers", "2", "--threads", "2") as n:
+    # a 4 s deadline leaves seconds for the other client below to be served and see
+    # the query running before it (a few hundred ms on a quiet machine)
+    with wire_node("--query-timeout", "4", "--workers", "2", "--threads", "2") as n:
         stuck = RawClient(n.port, timeout=60, rcvbuf=4096)
         stuck.login()
         stuck.send(query("SELECT x, x * 2 AS y FROM long_sequence(100000000)"))

@@ -15,7 +15,11 @@ Its methods are in :mod:`.to_ast_admin` (the administration statements) and
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import hashlib
+import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +28,7 @@ from importlib import resources
 from typing import Any, Final
 
 from lark import Lark, Token, Transformer, v_args
+from lark import __version__ as lark_version
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 from lark.lexer import BasicLexer, PatternStr
 
@@ -120,17 +125,50 @@ def warm() -> None:
     _parser()
 
 
-@cache
-def _parser() -> Lark:
-    grammar = resources.files("resgroups.sql").joinpath("grammar.lark").read_text("utf-8")
-    lark = Lark(
+# A directory where the built LALR tables may be kept between processes (opt-in;
+# the test suite sets it for the servers and nodes it starts). Unset, every
+# process builds its own tables, as before. The file is a pickle: name only a
+# directory no one else may write to.
+PARSER_CACHE_ENV: Final = "RESGROUPS_PARSER_CACHE"
+
+
+def _build(grammar: str, cache_file: str | None = None) -> Lark:
+    options: dict[str, Any] = {} if cache_file is None else {"cache": cache_file}
+    return Lark(
         grammar,
         parser="lalr",
         lexer="basic",
         transformer=_ToAst(),
         start="script",
         maybe_placeholders=True,
+        **options,
     )
+
+
+def _build_cached(grammar: str, directory: str) -> Lark:
+    """The parser, its tables loaded from ``directory`` when a process (of the same
+    grammar, Lark and Python) has kept them there, else built and kept there.
+    Lark names what it keeps by a digest of all three (checked again on loading);
+    a lock beside the file lets one process at a time read or write it, so
+    processes starting together never read half of one."""
+    digest = hashlib.sha256(
+        "\0".join((grammar, lark_version, repr(sys.version_info[:2]))).encode()
+    ).hexdigest()[:24]
+    path = os.path.join(directory, f"resgroups-parser-{digest}.lark")
+    try:
+        lock = open(path + ".lock", "a")  # noqa: SIM115 (the with below closes it)
+    except OSError:
+        return _build(grammar)  # no such directory, read-only: built as if unset
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build(grammar, path)
+
+
+@cache
+def _parser() -> Lark:
+    grammar = resources.files("resgroups.sql").joinpath("grammar.lark").read_text("utf-8")
+    directory = os.environ.get(PARSER_CACHE_ENV)
+    lark = _build_cached(grammar, directory) if directory else _build(grammar)
     # every terminal ticks the interrupt counter (a call per token, ~1 % of a parse)
     lark.lexer_conf.callbacks = dict.fromkeys((t.name for t in lark.terminals), _tick)
     lark.parser.lexer = BasicLexer(lark.lexer_conf)

@@ -17,6 +17,7 @@ from waiting import wait_until
 
 import resgroups
 from resgroups.clock import ManualClock
+from resgroups.query import Query
 from resgroups.sched.admission import TicketState
 
 
@@ -135,6 +136,12 @@ class _Meter:
         return self.ns
 
 
+def _another_parked(engine: resgroups.Engine, q: Query) -> bool:
+    """A query other than ``q`` waits for a worker."""
+    runners = [x.held.runner for x in engine.live_queries() if x is not q]
+    return any(r is not None and r.state.value == "waiting" for r in runners)
+
+
 def _engaged(workers: int = 2) -> tuple[resgroups.Engine, ManualClock, _Meter]:
     clock, meter = ManualClock(), _Meter()
     engine = resgroups.Engine(workers=workers, clock=clock, cpu_meter=meter, slice_ms=50)
@@ -203,11 +210,7 @@ def test_a_promoted_query_yields_to_a_lagging_group_waiting_for_its_worker() -> 
             thread = threading.Thread(target=run_other)
             thread.start()
 
-            def parked() -> bool:
-                runners = [x.held.runner for x in engine.live_queries() if x is not q]
-                return any(r is not None and r.state.value == "waiting" for r in runners)
-
-            wait_until(parked)
+            wait_until(lambda: _another_parked(engine, q))
             meter.ns += 60_000_000
             clock.advance(0.06)
             # promoted, charged, and yields its worker to the group that has run nothing
@@ -267,11 +270,7 @@ def test_work_arriving_in_a_metered_querys_first_slice_is_fresh_at_its_end() -> 
             thread = threading.Thread(target=run_other)
             thread.start()
 
-            def parked() -> bool:
-                runners = [x.held.runner for x in engine.live_queries() if x is not q]
-                return any(r is not None and r.state.value == "waiting" for r in runners)
-
-            wait_until(parked)
+            wait_until(lambda: _another_parked(engine, q))
             meter.ns += 51_000_000
             clock.advance(0.05)  # q's first slice ends
             mine = threading.Thread(target=q.checkpoint)

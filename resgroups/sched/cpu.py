@@ -431,12 +431,7 @@ class CpuScheduler:
             return 0
         taken = COUNTED
         if self.engaged and not self.degraded:
-            if (
-                not g.charged
-                or g.path_limited
-                or g.fair
-                or self.sizes[pool] > self.configured[pool]
-            ):
+            if not self.meterable(g, pool):
                 return 0
             if g not in self.busy or (g.active_children and g.own_idle):
                 self._place(g)  # an idle group becoming runnable: no banking
@@ -452,6 +447,17 @@ class CpuScheduler:
         if g.charged and g not in self.busy:
             self._busy(g, now)
         return taken
+
+    def meterable(self, g: GroupCpu, pool: str) -> bool:
+        """May a query of ``g`` take a METERED worker of ``pool`` while engaged: no
+        cap or budget on g's path, g fifo, the pool not oversubscribed, so that
+        it takes nothing a runner would not. O(1)."""
+        return (
+            g.charged
+            and not g.path_limited
+            and not g.fair
+            and self.sizes[pool] <= self.configured[pool]
+        )
 
     def promote(
         self, g: GroupCpu, runner: Runner, now: float, granted_at: float | None = None
@@ -509,6 +515,8 @@ class CpuScheduler:
                 n.held -= 1
                 n.held_over_cap = min(n.held_over_cap, n.held)
                 n = n.parent
+            if cpu_ns < 0:
+                raise InternalError(f"negative CPU {cpu_ns} for a query of {g.name}")
             if cpu_ns and self.engaged and g.charged:  # never sliced: its debt capped
                 self._charge_group(g, user, cpu_ns, now, unsliced=True)
         g.counted -= 1
@@ -757,9 +765,8 @@ class CpuScheduler:
     ) -> None:
         """``cpu_ns`` of a query of ``user`` run in g. ``unsliced``: a CTAS's own
         thread, or a metered counted worker's query, which no slice end held
-        back: the budget's debt it leaves is capped (``CTAS_DEBT_S``)."""
-        if cpu_ns < 0:
-            raise InternalError(f"negative CPU {cpu_ns} for a query of {g.name}")
+        back: the budget's debt it leaves is capped (``CTAS_DEBT_S``). The caller
+        has refused a negative ``cpu_ns``."""
         g.cpu_ns_total += cpu_ns
         g.cpu_by_user[user] = g.cpu_by_user.get(user, 0) + cpu_ns
         g.own_vtime += cpu_ns * 100 / g.weight

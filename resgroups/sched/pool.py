@@ -300,10 +300,13 @@ class Dispatcher:
             if self._closed or self.fault_hook is not None or not self.fast_path:
                 return 0
             core = self.core
-            if (  # its thread would run at a lane of its own: a runner's (H4)
-                self.lanes.on
-                and self.lanes.privilege is Privilege.FULL
-                and self._lane_locked(group.group_id, pool)
+            lanes = self.lanes  # on only while engaged and not degraded
+            # a runner's at once where its thread would run at a lane of its own (H4);
+            # one that may not meter takes a runner anyway (its lane found only then)
+            if (
+                lanes.on
+                and lanes.privilege is Privilege.FULL
+                and (not core.meterable(group, pool) or self._lane_locked(group.group_id, pool))
             ):
                 return 0
             taken = core.count_in(group, pool, now)

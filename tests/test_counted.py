@@ -142,6 +142,20 @@ def _another_parked(engine: resgroups.Engine, q: Query) -> bool:
     return any(r is not None and r.state.value == "waiting" for r in runners)
 
 
+def _query_in_other(engine: resgroups.Engine) -> tuple[threading.Thread, threading.Event]:
+    """A thread (not started) that runs one query in group ``other``; the event is
+    set once that query is admitted."""
+    other = engine.connect()
+    other.execute("SET RESOURCE GROUP other")
+    entered = threading.Event()
+
+    def run_other() -> None:
+        with other.query():
+            entered.set()
+
+    return threading.Thread(target=run_other), entered
+
+
 def _engaged(workers: int = 2) -> tuple[resgroups.Engine, ManualClock, _Meter]:
     clock, meter = ManualClock(), _Meter()
     engine = resgroups.Engine(workers=workers, clock=clock, cpu_meter=meter, slice_ms=50)
@@ -197,17 +211,9 @@ def test_an_engaged_counted_query_is_promoted_at_its_first_slice_end() -> None:
 def test_a_promoted_query_yields_to_a_lagging_group_waiting_for_its_worker() -> None:
     engine, clock, meter = _engaged(workers=1)
     with engine:
-        other = engine.connect()
-        other.execute("SET RESOURCE GROUP other")
-        entered = threading.Event()
-
-        def run_other() -> None:
-            with other.query():
-                entered.set()
-
+        thread, entered = _query_in_other(engine)
         with engine.connect().query() as q:
             assert q.held.counted
-            thread = threading.Thread(target=run_other)
             thread.start()
 
             wait_until(lambda: _another_parked(engine, q))
@@ -255,19 +261,11 @@ def test_work_arriving_in_a_metered_querys_first_slice_is_fresh_at_its_end() -> 
     query that arrived meanwhile takes the worker at that first slice end."""
     engine, clock, meter = _engaged(workers=1)
     with engine:
-        other = engine.connect()
-        other.execute("ALTER RESOURCE GROUP other SET (cpu_weight = 100)")
-        other.execute("SET RESOURCE GROUP other")
-        entered = threading.Event()
-
-        def run_other() -> None:
-            with other.query():
-                entered.set()
-
+        engine.connect().execute("ALTER RESOURCE GROUP other SET (cpu_weight = 100)")
+        thread, entered = _query_in_other(engine)
         with engine.connect().query() as q:
             assert q.held.metered_at is not None
             clock.advance(0.002)  # it arrives 2 ms into q's slice
-            thread = threading.Thread(target=run_other)
             thread.start()
 
             wait_until(lambda: _another_parked(engine, q))

@@ -15,7 +15,10 @@ isolation each mode gives, measured side by side in one run (interleaved).
                cpu_limit='50%'; workers=2; priority lanes off
      lanes     the same with priority lanes on (the default)
    For the resgroups modes also the report's used and entitled CPU share and
-   its limit (cpu_used_pct against cpu_limit_pct).
+   its limit (cpu_used_pct against cpu_limit_pct). And where the slowest 2 %
+   of dashboard queries spend their time: runnable but waiting for a CPU (the
+   thread's run delay in /proc/self/task/*/schedstat), on a CPU, blocked (a
+   worker or slot, the GIL), and entering the query.
 2. Work conservation: workers=2, a group limited to half a core and an
    unlimited group (equal weights), two CPU-bound queries each; how busy the
    process keeps the CPUs, each group's share against its entitlement, lanes
@@ -37,7 +40,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -78,8 +81,22 @@ def work(steps: int, a: np.ndarray, b: np.ndarray) -> None:
 
 
 @dataclass
+class Sample:
+    """One dashboard query: its wall time and where it went (seconds)."""
+
+    wall: float
+    admission: float  # entering the query (0 without resgroups)
+    cpu: float  # the thread's CPU over the query
+    run_delay: float  # runnable, waiting for a CPU (the kernel's schedstat; 0 if unread)
+
+
+_SAMPLE_FIELDS = [f.name for f in fields(Sample)]
+
+
+@dataclass
 class Phase:
     latencies: list[float] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
     chunks: int = 0
     seconds: float = 0.0
     report_used: float | None = None
@@ -110,16 +127,25 @@ def run_isolation(
     ready = threading.Barrier(DASHBOARDS + (REPORTS if with_report else 0) + 1)
     lock = threading.Lock()
 
-    def query(group: str) -> Callable[[Callable[[Callable[[], None]], None]], None]:
-        """Runs its argument inside a query of ``group`` (or bare without resgroups)."""
+    def query(group: str) -> Callable[[Callable[[Callable[[], None]], None]], float]:
+        """Runs its argument inside a query of ``group`` (or bare without resgroups);
+        the seconds its admission took."""
         if engine is None:
-            return lambda body: body(lambda: None)
+
+            def bare(body: Callable[[Callable[[], None]], None]) -> float:
+                body(lambda: None)
+                return 0.0
+
+            return bare
         session = engine.connect()
         session.execute(f"SET RESOURCE GROUP {group}")
 
-        def run(body: Callable[[Callable[[], None]], None]) -> None:
+        def run(body: Callable[[Callable[[], None]], None]) -> float:
+            t0 = time.perf_counter()
             with session.query() as q:
+                admitted = time.perf_counter() - t0
                 body(q.checkpoint)
+            return admitted
 
         return run
 
@@ -132,14 +158,19 @@ def run_isolation(
             checkpoint()
             work(dash_steps, a, b)
 
+        schedstat = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+        delay = _run_delay if os.path.exists(schedstat) else lambda _: 0
         ready.wait()
         while not stop.is_set():
-            t0 = time.perf_counter()
-            in_query(body)
-            mine.append(time.perf_counter() - t0)
+            d0 = delay(schedstat)  # read outside the timed window
+            c0, t0 = time.thread_time(), time.perf_counter()
+            admission = in_query(body)
+            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            mine.append(Sample(wall, admission, cpu, (delay(schedstat) - d0) / 1e9))
             stop.wait(THINK_S)
         with lock:
-            phase.latencies.extend(mine)
+            phase.latencies.extend(x.wall for x in mine)
+            phase.samples.extend(mine)
 
     def report() -> None:
         a, b = np.random.rand(N), np.empty(N)
@@ -183,6 +214,22 @@ def run_isolation(
     if engine is not None:
         engine.close()
     return phase
+
+
+def _run_delay(schedstat: str) -> int:
+    """Nanoseconds this thread has spent runnable but not running (Linux)."""
+    with open(schedstat) as f:
+        return int(f.read().split()[1])
+
+
+def tail(samples: list[Sample], share: float = 0.02) -> dict[str, float]:
+    """The slowest ``share`` of ``samples``, averaged, in ms: wall, runnable waiting
+    for a CPU, on a CPU, blocked (the rest: a worker or slot, the GIL), and the
+    part of the wall time spent entering the query (any of the three)."""
+    worst = sorted(samples, key=lambda x: x.wall)[-max(1, round(len(samples) * share)) :]
+    mean = {k: statistics.mean(getattr(x, k) for x in worst) * 1000 for k in _SAMPLE_FIELDS}
+    mean["blocked"] = mean["wall"] - mean["run_delay"] - mean["cpu"]
+    return mean
 
 
 def pct(values: list[float], q: float) -> float:
@@ -356,13 +403,14 @@ def main() -> None:
 
     if args.only in (None, "isolation"):
         alone: dict[str, list[float]] = {m: [] for m in MODES}
+        alone_samples: dict[str, list[Sample]] = {m: [] for m in MODES}
         loaded: dict[str, list[Phase]] = {m: [] for m in MODES}
         for r in range(rounds):
             order = MODES if r % 2 == 0 else tuple(reversed(MODES))
             for mode in order:
-                alone[mode] += run_isolation(
-                    mode, False, seconds, dash_steps, chunk_steps
-                ).latencies
+                quiet = run_isolation(mode, False, seconds, dash_steps, chunk_steps)
+                alone[mode] += quiet.latencies
+                alone_samples[mode] += quiet.samples
                 loaded[mode].append(run_isolation(mode, True, seconds, dash_steps, chunk_steps))
         print("\n1. dashboards beside a report (latency in ms; report in chunks/s)")
         print(
@@ -407,6 +455,26 @@ def main() -> None:
             f"{_met(all(abs(u - e) <= 10 for u, e, _ in report))} and under its limit "
             f"{_met(all(u <= lim for u, _, lim in report))}"
         )
+        print(
+            "\n   where the slowest 2 % of dashboard queries spend their time (mean, ms):"
+            " runnable waiting\n   for a CPU (the kernel's run delay), on a CPU, blocked"
+            " (a worker or slot, the GIL); and\n   how much of the wall time went to"
+            " entering the query"
+        )
+        print(
+            f"   {'mode':10} {'':6} {'wall':>6} {'run wait':>8} {'on CPU':>7} {'blocked':>7} "
+            f"{'entering':>8}"
+        )
+        for mode in MODES:
+            for label, samples in (
+                ("alone", alone_samples[mode]),
+                ("load", [x for p in loaded[mode] for x in p.samples]),
+            ):
+                t = tail(samples)
+                print(
+                    f"   {mode:10} {label:6} {t['wall']:6.2f} {t['run_delay']:8.2f} "
+                    f"{t['cpu']:7.2f} {t['blocked']:7.2f} {t['admission']:8.2f}"
+                )
 
     if args.only in (None, "conservation"):
         print("\n2. work conservation: half-core limited + unlimited, 2 queries each, workers=2")

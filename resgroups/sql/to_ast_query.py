@@ -37,6 +37,18 @@ _ESCAPES: Final = re.compile(r"\\(.)", re.DOTALL)
 _ESCAPED: Final = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}
 
 
+def _row_count(tok: Token, clause: str) -> int:
+    """LIMIT's or OFFSET's count: a non-negative integer literal, or ``$n`` (an
+    int placeholder, parsed as a stand-in 0 while placeholders are allowed)."""
+    if tok.type == "PARAM":
+        _literal_placeholder(tok, "int")
+        return 0
+    _check_literal(tok)
+    if not tok.isdigit():
+        raise _PositionedError(f"{clause} takes a non-negative integer, not {tok}", tok)
+    return int(tok)
+
+
 def _binary(op: str) -> Any:
     return lambda self, left, right: ast.Binary(op, left, right)
 
@@ -146,22 +158,10 @@ class QueryToAst(Transformer[Token, Any]):
         return True
 
     def limit_clause(self, tok: Token) -> int:
-        if tok.type == "PARAM":
-            _literal_placeholder(tok, "int")
-            return 0
-        _check_literal(tok)
-        if not tok.isdigit():
-            raise _PositionedError(f"LIMIT takes a non-negative integer, not {tok}", tok)
-        return int(tok)
+        return _row_count(tok, "LIMIT")
 
     def offset_clause(self, tok: Token) -> int:
-        if tok.type == "PARAM":
-            _literal_placeholder(tok, "int")
-            return 0
-        _check_literal(tok)
-        if not tok.isdigit():
-            raise _PositionedError(f"OFFSET takes a non-negative integer, not {tok}", tok)
-        return int(tok)
+        return _row_count(tok, "OFFSET")
 
     # ---- expressions
     def number(self, tok: Token) -> ast.Literal:

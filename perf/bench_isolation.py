@@ -95,7 +95,6 @@ _SAMPLE_FIELDS = [f.name for f in fields(Sample)]
 
 @dataclass
 class Phase:
-    latencies: list[float] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     chunks: int = 0
     seconds: float = 0.0
@@ -103,6 +102,11 @@ class Phase:
     report_entitled: float | None = None
     report_limit: float | None = None
     busy_pct: float = 0.0
+
+    @property
+    def latencies(self) -> list[float]:
+        """The dashboard queries' wall times, in seconds."""
+        return [x.wall for x in self.samples]
 
 
 def _engine(lanes: bool) -> resgroups.Engine:
@@ -169,7 +173,6 @@ def run_isolation(
             mine.append(Sample(wall, admission, cpu, (delay(schedstat) - d0) / 1e9))
             stop.wait(THINK_S)
         with lock:
-            phase.latencies.extend(x.wall for x in mine)
             phase.samples.extend(mine)
 
     def report() -> None:

@@ -64,6 +64,7 @@ from resgroups.errors import (
 from resgroups.exec.tables import TableStore
 from resgroups.fleet.modes import AdmissionMode, open_fleet
 from resgroups.follower import CatalogFollower
+from resgroups.interrupts import Hold
 from resgroups.metrics import EngineMetrics
 from resgroups.query import Holdings, Placement, Query
 from resgroups.reconcile import Reconciler
@@ -411,7 +412,8 @@ class Engine:
             if held.query_ref() is not None or self._queries.pop(query_id, None) is None:
                 continue
             runtime = held.runtime
-            leaked = held.give_back(self.dispatcher, self.admission)
+            with Hold():  # on demand on the main thread: an interrupt lands after it all
+                leaked = held.give_back(self.dispatcher, self.admission)
             if runtime is not None:
                 self.runtimes.query_ended(runtime)
             reclaimed += 1

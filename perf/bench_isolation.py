@@ -390,6 +390,24 @@ def grant_cost(lanes: bool, loops: int) -> float:
         return cost
 
 
+def paired(per_round: dict[str, list[float]]) -> None:
+    """Each round's p99 ratio (under the report / alone) per mode, and lanes
+    against nice round by round: the modes ran back to back within a round,
+    so a round's pair shares the machine's state, where the pooled figures
+    above mix rounds of a busier and a quieter machine."""
+    print("   p99 x by round: " + "; ".join(
+        f"{mode} " + " ".join(f"{x:.2f}" for x in per_round[mode]) for mode in MODES
+    ))  # fmt: skip
+    diffs = [
+        lanes - nice for lanes, nice in zip(per_round["lanes"], per_round["nice"], strict=True)
+    ]
+    print(
+        f"   lanes - nice, p99 x by round: {' '.join(f'{d:+.2f}' for d in diffs)}; "
+        f"lanes <= nice in {sum(d <= 0 for d in diffs)} of {len(diffs)} rounds, "
+        f"median {statistics.median(diffs):+.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each phase")
@@ -408,6 +426,7 @@ def main() -> None:
         alone: dict[str, list[float]] = {m: [] for m in MODES}
         alone_samples: dict[str, list[Sample]] = {m: [] for m in MODES}
         loaded: dict[str, list[Phase]] = {m: [] for m in MODES}
+        per_round: dict[str, list[float]] = {m: [] for m in MODES}  # p99 under load / alone
         for r in range(rounds):
             order = MODES if r % 2 == 0 else tuple(reversed(MODES))
             for mode in order:
@@ -415,6 +434,9 @@ def main() -> None:
                 alone[mode] += quiet.latencies
                 alone_samples[mode] += quiet.samples
                 loaded[mode].append(run_isolation(mode, True, seconds, dash_steps, chunk_steps))
+                per_round[mode].append(
+                    pct(loaded[mode][-1].latencies, 99) / pct(quiet.latencies, 99)
+                )
         print("\n1. dashboards beside a report (latency in ms; report in chunks/s)")
         print(
             f"{'mode':10} {'p50 alone':>9} {'p99 alone':>9} {'p50 load':>9} {'p99 load':>9} "
@@ -458,6 +480,7 @@ def main() -> None:
             f"{_met(all(abs(u - e) <= 10 for u, e, _ in report))} and under its limit "
             f"{_met(all(u <= lim for u, _, lim in report))}"
         )
+        paired(per_round)
         print(
             "\n   where the slowest 2 % of dashboard queries spend their time (mean, ms):"
             " runnable waiting\n   for a CPU (the kernel's run delay), on a CPU, blocked"

@@ -54,6 +54,11 @@ def test_bench_isolation_prints_every_mode_and_where_the_tail_goes() -> None:
     for mode in modes:
         assert re.search(rf"^{mode} +\d+\.\d+ +\d+\.\d+", out, re.M), out
     assert "target (lanes):" in out
+    # the paired comparison: one p99 ratio per round and mode, one difference per round
+    assert re.search(
+        r"^   p99 x by round: none [\d.]+; nice [\d.]+; resgroups [\d.]+; lanes [\d.]+$", out, re.M
+    ), out
+    assert re.search(r"lanes <= nice in [01] of 1 rounds, median [+-][\d.]+$", out, re.M), out
     # the tail's breakdown: wall = waiting for a CPU + on a CPU + blocked, per row
     rows = re.findall(
         r"^ +(\w+) +(alone|load) +(-?[\d.]+) +(-?[\d.]+) +(-?[\d.]+) +(-?[\d.]+) +(-?[\d.]+)$",

@@ -17,7 +17,9 @@ least a gate that admits strictly in arrival order can do in Python (a
 deque of raw locks; a leaving thread hands its slot to the first waiter),
 timed in the convoy every managed query of that benchmark runs in, so that
 the cost of FIFO order itself (a semaphore lets a thread take back the slot
-it gave, which FIFO forbids) shows apart from resgroups' bookkeeping. And an uncontended query on
+it gave, which FIFO forbids) shows apart from resgroups' bookkeeping; and
+the same 8 threads with the limit on DEFAULT, the only group, so that CPU
+scheduling is not engaged (its share of the contended cost). And an uncontended query on
 another thread while CPU scheduling is engaged (a second group exists, as
 in most deployments), where each query's CPU is read and charged. Beside
 it, the same query while runaway-query rules exist on that other group
@@ -98,13 +100,21 @@ def on_a_thread(bench: Callable[[int], float]) -> Callable[[int], float]:
     return run
 
 
-def contended_gate(loops: int) -> float:
+def contended_gate(loops: int, in_default: bool = False) -> float:
+    """8 threads through a group with max_active_queries = 2: a group ``g`` of
+    its own (CPU scheduling engaged, as wherever a second group exists), or
+    DEFAULT itself (``in_default``: the one group, not engaged)."""
     with resgroups.Engine(workers=THREADS) as engine:
-        engine.connect().execute("CREATE RESOURCE GROUP g WITH (max_active_queries = 2)")
+        engine.connect().execute(
+            "ALTER RESOURCE GROUP default SET (max_active_queries = 2)"
+            if in_default
+            else "CREATE RESOURCE GROUP g WITH (max_active_queries = 2)"
+        )
 
         def prepare() -> Callable[[int], None]:
             session = engine.connect("bench")
-            session.execute("SET RESOURCE GROUP g")
+            if not in_default:
+                session.execute("SET RESOURCE GROUP g")
 
             def loop(n: int) -> None:
                 for _ in range(n):
@@ -114,6 +124,10 @@ def contended_gate(loops: int) -> float:
             return loop
 
         return timed_threads(THREADS, loops, prepare)
+
+
+def contended_default(loops: int) -> float:
+    return contended_gate(loops, in_default=True)
 
 
 def contended_semaphore(loops: int) -> float:
@@ -228,6 +242,7 @@ if __name__ == "__main__":
     qt = runner.bench_time_func("managed_query_enter_exit_thread", on_a_thread(managed_query))
     st = runner.bench_time_func("semaphore_acquire_release_thread", on_a_thread(semaphore))
     cq = runner.bench_time_func("admission_8_threads_limit_2", contended_gate)
+    cd = runner.bench_time_func("admission_8_threads_limit_2_default", contended_default)
     cs = runner.bench_time_func("semaphore_8_threads_limit_2", contended_semaphore)
     cf = runner.bench_time_func("fifo_handoff_8_threads_limit_2", contended_fifo)
     qe = runner.bench_time_func("managed_query_engaged_thread", on_a_thread(managed_query_engaged))
@@ -243,6 +258,7 @@ if __name__ == "__main__":
     _ratio(cq, cs, "8 threads, limit 2: managed query / semaphore")
     _ratio(cf, cs, "8 threads, limit 2: bare FIFO hand-off / semaphore")
     _ratio(cq, cf, "8 threads, limit 2: managed query / bare FIFO hand-off")
+    _ratio(cd, cf, "8 threads, limit 2, DEFAULT only (not engaged): managed / FIFO hand-off")
     _ratio(qe, st, "uncontended, other thread, scheduling engaged: managed query / semaphore")
     _ratio(qr, qe, "uncontended, other thread: rules on another group / none (engaged)")
     _ratio(qm, em, "q.map / ThreadPoolExecutor.map, per task")

@@ -15,7 +15,7 @@
 Two more rows give context. The same 8 threads through ``FifoHandoff``: the
 least a gate that admits strictly in arrival order can do in Python (a
 deque of raw locks; a leaving thread hands its slot to the first waiter),
-timed in the convoy every managed query of that benchmark runs in, so that
+timed, as the managed rows are, from the convoy (all 8 threads queued), so that
 the cost of FIFO order itself (a semaphore lets a thread take back the slot
 it gave, which FIFO forbids) shows apart from resgroups' bookkeeping; and
 the same 8 threads with the limit on DEFAULT, the only group, so that CPU
@@ -33,18 +33,14 @@ The ratios print at the end (goals: 1 at most 3x, 2 at most 6x, 3 at most 2x).
 from __future__ import annotations
 
 import threading
-import time
-from _thread import LockType, allocate_lock
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pyperf
-from _threads import timed_threads
+from _threads import THREADS, contended_fifo, contended_gate, timed_threads
 
 import resgroups
 
-THREADS = 8
 MAP_WORKERS = 2
 MAP_ITEMS = list(range(1000))
 
@@ -100,32 +96,6 @@ def on_a_thread(bench: Callable[[int], float]) -> Callable[[int], float]:
     return run
 
 
-def contended_gate(loops: int, in_default: bool = False) -> float:
-    """8 threads through a group with max_active_queries = 2: a group ``g`` of
-    its own (CPU scheduling engaged, as wherever a second group exists), or
-    DEFAULT itself (``in_default``: the one group, not engaged)."""
-    with resgroups.Engine(workers=THREADS) as engine:
-        engine.connect().execute(
-            "ALTER RESOURCE GROUP default SET (max_active_queries = 2)"
-            if in_default
-            else "CREATE RESOURCE GROUP g WITH (max_active_queries = 2)"
-        )
-
-        def prepare() -> Callable[[int], None]:
-            session = engine.connect("bench")
-            if not in_default:
-                session.execute("SET RESOURCE GROUP g")
-
-            def loop(n: int) -> None:
-                for _ in range(n):
-                    with session.query():
-                        pass
-
-            return loop
-
-        return timed_threads(THREADS, loops, prepare)
-
-
 def contended_default(loops: int) -> float:
     return contended_gate(loops, in_default=True)
 
@@ -139,70 +109,6 @@ def contended_semaphore(loops: int) -> float:
                 pass
 
     return timed_threads(THREADS, loops, lambda: loop)
-
-
-class FifoHandoff:
-    """Admission in arrival order at its barest: a leaving thread hands its slot
-    straight to the first waiter (no barging), each waiter blocks on a raw lock
-    of its own. No deadlines, counters, workers or cancellation."""
-
-    def __init__(self, limit: int) -> None:
-        self._lock = allocate_lock()
-        self._free = limit
-        self.waiters: deque[LockType] = deque()
-
-    def enter(self) -> None:
-        with self._lock:
-            if self._free and not self.waiters:
-                self._free -= 1
-                return
-            waiter = allocate_lock()
-            waiter.acquire()
-            self.waiters.append(waiter)
-        waiter.acquire()  # released by leave(): the slot is ours
-
-    def leave(self) -> None:
-        with self._lock:
-            if self.waiters:
-                self.waiters.popleft().release()
-            else:
-                self._free += 1
-
-
-def contended_fifo(loops: int) -> float:
-    """8 threads through a ``FifoHandoff(2)``, timed from a queue of all of them.
-
-    Started from free slots, the bare gate sometimes runs with nobody queued
-    (the GIL lets one thread pass many times before another runs) and
-    sometimes falls into a convoy (every admission a hand-off to a woken
-    thread), a different mode each run. A managed query's path is long enough
-    that resgroups is always in the convoy (over 99 % of admissions queued,
-    counted), so the floor is measured there: the run starts with both slots
-    held until every thread waits, and the convoy then persists."""
-    gate = FifoHandoff(2)
-    per_thread = max(1, loops // THREADS)
-    ready = threading.Barrier(THREADS + 1)
-
-    def work() -> None:
-        ready.wait()
-        for _ in range(per_thread):
-            gate.enter()
-            gate.leave()
-
-    pool = [threading.Thread(target=work) for _ in range(THREADS)]
-    for thread in pool:
-        thread.start()
-    gate.enter()
-    gate.enter()
-    ready.wait()
-    while len(gate.waiters) < THREADS:  # every thread queued behind the two slots
-        time.sleep(0.001)
-    t0 = pyperf.perf_counter()
-    gate.leave()
-    gate.leave()
-    for thread in pool:
-        thread.join()
-    return (pyperf.perf_counter() - t0) * loops / (per_thread * THREADS)
 
 
 def query_map(loops: int) -> float:

@@ -78,3 +78,16 @@ def test_bench_isolation_prints_every_mode_and_where_the_tail_goes() -> None:
         ), out
         if mode in ("none", "nice"):  # no resgroups: nothing to enter
             assert float(entering) == 0, out
+
+
+def test_convoy_model_prints_the_model_and_the_managed_rows() -> None:
+    out = _run("convoy_model.py", "--fast")
+    rows = re.findall(
+        r"^model, work (\d+) +(\d+) +([\d.]+) +([\d.]+) +(-?[\d.]+) +([\d.]+)$", out, re.M
+    )
+    assert [int(n) for n, *_ in rows] == [0, 10, 25, 50], out
+    counts = [int(bytecodes) for _, bytecodes, *_ in rows]
+    assert counts == sorted(set(counts)), out  # more work, more bytecodes
+    for name in ("managed, DEFAULT alone", "managed, own group"):
+        assert re.search(rf"^{name} +- +- +[\d.]+ +-?[\d.]+ +[\d.]+$", out, re.M), out
+    assert "2x the bare hand-off leaves" in out

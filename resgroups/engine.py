@@ -409,32 +409,42 @@ class Engine:
         own thread, and on demand. Returns how many zombies it reclaimed."""
         reclaimed = 0
         for query_id, held in list(self._queries.items()):
-            if held.query_ref() is not None or self._queries.pop(query_id, None) is None:
+            if held.query_ref() is not None:
                 continue
-            runtime = held.runtime
-            with Hold():  # on demand on the main thread: an interrupt lands after it all
+            # on demand on the main thread, a signal waits until this zombie is off
+            # the books, everything it held is back and it is counted (not half of it)
+            with Hold():
+                if self._queries.pop(query_id, None) is None:
+                    continue
                 leaked = held.give_back(self.dispatcher, self.admission)
-            if runtime is not None:
-                self.runtimes.query_ended(runtime)
-            reclaimed += 1
-            log.warning(
-                "reconcile: query %d of user %s in group %s is gone without giving back "
-                "what it held (a zombie); its slot, worker, lease and %d bytes are reclaimed",
-                query_id,
-                held.user,
-                held.group,
-                leaked,
-            )
-        for lease in self.admission.stray_leases():  # rows of ours no live query holds
-            reclaimed += 1
-            log.warning(
-                "reconcile: fleet lease %s of this instance is held by no live query "
-                "(a zombie); deleted",
-                lease,
-            )
-        with self._unmanaged_lock:
-            self.zombies_reclaimed += reclaimed
+                if held.runtime is not None:
+                    self.runtimes.query_ended(held.runtime)
+                self._count_zombies(1)
+                reclaimed += 1
+                log.warning(
+                    "reconcile: query %d of user %s in group %s is gone without giving "
+                    "back what it held (a zombie); its slot, worker, lease and %d bytes "
+                    "are reclaimed",
+                    query_id,
+                    held.user,
+                    held.group,
+                    leaked,
+                )
+        stray = self.admission.stray_leases()  # rows of ours no live query holds, deleted
+        with Hold():
+            self._count_zombies(len(stray))
+            reclaimed += len(stray)
+            for lease in stray:
+                log.warning(
+                    "reconcile: fleet lease %s of this instance is held by no live query "
+                    "(a zombie); deleted",
+                    lease,
+                )
         return reclaimed
+
+    def _count_zombies(self, count: int) -> None:
+        with self._unmanaged_lock:
+            self.zombies_reclaimed += count
 
     # ---- sessions ------------------------------------------------------------------
 

@@ -457,6 +457,51 @@ def test_a_handler_raising_before_any_instruction_of_a_nested_query_strands_noth
         assert outcomes["raised"] >= outcomes["instructions"], outcomes
 
 
+@pytest.mark.usefixtures("raising_sigint")
+def test_a_handler_raising_at_any_instruction_of_a_reconcile_strands_nothing() -> None:
+    """``reconcile()`` on demand on the main thread, the handler called before each
+    of its instructions in turn: the zombie is either reclaimed whole (the
+    exception after it) or left whole for the next reconcile, never taken off
+    the books with its slot and bytes still held."""
+    with resgroups.Engine(workers=2, reconcile_interval=3600) as engine:
+        engine.connect().execute(
+            "CREATE RESOURCE GROUP one WITH (max_active_queries = 1, memory_limit = '16M')"
+        )
+        session = engine.connect()
+        session.execute("SET RESOURCE GROUP one")
+
+        def lose_a_query() -> None:  # a thread that dies without __exit__
+            q = session.query()
+            q.__enter__()
+            q.memory.allocate(1 << 16)
+            q.memory.flush()
+
+        nth, raised = 1, 0
+        while nth < 20_000:
+            thread = threading.Thread(target=lose_a_query)
+            thread.start()
+            thread.join(30)  # its frames gone, the query is unreachable: a zombie
+            one = next(r for r in engine.resource_groups() if r["name"] == "one")
+            assert (one["active_queries"], one["memory_used_bytes"]) == (1, 1 << 16)
+            try:
+                _seen, called = _with_a_signal_at(nth, engine.reconcile)
+            except Injected:
+                called = True
+                raised += 1
+            assert not interrupts.PENDING, f"instruction {nth}: a signal left pending"
+            engine.reconcile()  # what the signal left for the next one, if anything
+            one = next(r for r in engine.resource_groups() if r["name"] == "one")
+            held = (one["active_queries"], one["memory_used_bytes"])
+            assert held == (0, 0), f"instruction {nth}: {one}"
+            assert engine.pool("default").free == 2, f"instruction {nth}"
+            assert engine.zombies_reclaimed == nth, f"instruction {nth}: counted once each"
+            if not called:  # past the end: every instruction had its turn
+                assert raised == nth - 1 > 50, (raised, nth)
+                return
+            nth += 1
+        raise AssertionError("more than 20000 instructions")
+
+
 class BodyFailed(Exception):
     pass
 

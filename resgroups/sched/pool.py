@@ -295,15 +295,8 @@ class Dispatcher:
         group's path, the fair order, an oversubscribed pool, a lane of its
         own). While engaged the query becomes a runner at its first slice end
         (:meth:`promote`). The worker is taken first and given back if the slot
-        is not free. Its lock is taken by ``acquire`` and ``release`` rather than
-        ``with``, here and in :meth:`leave_counted`, every query's path (half the
-        time of ``with``'s two special-method lookups); safe because nothing
-        raises asynchronously between the two: no handler runs off the main
-        thread, and on it every caller holds interrupts off (a query's protected
-        frames, the reconcile's hold; resgroups.interrupts)."""
-        lock = self.lock
-        lock.acquire()
-        try:
+        is not free."""
+        with self.lock:
             if self._closed or self.fault_hook is not None or not self.fast_path:
                 return 0
             core = self.core
@@ -321,8 +314,6 @@ class Dispatcher:
                 return taken
             self._wake(core.count_out(group, pool, now, metered=taken == METERED))
             return 0
-        finally:
-            lock.release()
 
     def leave_counted(
         self,
@@ -335,10 +326,8 @@ class Dispatcher:
     ) -> None:
         """Give back a counted worker (``metered``: charging ``cpu_ns``) and a
         counted slot (:meth:`admit_counted`) under the one lock; wake whoever
-        takes them (its lock as :meth:`admit_counted`'s)."""
-        lock = self.lock
-        lock.acquire()
-        try:
+        takes them."""
+        with self.lock:
             now = self.now()
             try:
                 granted = self.core.count_out(group, pool, now, cpu_ns, user, metered)
@@ -348,8 +337,6 @@ class Dispatcher:
                 admitted = gate.count_out(user, now)
                 if admitted:
                     self._hand_on(admitted, now)
-        finally:
-            lock.release()
 
     def promote(self, gate: Gate, ticket: Ticket, runner: Runner, granted_at: float) -> bool:
         """A counted slot and metered worker (taken at ``granted_at``) of a query at

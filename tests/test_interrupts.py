@@ -483,11 +483,13 @@ def test_a_handler_raising_at_any_instruction_of_a_reconcile_strands_nothing() -
             thread.join(30)  # its frames gone, the query is unreachable: a zombie
             one = next(r for r in engine.resource_groups() if r["name"] == "one")
             assert (one["active_queries"], one["memory_used_bytes"]) == (1, 1 << 16)
+            raised_here = False
             try:
                 _seen, called = _with_a_signal_at(nth, engine.reconcile)
             except Injected:
-                called = True
+                called = raised_here = True
                 raised += 1
+            assert raised_here == called, f"instruction {nth}: the handler's exception was lost"
             assert not interrupts.PENDING, f"instruction {nth}: a signal left pending"
             engine.reconcile()  # what the signal left for the next one, if anything
             one = next(r for r in engine.resource_groups() if r["name"] == "one")

@@ -59,6 +59,18 @@ def test_bench_isolation_prints_every_mode_and_where_the_tail_goes() -> None:
         r"^   p99 x by round: none [\d.]+; nice [\d.]+; resgroups [\d.]+; lanes [\d.]+$", out, re.M
     ), out
     assert re.search(r"lanes <= nice in [01] of 1 rounds, median [+-][\d.]+$", out, re.M), out
+    assert re.search(
+        r"^   lanes - nice, p99 under the report by round \(ms\): [+-][\d.]+; "
+        r"lanes <= nice in [01] of 1 rounds, median [+-][\d.]+$",
+        out,
+        re.M,
+    ), out
+    assert re.search(
+        r"^  target \(lanes\), rounds' medians: p99 x [\d.]+ <= 1\.5 (NOT )?met, "
+        r"<= nice's p99 x (NOT )?met, p99 under the report <= nice's (NOT )?met$",
+        out,
+        re.M,
+    ), out
     # the tail's breakdown: wall = waiting for a CPU + on a CPU + blocked, per row
     rows = re.findall(
         r"^ +(\w+) +(alone|load) +(-?[\d.]+) +(-?[\d.]+) +(-?[\d.]+) +(-?[\d.]+) +(-?[\d.]+)$",

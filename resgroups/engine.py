@@ -204,13 +204,21 @@ class Engine:
         self._queries: dict[int, Holdings] = {}
         self.zombies_reclaimed = 0
         self.query_ids = itertools.count(1)  # next(): a new query's id (the query path)
+        try:
+            # an interrupt waits until the parts are made, then they are closed: none
+            # made and lost on the way (a catalog's lock, a pool's threads)
+            with Hold():
+                self._start(c)
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _start(self, c: EngineConfig) -> None:
+        """The parts with resources (the catalog and its lock, threads, the fleet's
+        connections), made in order: :meth:`_abandon` closes what was made."""
         writer = c.role == "primary"
         self._log: CatalogLog = open_log(c.catalog, lock=writer)
-        try:
-            self._catalog = Catalog(self._log, writer=writer)
-        except BaseException:
-            self._log.close()
-            raise
+        self._catalog = Catalog(self._log, writer=writer)
         self.cpu_meter: Callable[[], int] = c.cpu_meter or time.thread_time_ns
         self.granularity_ms = c.granularity_ms
         self.dispatcher = Dispatcher(
@@ -248,18 +256,14 @@ class Engine:
         self.fleet: FleetCoordinator | None = None
         self.admission: AdmissionMode = AdmissionMode()
         if c.coordination is not None:
-            try:
-                self.fleet, self.admission = open_fleet(
-                    c,
-                    self.instance_id,
-                    holdings=lambda: list(self._queries.values()),  # a copy, off the query path
-                    runtimes=self.runtimes,
-                    # the log followed, the version the gates apply
-                    catalog=lambda: (self.snapshot.catalog_uid, self.runtimes.configured_version),
-                )
-            except BaseException:
-                self._log.close()
-                raise
+            self.fleet, self.admission = open_fleet(
+                c,
+                self.instance_id,
+                holdings=lambda: list(self._queries.values()),  # a copy, off the query path
+                runtimes=self.runtimes,
+                # the log followed, the version the gates apply
+                catalog=lambda: (self.snapshot.catalog_uid, self.runtimes.configured_version),
+            )
         self._reconciler = Reconciler(self.reconcile, interval=c.reconcile_interval)
         # one thread for every query's on_cancel callbacks, started on first use
         self.deadlines = DeadlineWatcher(self.clock.monotonic)
@@ -268,6 +272,25 @@ class Engine:
         if not writer or self._log.shared:  # PostgreSQL: every engine follows the log
             self._follower.start()
         self._metrics = EngineMetrics(self)
+
+    def _abandon(self) -> None:
+        """A construction failed or was interrupted: close what :meth:`_start` made,
+        the last made first."""
+        self._closed = True
+        made = vars(self)
+        with Hold():
+            for name in ("_follower", "_reconciler"):
+                if name in made:
+                    made[name].stop()
+            if "deadlines" in made:
+                self.deadlines.close(drain_s=0)
+            fleet = made.get("fleet")
+            if fleet is not None:
+                fleet.close()
+            if "dispatcher" in made:
+                self.dispatcher.close()
+            if "_log" in made:
+                self._log.close()
 
     # ---- catalog -----------------------------------------------------------------
 
@@ -530,33 +553,49 @@ class Engine:
         with self._close_lock:
             if self._closed:
                 return
-            self._closed = True
-            closing = EngineClosed("the engine is closing")
-            for runtime in self.runtimes.all():
-                runtime.gate.fail_queued(closing)
-            # real time: this is a real wait for real threads, whatever the clock
-            deadline = time.monotonic() + grace
-            while self.live_queries() and time.monotonic() < deadline:
-                time.sleep(0.005)
-            self._reconciler.stop()
-            self.reconcile()  # what lost threads left behind
-            leftover = self.live_queries()
-            for query in leftover:
-                log.warning("closing the engine: cancelling a query still running after %ss", grace)
-                query.cancel()
-            settle = time.monotonic() + min(grace, 2.0)  # a cancel lands at a checkpoint
-            while leftover and self.live_queries() and time.monotonic() < settle:
-                time.sleep(0.005)
-            for held in list(self._queries.values()):  # left open beneath the close
-                held.leave_main_thread()
-            self._follower.stop()
-            if self.fleet is not None:  # flush the releases, then free every lease of ours,
-                # unless a query still holds a slot: then they are left to expire
-                holding = any(h.admitted or h.leased for h in list(self._queries.values()))
-                self.fleet.close(release=not holding)
-            self.deadlines.close()  # their on_cancel callbacks first
-            self.dispatcher.close()
-            self._catalog.close()
+            cut_short = True
+            try:
+                self._closed = True
+                closing = EngineClosed("the engine is closing")
+                for runtime in self.runtimes.all():
+                    runtime.gate.fail_queued(closing)
+                # real time: this is a real wait for real threads, whatever the clock
+                deadline = time.monotonic() + grace
+                while self.live_queries() and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                cut_short = False
+            finally:
+                # an interrupt during the grace cuts it short (the running queries are
+                # cancelled at once); one from here on waits until all is shut down
+                with Hold():
+                    self._shut_down(grace, cut_short)
+
+    def _shut_down(self, grace: float, cut_short: bool) -> None:
+        """:meth:`close` after its grace: cancel what still runs, stop the threads,
+        release the fleet's holdings and the catalog (``cut_short``: an interrupt
+        ended the grace, and the cancelled queries are not waited for)."""
+        self._reconciler.stop()
+        self.reconcile()  # what lost threads left behind
+        leftover = self.live_queries()
+        for query in leftover:
+            log.warning(
+                "closing the engine: cancelling a query still running %s",
+                "(the close was interrupted)" if cut_short else f"after {grace}s",
+            )
+            query.cancel()
+        settle = time.monotonic() + (0.0 if cut_short else min(grace, 2.0))  # at a checkpoint
+        while leftover and self.live_queries() and time.monotonic() < settle:
+            time.sleep(0.005)
+        for held in list(self._queries.values()):  # left open beneath the close
+            held.leave_main_thread()
+        self._follower.stop()
+        if self.fleet is not None:  # flush the releases, then free every lease of ours,
+            # unless a query still holds a slot: then they are left to expire
+            holding = any(h.admitted or h.leased for h in list(self._queries.values()))
+            self.fleet.close(release=not holding)
+        self.deadlines.close()  # their on_cancel callbacks first
+        self.dispatcher.close()
+        self._catalog.close()
 
     def __enter__(self) -> Engine:
         return self

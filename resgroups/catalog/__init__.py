@@ -14,6 +14,7 @@ by two writers racing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -188,10 +189,16 @@ class Catalog:
         transaction ends it (rolled back, or committed and read back by the
         follower), so a DDL waiting on the server stays interruptible.
 
+        A log of this engine alone (in memory, a directory) has no follower to
+        apply a record an interrupt kept from its publication: there the append
+        and the publication are one step, and an interrupt that arrives during
+        either runs once both are done (the statement raises it, its change
+        made, in the log and in the live engine alike).
+
         A write that fails (CatalogWriteError) publishes nothing of its own: the
         log is read back from the snapshot's version and what it holds is
         applied, the record of this write included, once, if it was committed."""
-        with self._lock:
+        with self._lock, contextlib.nullcontext() if self._log.shared else Hold():
             record: Record | None = None
             try:
                 with self._log.writing():

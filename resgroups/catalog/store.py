@@ -251,7 +251,11 @@ class DirectoryLog:
         self._mutex = threading.RLock()
         if lock:
             self._take_lock()
-        self._fd = self._open(writer=lock)
+        try:
+            self._fd = self._open(writer=lock)
+        except BaseException:  # a log that cannot be read keeps no writer's lock
+            self._release_lock()
+            raise
         # where the file's record ``_version`` ends: a cache of a read, keyed by the
         # version asked for, never a cursor of its own (read_after says where)
         self._end = 0

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
 
 import resgroups
+from resgroups.sql.parser import parse_one
 
 
 def metric(engine: resgroups.Engine, name: str, **labels: str) -> float:
@@ -89,6 +90,40 @@ def test_a_lost_query_is_reclaimed_by_the_next_reconcile(caplog: pytest.LogCaptu
         assert metric(engine, "resgroups_resource_groups_zombies_reclaimed_total") == 1.0
         assert session.execute("SELECT count(*) FROM long_sequence(3)").rows == [(3,)]
         assert engine.reconcile() == 0  # nothing else drifted
+
+
+def test_a_paging_cursor_dropped_unclosed_is_reclaimed_without_the_collector() -> None:
+    """A cursor whose handle is lost between pages (the caller dropped it, or a
+    signal landed as it was returned) is freed at once: nothing of it sits in a
+    reference cycle that only the collector would break, so the next reconcile
+    gives back its rows' bytes and its count among the suspended cursors."""
+    with resgroups.Engine(workers=2, reconcile_interval=3600) as engine:
+        session = engine.connect(user="reader")
+        session.execute("CREATE RESOURCE GROUP one; SET RESOURCE GROUP one")
+
+        def one() -> dict[str, object]:
+            return next(r for r in engine.resource_groups() if r["name"] == "one")
+
+        gc.collect()
+        gc.disable()
+        try:
+            for select in (
+                "SELECT x FROM long_sequence(1000000)",  # streamed: a batch charged
+                "SELECT x FROM long_sequence(100000) ORDER BY x DESC",  # every row first
+            ):
+                cursor = session.open_cursor(parse_one(select))
+                assert len(cursor.fetch(10)) == 10
+                query_id = cursor.query.id
+                assert engine.live_query(query_id) is not None
+                del cursor
+                assert engine.live_query(query_id) is None  # freed: no cycle held it
+                assert engine.reconcile() == 1
+                assert one()["memory_used_bytes"] == 0
+                assert sum(r.suspended for r in engine.runtimes.all()) == 0
+                assert engine.reconcile() == 0
+        finally:
+            gc.enable()
+        session.execute("DROP RESOURCE GROUP one")  # idle: nothing holds it any more
 
 
 def test_the_reconcile_loop_runs_on_its_own() -> None:

@@ -384,8 +384,11 @@ class ScanCursor:
             self.columns: tuple[str, ...] = scan.names
             self.types: tuple[str, ...] = scan.types
             streams = not scan.aggregates and not stmt.order_by
+            # generators of the scan and the query, not of the cursor: a cursor whose
+            # handle is dropped unclosed is freed at once (no cycle through its
+            # rows), so the reconcile reclaims what it held without the collector
             self._rows: Iterator[tuple[Any, ...]] = (
-                self._stream(stmt.limit, stmt.offset) if streams else self._all(stmt)
+                _stream(scan, q, stmt.limit, stmt.offset) if streams else _all(scan, q, stmt)
             )
             self._ahead: list[tuple[Any, ...]] = []  # one row read ahead: is there more?
             self._done = False
@@ -443,51 +446,54 @@ class ScanCursor:
         finally:
             self._q.__exit__(None, None, None)
 
-    def _stream(self, limit: int | None, offset: int) -> Iterator[tuple[Any, ...]]:
-        scan, q = self._scan, self._q
-        exprs = [i.expr for i in scan.items]
 
-        def body(m: Morsel) -> list[Array]:
-            out = [np.array(evaluate(e, m), copy=True) for e in exprs]
-            return [np.broadcast_to(a, (m.n,)).copy() if a.shape != (m.n,) else a for a in out]
+def _stream(scan: Scan, q: Query, limit: int | None, offset: int) -> Iterator[tuple[Any, ...]]:
+    """A paging cursor's rows as its pages ask for them: a projection scanned a
+    batch of morsels at a time, the rows of a batch charged to ``q`` until fetched."""
+    exprs = [i.expr for i in scan.items]
 
-        left = math.inf if limit is None else limit
-        skip = offset  # OFFSET's rows are scanned and dropped, never fetched
-        for morsels in scan.batches():
-            if left <= 0:
-                return
-            for chunk in q.map(lambda task, ms: scan._run(task, ms, body), morsels):
-                held = sum(a.nbytes for a in chunk)
-                q.memory.allocate(held)  # charged until the chunk's rows are fetched
-                try:
-                    # rows as Python tuples a slice at a time: those are not charged,
-                    # so at most ROW_SLICE of them exist per cursor
-                    size = len(chunk[0]) if chunk else 0
-                    for lo in range(0, size, ROW_SLICE):
-                        for row in _rows([a[lo : lo + ROW_SLICE] for a in chunk]):
-                            if skip:
-                                skip -= 1
-                                continue
-                            if left <= 0:
-                                return
-                            left -= 1
-                            yield row
-                finally:
-                    q.memory.release(held)
+    def body(m: Morsel) -> list[Array]:
+        out = [np.array(evaluate(e, m), copy=True) for e in exprs]
+        return [np.broadcast_to(a, (m.n,)).copy() if a.shape != (m.n,) else a for a in out]
 
-    def _all(self, stmt: ast.Select) -> Iterator[tuple[Any, ...]]:
-        scan, q = self._scan, self._q
-        if scan.aggregates:
-            _, rows = scan.aggregate()
-        else:
-            rows = _rows(scan.answer_arrays())
-        order = () if scan.aggregates else stmt.order_by  # an aggregate is one row
-        rows = run_select(
-            ast.Select(None, None, None, order, stmt.limit, stmt.offset),
-            Relation(scan.names, rows, scan.types),
-            scan.session.eval_context(q.group),
-        ).rows
-        yield from rows
+    left = math.inf if limit is None else limit
+    skip = offset  # OFFSET's rows are scanned and dropped, never fetched
+    for morsels in scan.batches():
+        if left <= 0:
+            return
+        for chunk in q.map(lambda task, ms: scan._run(task, ms, body), morsels):
+            held = sum(a.nbytes for a in chunk)
+            q.memory.allocate(held)  # charged until the chunk's rows are fetched
+            try:
+                # rows as Python tuples a slice at a time: those are not charged,
+                # so at most ROW_SLICE of them exist per cursor
+                size = len(chunk[0]) if chunk else 0
+                for lo in range(0, size, ROW_SLICE):
+                    for row in _rows([a[lo : lo + ROW_SLICE] for a in chunk]):
+                        if skip:
+                            skip -= 1
+                            continue
+                        if left <= 0:
+                            return
+                        left -= 1
+                        yield row
+            finally:
+                q.memory.release(held)
+
+
+def _all(scan: Scan, q: Query, stmt: ast.Select) -> Iterator[tuple[Any, ...]]:
+    """A paging cursor's rows when every row is needed first (an aggregate, ORDER BY)."""
+    if scan.aggregates:
+        _, rows = scan.aggregate()
+    else:
+        rows = _rows(scan.answer_arrays())
+    order = () if scan.aggregates else stmt.order_by  # an aggregate is one row
+    rows = run_select(
+        ast.Select(None, None, None, order, stmt.limit, stmt.offset),
+        Relation(scan.names, rows, scan.types),
+        scan.session.eval_context(q.group),
+    ).rows
+    yield from rows
 
 
 def _materialize(

@@ -66,7 +66,7 @@ from resgroups.fleet.modes import AdmissionMode, open_fleet
 from resgroups.follower import CatalogFollower
 from resgroups.interrupts import Hold
 from resgroups.metrics import EngineMetrics
-from resgroups.query import Holdings, Placement, Query
+from resgroups.query import Holdings, Placement, Query, QueryState
 from resgroups.reconcile import Reconciler
 from resgroups.sched.groups import GroupRuntimes
 from resgroups.sched.memory import MemoryLedger, query_ceiling
@@ -545,8 +545,9 @@ class Engine:
         return self._closed
 
     def close(self, grace: float = 10.0) -> None:
-        """Refuse new queries, fail queued ones, wait up to ``grace`` seconds for
-        running ones (then cancel them), stop the pools and release the catalog.
+        """Refuse new queries, fail queued ones, cancel cursors between pages (their
+        next fetch raises), wait up to ``grace`` seconds for running ones (then
+        cancel them), stop the pools and release the catalog.
         In fleet mode this instance's leases and quotas are released only once no
         query of it holds a slot; one that does not leave at its cancel (a native
         call without checkpoints) keeps them until they expire. Idempotent."""
@@ -559,9 +560,12 @@ class Engine:
                 closing = EngineClosed("the engine is closing")
                 for runtime in self.runtimes.all():
                     runtime.gate.fail_queued(closing)
+                for query in self.live_queries():  # a cursor between pages resumes no
+                    if query.state is QueryState.SUSPENDED:  # more (its next page raises)
+                        query.cancel()
                 # real time: this is a real wait for real threads, whatever the clock
                 deadline = time.monotonic() + grace
-                while self.live_queries() and time.monotonic() < deadline:
+                while self._running() and time.monotonic() < deadline:
                     time.sleep(0.005)
                 cut_short = False
             finally:
@@ -578,13 +582,14 @@ class Engine:
         self.reconcile()  # what lost threads left behind
         leftover = self.live_queries()
         for query in leftover:
-            log.warning(
-                "closing the engine: cancelling a query still running %s",
-                "(the close was interrupted)" if cut_short else f"after {grace}s",
-            )
+            if query.state is not QueryState.SUSPENDED:  # those were cancelled at once
+                log.warning(
+                    "closing the engine: cancelling a query still running %s",
+                    "(the close was interrupted)" if cut_short else f"after {grace}s",
+                )
             query.cancel()
         settle = time.monotonic() + (0.0 if cut_short else min(grace, 2.0))  # at a checkpoint
-        while leftover and self.live_queries() and time.monotonic() < settle:
+        while leftover and self._running() and time.monotonic() < settle:
             time.sleep(0.005)
         for held in list(self._queries.values()):  # left open beneath the close
             held.leave_main_thread()
@@ -596,6 +601,11 @@ class Engine:
         self.deadlines.close()  # their on_cancel callbacks first
         self.dispatcher.close()
         self._catalog.close()
+
+    def _running(self) -> bool:
+        """Some query is being entered or runs: one that leaves by itself, at its end
+        or its next checkpoint (a cursor between pages waits for its caller)."""
+        return any(q.state is not QueryState.SUSPENDED for q in self.live_queries())
 
     def __enter__(self) -> Engine:
         return self

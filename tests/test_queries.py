@@ -15,6 +15,7 @@ import resgroups
 import resgroups.query
 from resgroups.clock import ManualClock
 from resgroups.query import Task
+from resgroups.sql.parser import parse_one
 
 
 @pytest.fixture
@@ -494,6 +495,43 @@ def test_close_refuses_new_fails_queued_and_waits_for_running() -> None:
     assert outcomes["running"] == "finished"
     with pytest.raises(resgroups.EngineClosed):
         session.query().__enter__()
+
+
+def test_close_cancels_a_cursor_between_pages_instead_of_waiting_for_it() -> None:
+    """A paging cursor nobody reads holds no slot and cannot end by itself: the
+    close cancels it at once (its next fetch raises) rather than waiting out a
+    grace for it, while a query that runs is still waited for."""
+    engine = resgroups.Engine(workers=2)
+    session = engine.connect()
+    cursor = session.open_cursor(parse_one("SELECT x FROM long_sequence(1000000)"))
+    assert cursor.fetch(2) == [(1,), (2,)]
+    release = threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def running() -> None:
+        with engine.connect().query() as q:
+            outcomes["started"] = True
+            release.wait(30)
+            q.checkpoint()
+        outcomes["running"] = "finished"
+
+    r = threading.Thread(target=running)
+    r.start()
+    wait_until(lambda: "started" in outcomes)
+    # a daemon: were the close to wait out its grace, the test fails, never hangs
+    closer = threading.Thread(target=engine.close, kwargs={"grace": 3600}, daemon=True)
+    closer.start()
+    try:
+        wait_until(lambda: cursor.query.cancelled)  # at once, before any grace passed
+        assert closer.is_alive()  # the running query is still waited for
+    finally:
+        release.set()
+    closer.join(30)
+    r.join(30)
+    assert not closer.is_alive(), "the close waited for the cursor nobody reads"
+    assert outcomes["running"] == "finished"
+    with pytest.raises(resgroups.QueryCancelled):
+        cursor.fetch(2)
 
 
 def test_select_statements_pass_the_gate(wide: resgroups.Engine) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Callable
 
 from waiting import wait_until
 
@@ -212,28 +213,36 @@ def test_a_promoted_query_yields_to_a_lagging_group_waiting_for_its_worker() -> 
     engine, clock, meter = _engaged(workers=1)
     with engine:
         thread, entered = _query_in_other(engine)
-        with engine.connect().query() as q:
-            assert q.held.counted
-            thread.start()
+        admitted, go, done = threading.Event(), threading.Event(), threading.Event()
+        seen: dict[str, object] = {}
 
-            wait_until(lambda: _another_parked(engine, q))
-            meter.ns += 60_000_000
-            clock.advance(0.06)
-            # promoted, charged, and yields its worker to the group that has run nothing
-            done = threading.Event()
-
-            def checkpoint() -> None:
+        def mine() -> None:  # entered and checkpointed on its own thread (its CPU clock)
+            with engine.connect().query() as q:
+                seen["query"] = q
+                admitted.set()
+                go.wait(10)
                 q.checkpoint()
+                runner = q.held.runner
+                seen["sliced"] = runner is not None and runner.scheduled
                 done.set()
 
-            mine = threading.Thread(target=checkpoint)
-            mine.start()
-            assert entered.wait(10)
-            thread.join(10)
-            mine.join(10)
-            assert done.is_set()
-            assert q.held.runner is not None
-            assert q.held.runner.scheduled
+        own = threading.Thread(target=mine)
+        own.start()
+        assert admitted.wait(10)
+        q = seen["query"]
+        assert isinstance(q, Query)
+        assert q.held.counted
+        thread.start()
+        wait_until(lambda: _another_parked(engine, q))
+        meter.ns += 60_000_000
+        clock.advance(0.06)
+        # promoted, charged, and yields its worker to the group that has run nothing
+        go.set()
+        assert entered.wait(10)
+        thread.join(10)
+        own.join(10)
+        assert done.is_set()
+        assert seen["sliced"]
         _check(engine)
         assert engine.pool("default").free == 1
 
@@ -263,19 +272,30 @@ def test_work_arriving_in_a_metered_querys_first_slice_is_fresh_at_its_end() -> 
     with engine:
         engine.connect().execute("ALTER RESOURCE GROUP other SET (cpu_weight = 100)")
         thread, entered = _query_in_other(engine)
-        with engine.connect().query() as q:
-            assert q.held.metered_at is not None
-            clock.advance(0.002)  # it arrives 2 ms into q's slice
-            thread.start()
+        admitted, go = threading.Event(), threading.Event()
+        seen: list[Query] = []
 
-            wait_until(lambda: _another_parked(engine, q))
-            meter.ns += 51_000_000
-            clock.advance(0.05)  # q's first slice ends
-            mine = threading.Thread(target=q.checkpoint)
-            mine.start()
-            assert entered.wait(10)  # it yielded there, not slices later
-            mine.join(10)
-            thread.join(10)
+        def mine() -> None:  # entered and checkpointed on its own thread (its CPU clock)
+            with engine.connect().query() as q:
+                seen.append(q)
+                admitted.set()
+                go.wait(10)
+                q.checkpoint()
+
+        own = threading.Thread(target=mine)
+        own.start()
+        assert admitted.wait(10)
+        q = seen[0]
+        assert q.held.metered_at is not None
+        clock.advance(0.002)  # it arrives 2 ms into q's slice
+        thread.start()
+        wait_until(lambda: _another_parked(engine, q))
+        meter.ns += 51_000_000
+        clock.advance(0.05)  # q's first slice ends
+        go.set()
+        assert entered.wait(10)  # it yielded there, not slices later
+        own.join(10)
+        thread.join(10)
         _check(engine)
 
 
@@ -314,4 +334,73 @@ def test_an_unsliced_metered_query_leaves_a_limit_capped_debt() -> None:
         g = next(g for g in engine.dispatcher.core.groups.values() if g.name == "DEFAULT")
         assert g.budget_ns >= -g.rate * 10 - 1
         assert _default(engine)["cpu_nanos_total"] == 60_000_000_000
+        _check(engine)
+
+
+class _ThreadMeter:
+    """A CPU clock per thread, as the real one is, moved by hand (ns)."""
+
+    def __init__(self) -> None:
+        self.ns: dict[int, int] = {}
+
+    def add(self, ns: int) -> None:
+        ident = threading.get_ident()
+        self.ns[ident] = self.ns.get(ident, 0) + ns
+
+    def __call__(self) -> int:
+        return self.ns.get(threading.get_ident(), 0)
+
+
+def _on_another_thread(run: Callable[[], object]) -> list[BaseException]:
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            run()
+        except BaseException as exc:  # reported to the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()
+    return errors
+
+
+def test_a_query_left_or_checkpointed_on_another_thread_is_charged_no_other_threads_cpu() -> None:
+    """A thread's CPU clock says nothing of another thread's: a query entered on
+    one thread and checkpointed or left on another is charged nothing for that
+    stretch (it had raised InternalError for a negative charge and kept its
+    worker), and gives back everything, metered or sliced alike."""
+    clock, meter = ManualClock(), _ThreadMeter()
+    engine = resgroups.Engine(workers=2, clock=clock, cpu_meter=meter, slice_ms=50)
+    with engine:
+        engine.connect().execute("CREATE RESOURCE GROUP other WITH (cpu_weight = 200)")
+        session = engine.connect()
+        # metered (counted), left on another thread
+        q = session.query()
+        q.__enter__()
+        assert q.held.metered_at is not None
+        meter.add(7_000_000)  # its own thread's CPU: not yet charged
+        assert _on_another_thread(lambda: q.__exit__(None, None, None)) == []
+        assert q.cpu_ns == 0
+        assert engine.pool("default").free == 2
+        _check(engine)
+        # promoted at a slice end on its own thread, then checkpointed and left on another
+        q = session.query()
+        q.__enter__()
+        meter.add(60_000_000)
+        clock.advance(0.06)
+        q.checkpoint()  # its own thread: charged, and sliced from here
+        assert q.held.runner is not None
+        assert q.cpu_ns == 60_000_000
+        meter.add(5_000_000)
+        clock.advance(0.06)
+        assert _on_another_thread(q.checkpoint) == []  # that thread's clock is its mark now
+        assert q.cpu_ns == 60_000_000
+        assert _on_another_thread(lambda: q.__exit__(None, None, None)) == []
+        assert q.cpu_ns == 60_000_000
+        assert _default(engine)["cpu_nanos_total"] == 60_000_000
+        assert engine.pool("default").free == 2
+        assert not engine.live_queries()
         _check(engine)

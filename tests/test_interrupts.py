@@ -24,16 +24,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 
 import numpy as np
 import pytest
 
 import resgroups
 from resgroups import interrupts
+from resgroups.catalog import Catalog
+from resgroups.clock import ManualClock
 from resgroups.cpus import available_cpus
 from resgroups.interrupts import Hold
+from resgroups.sched.rules import QueryRules
 
 PROGRAMS = Path(__file__).parent / "programs"
 
@@ -561,3 +565,144 @@ def test_a_query_off_the_main_thread_wraps_nothing_and_counts_nothing() -> None:
         thread.join(10)
         assert not thread.is_alive()
     assert seen == [before, 0]
+
+
+def _with_a_signal_in(code: CodeType, nth: int, run: Callable[[], object]) -> tuple[int, bool]:
+    """``run()`` with the SIGINT handler in force called before the ``nth``
+    instruction executed in frames of ``code`` alone (as :func:`_with_a_signal_at`,
+    for a function whose every instruction is to have its turn in a few runs):
+    ``(such instructions run, whether it was called)``."""
+    seen = 0
+    called = False
+
+    def local(frame: FrameType, event: str, arg: object) -> object:
+        nonlocal seen, called
+        if called:
+            return None
+        if event == "opcode":
+            seen += 1
+            if seen == nth:
+                called = True
+                sys.settrace(None)
+                handler = signal.getsignal(signal.SIGINT)
+                assert callable(handler)
+                handler(signal.SIGINT, frame)  # raises here, or is deferred
+        return local
+
+    def start(frame: FrameType, event: str, arg: object) -> object:
+        if frame.f_code is not code:
+            return None
+        frame.f_trace_opcodes = True
+        return local
+
+    sys.settrace(start)
+    try:
+        run()
+    finally:
+        sys.settrace(None)
+    return seen, called
+
+
+def _finishes(run: Callable[[], object], timeout: float = 30.0) -> bool:
+    """``run()`` on another thread ends within ``timeout`` (it waits on no lock a
+    signal left held)."""
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return not thread.is_alive()
+
+
+@pytest.mark.usefixtures("raising_sigint")
+@pytest.mark.parametrize("kind", ["memory", "directory"])
+def test_a_handler_raising_at_any_instruction_of_a_catalog_write_keeps_no_lock(
+    kind: str, tmp_path: Path
+) -> None:
+    """Each instruction of ``Catalog.write`` in turn, for a DDL that changes the
+    catalog and one that changes nothing (``IF EXISTS``): the exception leaves
+    the statement, the change is made or not, live and durable alike, and the
+    catalog's lock is back (a hold around it: a handler that would run as it is
+    given back waited for that)."""
+    catalog = str(tmp_path / "catalog") if kind == "directory" else None
+    engine = resgroups.Engine(workers=2, catalog=catalog)
+    admin = engine.connect()
+    admin.execute("CREATE RESOURCE GROUP g")
+    code = Catalog.write.__code__
+    for statement in (
+        "ALTER RESOURCE GROUP g SET (max_active_queries = {nth})",
+        "DROP RESOURCE GROUP IF EXISTS missing_{nth}",
+    ):
+        nth, raised = 1, 0
+        while nth < 1_000:
+            text = statement.format(nth=nth)
+            try:
+                _seen, called = _with_a_signal_in(code, nth, partial(admin.execute, text))
+            except Injected:
+                called = raised_here = True
+                raised += 1
+            else:
+                raised_here = False
+            assert raised_here == called, f"{text}: the handler's exception was lost"
+            assert not interrupts.PENDING, f"{text}: a signal left pending"
+            assert _finishes(lambda: admin.execute("ALTER RESOURCE GROUP g SET (cpu_weight = 50)"))
+            if not called:
+                assert raised == nth - 1 > 20, (statement, raised, nth)
+                break
+            nth += 1
+        else:
+            raise AssertionError(f"{statement}: more than 1000 instructions")
+    live = {r["name"]: r["max_active_queries"] for r in engine.resource_groups()}
+    engine.close()
+    if catalog is not None:  # what the directory holds is what the engine ran
+        with resgroups.Engine(workers=2, catalog=catalog) as reopened:
+            assert {r["name"]: r["max_active_queries"] for r in reopened.resource_groups()} == live
+
+
+@pytest.mark.usefixtures("raising_sigint")
+def test_a_handler_raising_at_any_instruction_of_a_rules_check_keeps_no_lock() -> None:
+    """Each instruction of ``QueryRules.due`` in turn, as a checkpoint on the main
+    thread finds a LOG rule due: the exception leaves the query, and its exit
+    (which asks the rules again, for the LOG rules crossed at its end) gives
+    everything back rather than waiting on the rules' lock."""
+    clock = ManualClock()
+    with resgroups.Engine(workers=2, clock=clock, slice_ms=50) as engine:
+        admin = engine.connect()
+        admin.execute(
+            "CREATE RESOURCE GROUP g;"
+            "CREATE RESOURCE RULE r ON RESOURCE GROUP g WHEN rows > 10 THEN LOG"
+        )
+        session = engine.connect()
+        session.execute("SET RESOURCE GROUP g")
+        code = QueryRules.due.__code__
+        nth, raised = 1, 0
+
+        def run(nth: int, outcome: list[bool], exited: list[bool]) -> None:
+            q = session.query(statement="SELECT x FROM t")
+            q.__enter__()
+            try:
+                q.scanned(1000, 8000)
+                clock.advance(0.06)  # past its slice: the checkpoint asks the rules
+                outcome.append(_with_a_signal_in(code, nth, q.checkpoint)[1])
+            finally:
+                # its exit on another thread, so that a lock left held fails the test
+                # rather than hang it
+                exited.append(_finishes(lambda: q.__exit__(None, None, None)))
+
+        while nth < 1_000:
+            outcome: list[bool] = []
+            exited: list[bool] = []
+            try:
+                run(nth, outcome, exited)
+            except Injected:
+                raised += 1
+                called = True
+            else:
+                called = outcome[0]
+            assert exited == [True], f"instruction {nth}: the query's exit waits on a lock"
+            assert not interrupts.PENDING, f"instruction {nth}: a signal left pending"
+            assert engine.pool("default").free == 2, f"instruction {nth}"
+            assert not engine.live_queries(), f"instruction {nth}"
+            if not called:
+                assert raised == nth - 1 > 20, (raised, nth)
+                return
+            nth += 1
+        raise AssertionError("more than 1000 instructions")

@@ -198,7 +198,9 @@ class Catalog:
         A write that fails (CatalogWriteError) publishes nothing of its own: the
         log is read back from the snapshot's version and what it holds is
         applied, the record of this write included, once, if it was committed."""
-        with self._lock, contextlib.nullcontext() if self._log.shared else Hold():
+        # the hold outermost: the lock is given back inside it, so that no handler
+        # runs between the hold's end and the lock's release (it would keep the lock)
+        with contextlib.nullcontext() if self._log.shared else Hold(), self._lock:
             record: Record | None = None
             try:
                 with self._log.writing():

@@ -135,6 +135,7 @@ class Query:
         "_check_at",
         "_checked_at",
         "_cpu_mark",
+        "_cpu_thread",
         "_engine",
         "_extra",
         "_failure",
@@ -198,7 +199,7 @@ class Query:
         self.rows_scanned = self.bytes_scanned = 0
         # what it used: CPU charged to its group (while scheduled or metered), and
         # the thread's CPU clock when its worker was granted (0: not metered)
-        self.cpu_ns = self._cpu_mark = 0
+        self.cpu_ns = self._cpu_mark = self._cpu_thread = 0
         # the clock fields (the module's docstring); admitted_at stays 0 until its
         # first admission, waited_s is from submission to holding a slot and a worker
         self._submitted_at = self._checked_at = self._started_wall = 0.0
@@ -405,13 +406,11 @@ class Query:
                 runner = promote(self)
         if runner is not None and runner.scheduled and now >= self._slice_end:
             with Hold(self._interrupted):
-                meter = self._engine.cpu_meter
-                mark = meter()
-                used = mark - self._cpu_mark
+                used = self._cpu_since_mark()
                 self.cpu_ns += used
                 # may park this thread until the scheduler gives it a worker again
                 self._engine.dispatcher.slice_end(runner, used, self._wait_error, self._timeout_at)
-                self._cpu_mark = meter()
+                self._mark_cpu()
                 take_lane(self)  # the competing groups may have changed
             now = self._now()
         if now >= self._rules_at:
@@ -578,6 +577,7 @@ class Query:
                         if taken == METERED:  # charged as it leaves, or promoted
                             held.metered_at = now
                             self._cpu_mark = engine.cpu_meter()
+                            self._cpu_thread = get_ident()
                             slice_end = self._slice_end = now + engine.slice_s
                             if slice_end < check_at:
                                 check_at = slice_end
@@ -677,7 +677,7 @@ class Query:
                 # while engaged, metered: charged as it leaves, or promoted at a slice end
                 if taken == METERED:
                     held.metered_at = now
-                    self._cpu_mark = engine.cpu_meter()
+                    self._mark_cpu()
                 else:
                     self._cpu_mark = 0
                 self._arm(now)
@@ -685,7 +685,10 @@ class Query:
             if dispatcher.core.engaged:
                 ticket, runner = ticket_and_runner(self, runtime)
                 if dispatcher.admit_at_once(gate, ticket, runner):
-                    self._cpu_mark = engine.cpu_meter() if runner.scheduled else 0
+                    if runner.scheduled:
+                        self._mark_cpu()
+                    else:
+                        self._cpu_mark = 0
                     take_lane(self)
                     self._arm(self._now())
                     return
@@ -718,7 +721,7 @@ class Query:
             if (
                 runner is not None and runner.scheduled and runner.state is RUNNER_RUNNING
             ) or held.metered_at is not None:
-                cpu_ns = engine.cpu_meter() - self._cpu_mark
+                cpu_ns = self._cpu_since_mark()
                 self.cpu_ns += cpu_ns
         finally:
             held.release(engine.dispatcher, engine.admission, cpu_ns)
@@ -802,6 +805,20 @@ class Query:
             )
         self.rows_scanned += rows
         self.bytes_scanned += nbytes
+
+    def _mark_cpu(self) -> None:
+        """Read this thread's CPU clock: the mark its next charge counts from."""
+        self._cpu_mark = self._engine.cpu_meter()
+        self._cpu_thread = get_ident()
+
+    def _cpu_since_mark(self) -> int:
+        """This thread's CPU since the mark; 0 read on another thread than the mark's
+        (one thread's clock says nothing of another's: a query entered on one
+        thread and checkpointed or left on another is charged nothing for that
+        stretch, and the next mark is the new thread's)."""
+        if get_ident() != self._cpu_thread:
+            return 0
+        return self._engine.cpu_meter() - self._cpu_mark
 
     def charge_cpu(self, nanos: int) -> None:
         """Charge ``nanos`` of CPU that threads resgroups does not run (an embedded

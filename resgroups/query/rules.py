@@ -150,9 +150,8 @@ def due(query: Query, now: float, *, own_thread: bool = True) -> None:
     # its mark is the charge's, read at its slice end or as it leaves
     scheduled = (runner is not None and runner.scheduled) or held.metered_at is not None
     if own_thread and not scheduled and query._cpu_mark and "cpu_time" in rules.metrics:
-        mark = query._engine.cpu_meter()
-        query.cpu_ns += mark - query._cpu_mark
-        query._cpu_mark = mark
+        query.cpu_ns += query._cpu_since_mark()
+        query._mark_cpu()
     can_move = own_thread and query.state is RUNNING and extra.batch is None
     check_rules(query, rules, now, can_move=can_move)
     if rules.move_left:  # a MOVE is due: the own thread takes it at its next checkpoint
@@ -165,7 +164,7 @@ def meter_for_rules(query: Query) -> None:
     extra = query._extra
     rules = extra.rules if extra is not None else None
     if rules is not None and "cpu_time" in rules.metrics and not query._cpu_mark:
-        query._cpu_mark = query._engine.cpu_meter()
+        query._mark_cpu()
 
 
 def arm_rules(query: Query) -> None:

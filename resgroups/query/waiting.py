@@ -71,7 +71,6 @@ def admit_slow(
     if ticket is None or runner is None:
         ticket, runner = ticket_and_runner(query, runtime)
     dispatcher = query._engine.dispatcher
-    meter = query._engine.cpu_meter
     if mode.fenced:  # fleet mode: nothing is admitted on what may have lapsed
         group = runtime.definition
         queue_timeout = group.queue_timeout_ms / 1000
@@ -82,7 +81,10 @@ def admit_slow(
             held.fenced = True  # it runs on the fence from here
             if seconds_left(fence) <= 0 or not mode.fresh():  # meanwhile
                 hold_fence(query, group, queue_timeout)
-            query._cpu_mark = meter() if runner.scheduled else 0
+            if runner.scheduled:
+                query._mark_cpu()
+            else:
+                query._cpu_mark = 0
             take_lane(query)
             query._arm(query._now())
             return
@@ -110,7 +112,10 @@ def admit_slow(
         dispatcher.acquire(runner, query._wait_error, query._timeout_at)
     if mode.fenced:
         hold_fence(query, runtime.definition, runtime.definition.queue_timeout_ms / 1000)
-    query._cpu_mark = meter() if runner.scheduled else 0
+    if runner.scheduled:
+        query._mark_cpu()
+    else:
+        query._cpu_mark = 0
     take_lane(query)
     query._arm(query._now())
 

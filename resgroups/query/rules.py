@@ -153,7 +153,10 @@ def due(query: Query, now: float, *, own_thread: bool = True) -> None:
         query.cpu_ns += query._cpu_since_mark()
         query._mark_cpu()
     can_move = own_thread and query.state is RUNNING and extra.batch is None
-    check_rules(query, rules, now, can_move=can_move)
+    # under a hold (rare: once a slice, in a group with rules): a signal waits until
+    # the rules' locks and the hit counts are back and what a rule did is whole
+    with Hold(query._interrupted):
+        check_rules(query, rules, now, can_move=can_move)
     if rules.move_left:  # a MOVE is due: the own thread takes it at its next checkpoint
         query._rules_at = now
 

@@ -31,7 +31,6 @@ from typing import NamedTuple
 
 from resgroups.catalog.model import RuleDef
 from resgroups.catalog.rules import KILL, LOG, METRICS, MOVE
-from resgroups.interrupts import Hold
 
 
 class RuleHit(NamedTuple):
@@ -194,9 +193,7 @@ class QueryRules:
         """The rules due now (see the class); with ``can_move`` False a MOVE is left
         for a later check (a thread that cannot move the query found it due), with
         ``logs_only`` every rule but a LOG (the query has ended)."""
-        # a hold around the lock (on the main thread): a handler that would raise as
-        # the lock is given back runs once it is back (the query's checkpoint)
-        with Hold(), self._lock:
+        with self._lock:
             due = [
                 rule
                 for rule in self.rules

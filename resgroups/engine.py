@@ -603,9 +603,14 @@ class Engine:
         self._catalog.close()
 
     def _running(self) -> bool:
-        """Some query is being entered or runs: one that leaves by itself, at its end
-        or its next checkpoint (a cursor between pages waits for its caller)."""
-        return any(q.state is not QueryState.SUSPENDED for q in self.live_queries())
+        """Some query is being entered or runs, or a cursor is being resumed (it seeks
+        or holds a slot, a worker or a lease while its state still says
+        suspended): one that leaves by itself, at its end or its next checkpoint.
+        A cursor between pages holds none of them and waits for its caller."""
+        return any(
+            q.state is not QueryState.SUSPENDED or _seeks_or_holds(q.held)
+            for q in self.live_queries()
+        )
 
     def __enter__(self) -> Engine:
         return self
@@ -617,3 +622,15 @@ class Engine:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _seeks_or_holds(held: Holdings) -> bool:
+    """Waiting for or holding a slot, a worker or a fleet lease."""
+    return (
+        held.counted
+        or held.ticket is not None
+        or held.runner is not None
+        or held.seeking
+        or held.leased
+        or held.lease_id is not None
+    )

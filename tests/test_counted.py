@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from collections.abc import Callable
 
 from waiting import wait_until
@@ -403,4 +404,39 @@ def test_a_query_left_or_checkpointed_on_another_thread_is_charged_no_other_thre
         assert _default(engine)["cpu_nanos_total"] == 60_000_000
         assert engine.pool("default").free == 2
         assert not engine.live_queries()
+        _check(engine)
+
+
+def test_a_query_left_on_a_thread_that_reuses_its_enterers_ident_is_charged_nothing() -> None:
+    """``get_ident()`` of a thread that ended is given to the next one to start (a
+    thread-per-request server): a query entered on one and left on the next is
+    told apart by a token of the thread's own, so the new thread's clock is not
+    read against the old one's mark (a negative charge had kept the worker)."""
+    with resgroups.Engine(workers=2) as engine:  # the real thread CPU clocks
+        engine.connect().execute("CREATE RESOURCE GROUP other")  # scheduling engaged
+        q = engine.connect().query()
+        idents: list[int] = []
+
+        def enter() -> None:
+            spent = time.thread_time() + 0.05
+            while time.thread_time() < spent:  # this thread's earlier work
+                pass
+            q.__enter__()
+            idents.append(threading.get_ident())
+
+        first = threading.Thread(target=enter)
+        first.start()
+        first.join(30)
+        assert q.held.metered_at is not None
+
+        def leave() -> None:
+            idents.append(threading.get_ident())
+            q.__exit__(None, None, None)
+
+        assert _on_another_thread(leave) == []
+        assert q.cpu_ns == 0  # neither thread's clock says what the other used
+        assert not engine.cpu_scheduler_degraded
+        assert engine.pool("default").free == 2
+        assert _default(engine)["cpu_nanos_total"] == 0
+        assert len(idents) == 2  # (the same ident in most runs: the case this covers)
         _check(engine)

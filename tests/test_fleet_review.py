@@ -289,6 +289,52 @@ def test_close_with_a_suspended_cursor_releases_everything(pg_catalog: str) -> N
             q.checkpoint()
 
 
+def _read_pages(cursor: Any, pages: list[int], outcome: list[str]) -> None:
+    """Fetch a row at a time (resumed, a page, suspended: on this thread) until the
+    cursor raises; count the pages and keep the error's name."""
+    try:
+        while True:
+            cursor.fetch(1)
+            pages[0] += 1
+    except resgroups.Error as exc:
+        outcome.append(type(exc).__name__)
+
+
+@pytest.mark.parametrize("mode", ["lease", "quota"])
+def test_close_while_a_cursor_is_being_resumed_leaves_no_row_behind(
+    pg_catalog: str, mode: str
+) -> None:
+    """A cursor read page after page on another thread as the engine closes: a
+    resume in flight holds a lease (or its share of the quota) while the query
+    still reads as suspended, and the close waits for it to give that back
+    before it releases the instance's rows; none is left to expire."""
+    import psycopg
+
+    from resgroups.sql.parser import parse_one
+
+    def rows() -> int:
+        with psycopg.connect(pg_catalog) as conn:
+            table = "resgroups_fleet_leases" if mode == "lease" else "resgroups_fleet_quotas"
+            return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])  # type: ignore[index]
+
+    for landing in range(8):
+        engine = resgroups.Engine(coordination=pg_catalog, fleet_admission=mode, workers=4)
+        session = engine.connect()
+        session.execute(
+            "CREATE RESOURCE GROUP capped WITH (max_active_queries = 3);SET RESOURCE GROUP capped"
+        )
+        cursor = session.open_cursor(parse_one("SELECT x FROM long_sequence(50000000)"))
+        pages = [0]
+        outcome: list[str] = []
+        reader = threading.Thread(target=_read_pages, args=(cursor, pages, outcome), daemon=True)
+        reader.start()
+        wait_until(lambda pages=pages, landing=landing: pages[0] > landing)  # lands anywhere
+        engine.close(grace=5)
+        reader.join(30)
+        assert outcome in (["QueryCancelled"], ["EngineClosed"]), outcome
+        assert rows() == 0, f"round {landing}: a row left to expire"
+
+
 def test_a_default_query_does_not_wait_for_the_quota_keeper(pg_catalog: str) -> None:
     """Quota mode: a query of a group without a limit runs on the heartbeat's fence
     only, so a late first quota renewal does not fail it."""

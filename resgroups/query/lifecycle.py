@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 from _thread import get_ident
 from collections.abc import Callable, Iterable
@@ -124,6 +125,18 @@ INF: Final = float("inf")  # read as one global on every query's path
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class _ThreadToken(threading.local):
+    """An object of each thread's own, made the first time the thread asks, and
+    never the same for two threads while a query keeps one (``get_ident()`` is
+    reused by the next thread to start once one has ended)."""
+
+    def __init__(self) -> None:
+        self.token = object()
+
+
+_THREAD: Final = _ThreadToken()
 
 
 class Query:
@@ -199,7 +212,8 @@ class Query:
         self.rows_scanned = self.bytes_scanned = 0
         # what it used: CPU charged to its group (while scheduled or metered), and
         # the thread's CPU clock when its worker was granted (0: not metered)
-        self.cpu_ns = self._cpu_mark = self._cpu_thread = 0
+        self.cpu_ns = self._cpu_mark = 0
+        self._cpu_thread: object = None  # whose clock the mark is (_THREAD.token)
         # the clock fields (the module's docstring); admitted_at stays 0 until its
         # first admission, waited_s is from submission to holding a slot and a worker
         self._submitted_at = self._checked_at = self._started_wall = 0.0
@@ -577,7 +591,7 @@ class Query:
                         if taken == METERED:  # charged as it leaves, or promoted
                             held.metered_at = now
                             self._cpu_mark = engine.cpu_meter()
-                            self._cpu_thread = get_ident()
+                            self._cpu_thread = _THREAD.token
                             slice_end = self._slice_end = now + engine.slice_s
                             if slice_end < check_at:
                                 check_at = slice_end
@@ -809,16 +823,18 @@ class Query:
     def _mark_cpu(self) -> None:
         """Read this thread's CPU clock: the mark its next charge counts from."""
         self._cpu_mark = self._engine.cpu_meter()
-        self._cpu_thread = get_ident()
+        self._cpu_thread = _THREAD.token
 
     def _cpu_since_mark(self) -> int:
         """This thread's CPU since the mark; 0 read on another thread than the mark's
         (one thread's clock says nothing of another's: a query entered on one
         thread and checkpointed or left on another is charged nothing for that
-        stretch, and the next mark is the new thread's)."""
-        if get_ident() != self._cpu_thread:
+        stretch, and the next mark is the new thread's). Threads are told apart
+        by a token of their own, not by ``get_ident()``, which a new thread
+        reuses as soon as one has ended; never negative."""
+        if _THREAD.token is not self._cpu_thread:
             return 0
-        return self._engine.cpu_meter() - self._cpu_mark
+        return max(0, self._engine.cpu_meter() - self._cpu_mark)
 
     def charge_cpu(self, nanos: int) -> None:
         """Charge ``nanos`` of CPU that threads resgroups does not run (an embedded

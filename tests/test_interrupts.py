@@ -340,7 +340,9 @@ def _in_resgroups(frame: FrameType | None) -> bool:
     return False
 
 
-def _with_a_signal_at(nth: int, run: Callable[[], None]) -> tuple[int, bool]:
+def _with_a_signal_at(
+    nth: int, run: Callable[[], object], only: CodeType | None = None
+) -> tuple[int, bool]:
     """``run()`` on this thread with the SIGINT handler in force called, as CPython
     calls it, before the ``nth`` instruction that resgroups (or what it calls)
     executes on this thread: ``(such instructions run, whether it was called)``.
@@ -349,7 +351,9 @@ def _with_a_signal_at(nth: int, run: Callable[[], None]) -> tuple[int, bool]:
     must also leave nothing pending where no real signal could arrive. The
     caller's own frames are left out: their instructions between the body's
     end and the call of ``__exit__`` are no such point, and the ``with``
-    statement does not cover them."""
+    statement does not cover them. ``only``: the instructions of frames of that
+    code alone are counted (a function whose every instruction is to have its
+    turn in a few runs)."""
     seen = 0
     called = False
 
@@ -357,7 +361,7 @@ def _with_a_signal_at(nth: int, run: Callable[[], None]) -> tuple[int, bool]:
         nonlocal seen, called
         if called:
             return None
-        if event == "opcode" and _in_resgroups(frame):
+        if event == "opcode" and (only is not None or _in_resgroups(frame)):
             seen += 1
             if seen == nth:
                 called = True
@@ -368,6 +372,8 @@ def _with_a_signal_at(nth: int, run: Callable[[], None]) -> tuple[int, bool]:
         return local
 
     def start(frame: FrameType, event: str, arg: object) -> object:
+        if only is not None and frame.f_code is not only:
+            return None
         frame.f_trace_opcodes = True
         return local
 
@@ -566,42 +572,6 @@ def test_a_query_off_the_main_thread_wraps_nothing_and_counts_nothing() -> None:
     assert seen == [before, 0]
 
 
-def _with_a_signal_in(code: CodeType, nth: int, run: Callable[[], object]) -> tuple[int, bool]:
-    """``run()`` with the SIGINT handler in force called before the ``nth``
-    instruction executed in frames of ``code`` alone (as :func:`_with_a_signal_at`,
-    for a function whose every instruction is to have its turn in a few runs):
-    ``(such instructions run, whether it was called)``."""
-    seen = 0
-    called = False
-
-    def local(frame: FrameType, event: str, arg: object) -> object:
-        nonlocal seen, called
-        if called:
-            return None
-        if event == "opcode":
-            seen += 1
-            if seen == nth:
-                called = True
-                sys.settrace(None)
-                handler = signal.getsignal(signal.SIGINT)
-                assert callable(handler)
-                handler(signal.SIGINT, frame)  # raises here, or is deferred
-        return local
-
-    def start(frame: FrameType, event: str, arg: object) -> object:
-        if frame.f_code is not code:
-            return None
-        frame.f_trace_opcodes = True
-        return local
-
-    sys.settrace(start)
-    try:
-        run()
-    finally:
-        sys.settrace(None)
-    return seen, called
-
-
 def _finishes(run: Callable[[], object], timeout: float = 30.0) -> bool:
     """``run()`` on another thread ends within ``timeout`` (it waits on no lock a
     signal left held)."""
@@ -634,7 +604,7 @@ def test_a_handler_raising_at_any_instruction_of_a_catalog_write_keeps_no_lock(
         while nth < 1_000:
             text = statement.format(nth=nth)
             try:
-                _seen, called = _with_a_signal_in(code, nth, partial(admin.execute, text))
+                _seen, called = _with_a_signal_at(nth, partial(admin.execute, text), only=code)
             except Injected:
                 called = raised_here = True
                 raised += 1

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import io
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -70,6 +73,61 @@ def test_linters_are_clean(command: list[str]) -> None:
     assert tool is not None, f"{command[0]} is part of the test extra"
     result = subprocess.run([tool, *command[1:]], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+MAX_CODE_LINES = 600  # a module larger than this holds more than one concept
+
+
+def code_lines(source: str) -> int:
+    """Lines of ``source`` that hold code: its docstrings (a module's, a class's, a
+    function's), comments and blank lines aside."""
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                docstrings.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    lines: set[int] = set()
+    skipped = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skipped and token.type != tokenize.ENDMARKER:
+            lines.update(range(token.start[0], token.end[0] + 1))
+    return len(lines - docstrings)
+
+
+def test_code_lines_count_code_only() -> None:
+    source = '''"""A module's memo,
+over two lines."""
+
+# a comment
+
+
+class A:
+    """A class's docstring."""
+
+    def f(self) -> str:
+        """A function's."""
+        text = """a string that is
+not a docstring"""
+        return text  # a trailing comment
+'''
+    assert code_lines(source) == 5  # class, def, the string's two lines, return
+
+
+def test_no_module_is_over_600_lines_of_code() -> None:
+    """A module names one concept (docs/architecture.md): past 600 lines of code,
+    its memo and docstrings aside, something in it belongs in a module of its own."""
+    sizes = {
+        str(path.relative_to(ROOT)): code_lines(path.read_text())
+        for path in sorted((ROOT / "resgroups").rglob("*.py"))
+    }
+    assert len(sizes) > 100
+    over = {path: n for path, n in sizes.items() if n > MAX_CODE_LINES}
+    assert not over, f"over {MAX_CODE_LINES} lines of code: {over}"
 
 
 def _readme_commands() -> list[str]:

@@ -8,14 +8,23 @@ module             holds
 ``holdings``       ``Holdings``: what a query holds, the one record of it, and
                    the one way to give it back (``release``; the reconcile
                    loop's ``give_back``)
-``lifecycle``      ``Query``: enter (resolve, admit), checkpoints, cursors,
-                   cancellation, exit; its clock fields
+``extras``         ``Extras``: what a query keeps only once it uses a feature
+``cursors``        a cursor's suspension between pages and its resumption
+``memory``         a query's published memory: made on first use of
+                   ``q.memory`` or ``map``, every byte returned at its end
+``native``         ``on_cancel`` callbacks for native work, when they are due
 ``parallel``       ``q.map``: ``Task``, the batch of a map, the task runners
 ``progress``       ``QueryProgress``: the rows of ``resource_group_queries()``
+``rules``          the runaway-query rules acting on a running query
+``waiting``        the slow path of admission: the queue, a lease, a worker,
+                   a lane, the promotion at a first slice end
+``lifecycle``      ``Query``: enter (resolve, admit), checkpoints,
+                   cancellation, exit; its clock fields
 =================  ==========================================================
 
-Within the package a module imports only those above it in this list
-(``progress`` and ``parallel`` name ``Query`` for type hints only).
+At run time a module imports only those above it in this list (the
+import-linter contract "a query's modules are layered"); type hints may
+name any of them (``Query``, a map's batch).
 """
 
 from resgroups.query.holdings import Holdings

@@ -82,6 +82,7 @@ from resgroups.interrupts import (
 from resgroups.query import cursors, native
 from resgroups.query.extras import Extras
 from resgroups.query.holdings import Holdings
+from resgroups.query.memory import end_memory, memory_state
 from resgroups.query.parallel import Task, run_map
 from resgroups.query.progress import QueryProgress, progress_of
 from resgroups.query.rules import (
@@ -95,7 +96,6 @@ from resgroups.query.rules import (
 from resgroups.query.states import (
     ADMITTING,
     DONE,
-    ENTERED,
     KINDS,
     MANAGED_KINDS,
     NEW,
@@ -113,7 +113,7 @@ from resgroups.query.waiting import (
 )
 from resgroups.sched.admission import Ticket
 from resgroups.sched.cpu import METERED, RUNNER_RUNNING, Runner
-from resgroups.sched.memory import MemoryCounter, QueryMemory
+from resgroups.sched.memory import MemoryCounter
 
 if TYPE_CHECKING:
     from resgroups.engine import Engine
@@ -357,40 +357,8 @@ class Query:
         extra = self._uses()
         counter = extra.memory
         if counter is None:
-            counter = extra.memory = MemoryCounter(self._memory_state())
+            counter = extra.memory = MemoryCounter(memory_state(self))
         return counter
-
-    def _memory_state(self) -> QueryMemory | None:
-        """The query's published memory, created on first use (None: unmanaged, not
-        entered, or ended). Only the query's own thread creates it (map() does so
-        before its tasks start)."""
-        held = self.held
-        published = held.published
-        placement = self._placement
-        if published is None and placement is not None and self.state in ENTERED:
-            published = held.published = QueryMemory(
-                self._engine.memory_ledger,
-                placement.runtime.group_id,
-                placement.budget,
-                placement.ceiling,
-                f"group={self.group}, user={self.user}",
-                held.fail,
-            )
-        return published
-
-    def _end_memory(self) -> None:
-        """Publish what is pending and return every byte the query still holds."""
-        held = self.held
-        extra = self._extra
-        try:
-            if extra is not None and extra.memory is not None:
-                extra.memory.flush()
-        except InvalidParameter as exc:  # released more than it allocated: do not mask
-            log.warning("%s: memory accounting error at the end of the query: %s", self, exc)
-        finally:
-            published, held.published = held.published, None
-            if published is not None:
-                self._uses().leaked_bytes = published.finish()
 
     # ---- checkpoints -------------------------------------------------------------------
 
@@ -629,7 +597,7 @@ class Query:
         held.runtime = placement.runtime
         extra = self._extra
         if extra is not None and extra.memory is not None:  # q.memory read before entry
-            extra.memory = MemoryCounter(self._memory_state())
+            extra.memory = MemoryCounter(memory_state(self))
         if placement.rules:  # most groups have no rules: then nothing is looked up
             self._uses().rules = rules_for(placement)
         return placement
@@ -764,7 +732,7 @@ class Query:
                 self._give_back()
         finally:
             if extra is not None or held.published is not None:
-                self._end_memory()
+                end_memory(self)
             self.state = DONE
             if state is SUSPENDED and held.runtime is not None:
                 held.runtime.suspend(-1)
@@ -875,5 +843,5 @@ class Query:
         """
         if self.state is not RUNNING:
             raise FeatureNotSupported(f"map() on a {self.state.value} query")
-        self._memory_state()  # created here, on this thread, for its tasks to share
+        memory_state(self)  # created here, on this thread, for its tasks to share
         return run_map(self, fn, items)
